@@ -1,0 +1,78 @@
+"""Apply Switchboard's migrations with pgmigrate, serialised by an advisory lock.
+
+The lock lives in pgmigrate.yml's ``session`` statements, so it is taken on the
+migration connection *before* pgmigrate reads ``schema_version``. Replicas that
+start at once queue on it; each loser then reads the schema at head and applies
+nothing. The lock is transaction scoped and released by pgmigrate's COMMIT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+import pgmigrate
+
+LOG = logging.getLogger("switchboard.migrate")
+
+
+class MigrationError(RuntimeError):
+    """pgmigrate refused or failed; the message says why."""
+
+
+def db_dir() -> Path:
+    """Where db/ (migrations, functions, migrations.yml) lives.
+
+    $SWITCHBOARD_DB_DIR wins (the container sets /app/db); otherwise the source
+    tree next to the package (editable installs and the test suite).
+    """
+    env = os.environ.get("SWITCHBOARD_DB_DIR")
+    candidates = [Path(env)] if env else []
+    here = Path(__file__).resolve()
+    candidates += [here.parents[2] / "db", Path.cwd() / "db", Path("/app/db")]
+    for cand in candidates:
+        if (cand / "migrations").is_dir() and (cand / "migrations.yml").exists():
+            return cand
+    raise MigrationError(
+        "migrations directory not found; set SWITCHBOARD_DB_DIR to the folder holding "
+        "migrations/, functions/ and migrations.yml"
+    )
+
+
+def _libpq_dsn(url: str) -> str:
+    # pgmigrate adds application_name with psycopg2's make_dsn, which accepts URIs.
+    return url
+
+
+def status(url: str, base: Path | None = None) -> dict[int, bool]:
+    """{version: applied?} for every migration file."""
+    base = base or db_dir()
+    conf = pgmigrate.get_config(str(base), argparse.Namespace(conn=_libpq_dsn(url), target="latest", base_dir=str(base)))
+    state = pgmigrate.info(conf, stdout=False)
+    return {int(v): info.meta["installed_on"] is not None for v, info in state.items()}
+
+
+def migrate(url: str, base: Path | None = None) -> list[int]:
+    """Apply every pending version (and then the function files). Returns the versions applied."""
+    base = base or db_dir()
+    args = argparse.Namespace(conn=_libpq_dsn(url), target="latest", base_dir=str(base))
+    try:
+        conf = pgmigrate.get_config(str(base), args)
+        # The advisory lock is held from here (session statements) until COMMIT.
+        state = pgmigrate._get_state(conf.base_dir, conf.baseline, conf.target,  # noqa: SLF001
+                                     conf.schema, conf.cursor)
+        pending = sorted(int(v) for v, i in state.items() if i.meta["installed_on"] is None)
+        pgmigrate.migrate(conf)
+    except pgmigrate.MigrateError as exc:
+        raise MigrationError(f"migration failed: {exc}") from exc
+    except pgmigrate.MalformedMigration as exc:
+        raise MigrationError(f"malformed migration: {exc}") from exc
+    except pgmigrate.ConfigurationError as exc:
+        raise MigrationError(f"pgmigrate configuration: {exc}") from exc
+    if pending:
+        LOG.info("applied migrations %s", pending)
+    else:
+        LOG.info("schema already at head; nothing applied")
+    return pending
