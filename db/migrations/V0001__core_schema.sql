@@ -165,6 +165,13 @@ CREATE TABLE switchboard.events (
 CREATE INDEX events_user ON switchboard.events (user_id, id) WHERE user_id IS NOT NULL;
 CREATE INDEX events_room ON switchboard.events (room, id) WHERE room IS NOT NULL;
 CREATE INDEX events_created ON switchboard.events (created_at);
+-- The highest event id reaped so far: a resume from an id below it may have
+-- lost events (the client gets resume_gap and reloads).
+CREATE TABLE switchboard.event_horizon (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    reaped_through bigint NOT NULL DEFAULT 0
+);
+INSERT INTO switchboard.event_horizon DEFAULT VALUES;
 
 -- Replica registry and presence: UNLOGGED (after a crash the live replicas
 -- re-register with their next heartbeat).
@@ -194,3 +201,8 @@ CREATE UNLOGGED TABLE switchboard.tool_calls (
     result     jsonb
 );
 CREATE INDEX tool_calls_expires ON switchboard.tool_calls (expires_at);
+
+-- The default maintenance sweep (reap_* via switchboard.maintenance()): one
+-- replica runs it per tick, like any task.
+INSERT INTO switchboard.tasks (name, schedule, handler, args, next_run_at, created_by)
+VALUES ('switchboard.maintenance', '@every 10 seconds', 'maintenance', '{}', now(), 'switchboard');

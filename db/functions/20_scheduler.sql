@@ -1,0 +1,632 @@
+-- Scheduler: tasks, runs, one-off jobs, leases and retries.
+--
+-- Every decision is one function call and one transaction. Exclusivity comes
+-- from the partial unique indexes task_runs_one_active and
+-- task_runs_queueing_lock (INSERT ... ON CONFLICT DO NOTHING), never from a
+-- NOT EXISTS check, which is not race-free under READ COMMITTED. Workers are
+-- woken by NOTIFY on channel switchboard_runs, which Postgres delivers at
+-- COMMIT (and drops on ROLLBACK).
+
+-- Next fire time of a task after `after`. @every keeps a fixed-rate anchor:
+-- the next multiple of the interval after the previous due time, so a task
+-- that was down for an hour fires once, on its grid, not 3,600 times.
+CREATE OR REPLACE FUNCTION switchboard._task_next_fire(
+    schedule text, timezone text, prev timestamptz, after timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_every interval := switchboard._every_interval(schedule);
+    v_step double precision;
+    v_n double precision;
+BEGIN
+    IF schedule IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF v_every IS NULL THEN
+        RETURN switchboard.cron_next(schedule, after, timezone);
+    END IF;
+    IF prev IS NULL OR prev > after THEN
+        RETURN coalesce(prev, after + v_every);
+    END IF;
+    v_step := extract(epoch FROM v_every);
+    v_n := floor(extract(epoch FROM (after - prev)) / v_step) + 1;
+    RETURN prev + v_every * v_n;
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._task_next_fire(text, text, timestamptz, timestamptz) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION switchboard._check_timezone(timezone text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF timezone IS NULL OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_names WHERE name = timezone) THEN
+        RAISE EXCEPTION 'unknown time zone "%"', timezone
+            USING ERRCODE = '22023',
+                  HINT = 'Use an IANA name such as UTC or Europe/Berlin; see pg_timezone_names.';
+    END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._check_timezone(text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION switchboard._check_handler(handler text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF handler IS NULL OR handler !~ '^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$' THEN
+        RAISE EXCEPTION 'invalid handler name "%"', handler
+            USING ERRCODE = '22023',
+                  HINT = 'A handler is a name like sql, notify, maintenance or myapp.send_mail (letters, digits, _ . : -).';
+    END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._check_handler(text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION switchboard._check_lease(lease interval)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF lease IS NULL OR lease <= interval '0' OR lease > interval '1 day' THEN
+        RAISE EXCEPTION 'invalid lease "%"', lease
+            USING ERRCODE = '22023', HINT = 'A lease is a positive interval of at most 1 day, e.g. ''60 seconds''.';
+    END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._check_lease(interval) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION switchboard._wake_workers()
+RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT pg_catalog.pg_notify('switchboard_runs', '') $$;
+REVOKE ALL ON FUNCTION switchboard._wake_workers() FROM PUBLIC;
+
+-- Delay before retry N+1 of a failed run: 2^attempt seconds, capped at 1 hour.
+CREATE OR REPLACE FUNCTION switchboard._retry_backoff(attempt integer)
+RETURNS interval
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT least(interval '1 second' * power(2, least(attempt, 12)), interval '1 hour') $$;
+REVOKE ALL ON FUNCTION switchboard._retry_backoff(integer) FROM PUBLIC;
+COMMENT ON FUNCTION switchboard._retry_backoff(integer) IS
+    'Backoff before retrying a failed run: 2^attempt seconds, capped at 1 hour.';
+
+-- create_task: validates everything up front so a bad schedule or zone never
+-- reaches a claim. The first fire of @every is one interval from now.
+CREATE OR REPLACE FUNCTION switchboard.create_task(
+    name text, schedule text, handler text, args jsonb DEFAULT '{}',
+    timezone text DEFAULT 'UTC', max_attempts integer DEFAULT 3)
+RETURNS switchboard.tasks
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    v_task switchboard.tasks;
+BEGIN
+    IF name IS NULL OR length(btrim(name)) = 0 OR length(name) > 200 THEN
+        RAISE EXCEPTION 'invalid task name "%"', name
+            USING ERRCODE = '22023', HINT = 'A task name is 1 to 200 characters.';
+    END IF;
+    PERFORM switchboard._check_handler(handler);
+    PERFORM switchboard._check_timezone(timezone);
+    IF args IS NULL OR jsonb_typeof(args) <> 'object' THEN
+        RAISE EXCEPTION 'task args must be a JSON object, got %', coalesce(jsonb_typeof(args), 'NULL')
+            USING ERRCODE = '22023', HINT = 'Pass args as ''{"key": "value"}''::jsonb.';
+    END IF;
+    IF max_attempts IS NULL OR max_attempts NOT BETWEEN 1 AND 100 THEN
+        RAISE EXCEPTION 'invalid max_attempts %', max_attempts
+            USING ERRCODE = '22023', HINT = 'max_attempts is between 1 and 100.';
+    END IF;
+    IF schedule IS NOT NULL THEN
+        PERFORM switchboard.cron_validate(schedule, timezone);
+    END IF;
+    BEGIN
+        INSERT INTO switchboard.tasks AS t (name, schedule, timezone, handler, args, max_attempts, next_run_at, created_by)
+        VALUES (name, schedule, timezone, handler, args, max_attempts,
+                switchboard._task_next_fire(schedule, timezone, NULL, now()), session_user)
+        RETURNING * INTO v_task;
+    EXCEPTION WHEN unique_violation THEN
+        RAISE EXCEPTION 'task "%" already exists', name
+            USING ERRCODE = '23505', HINT = 'Task names are unique; use update_task() to change it.';
+    END;
+    RETURN v_task;
+END
+$$;
+COMMENT ON FUNCTION switchboard.create_task(text, text, text, jsonb, text, integer) IS
+    'Create a task. schedule: 5-field cron, @hourly/@daily/@weekly/@monthly/@yearly, "@every <interval>", or NULL (trigger-only). Raises 22023 on a bad schedule, zone, handler or args; 23505 if the name exists.';
+REVOKE ALL ON FUNCTION switchboard.create_task(text, text, text, jsonb, text, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.create_task(text, text, text, jsonb, text, integer) TO switchboard_app;
+
+-- update_task: a PATCH. Only the keys present change; next_run_at is
+-- recomputed from now() when the schedule, zone or is_active changes.
+CREATE OR REPLACE FUNCTION switchboard.update_task(task_id uuid, changes jsonb)
+RETURNS switchboard.tasks
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_task switchboard.tasks;
+    v_key text;
+    v_resched boolean := false;
+BEGIN
+    IF changes IS NULL OR jsonb_typeof(changes) <> 'object' THEN
+        RAISE EXCEPTION 'changes must be a JSON object' USING ERRCODE = '22023',
+            HINT = 'e.g. ''{"is_active": false}''::jsonb';
+    END IF;
+    FOR v_key IN SELECT jsonb_object_keys(changes) LOOP
+        IF v_key NOT IN ('name', 'schedule', 'timezone', 'handler', 'args', 'is_active', 'max_attempts') THEN
+            RAISE EXCEPTION 'unknown task field "%"', v_key USING ERRCODE = '22023',
+                HINT = 'Changeable fields: name, schedule, timezone, handler, args, is_active, max_attempts.';
+        END IF;
+    END LOOP;
+    SELECT * INTO v_task FROM switchboard.tasks t WHERE t.id = task_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'task % does not exist', task_id USING ERRCODE = 'P0002';
+    END IF;
+    IF changes ? 'name' THEN
+        IF jsonb_typeof(changes->'name') <> 'string' OR length(btrim(changes->>'name')) = 0 THEN
+            RAISE EXCEPTION 'invalid task name %', changes->'name' USING ERRCODE = '22023';
+        END IF;
+        v_task.name := changes->>'name';
+    END IF;
+    IF changes ? 'schedule' THEN
+        IF jsonb_typeof(changes->'schedule') NOT IN ('string', 'null') THEN
+            RAISE EXCEPTION 'invalid schedule %', changes->'schedule' USING ERRCODE = '22023';
+        END IF;
+        v_task.schedule := changes->>'schedule';
+        v_resched := true;
+    END IF;
+    IF changes ? 'timezone' THEN
+        v_task.timezone := changes->>'timezone';
+        PERFORM switchboard._check_timezone(v_task.timezone);
+        v_resched := true;
+    END IF;
+    IF changes ? 'handler' THEN
+        v_task.handler := changes->>'handler';
+        PERFORM switchboard._check_handler(v_task.handler);
+    END IF;
+    IF changes ? 'args' THEN
+        IF jsonb_typeof(changes->'args') <> 'object' THEN
+            RAISE EXCEPTION 'task args must be a JSON object, got %', jsonb_typeof(changes->'args')
+                USING ERRCODE = '22023';
+        END IF;
+        v_task.args := changes->'args';
+    END IF;
+    IF changes ? 'is_active' THEN
+        IF jsonb_typeof(changes->'is_active') <> 'boolean' THEN
+            RAISE EXCEPTION 'is_active must be true or false, got %', changes->'is_active' USING ERRCODE = '22023';
+        END IF;
+        v_resched := v_resched OR (v_task.is_active IS DISTINCT FROM (changes->>'is_active')::boolean);
+        v_task.is_active := (changes->>'is_active')::boolean;
+    END IF;
+    IF changes ? 'max_attempts' THEN
+        IF jsonb_typeof(changes->'max_attempts') <> 'number'
+           OR (changes->>'max_attempts')::numeric NOT BETWEEN 1 AND 100 THEN
+            RAISE EXCEPTION 'invalid max_attempts %', changes->'max_attempts' USING ERRCODE = '22023',
+                HINT = 'max_attempts is between 1 and 100.';
+        END IF;
+        v_task.max_attempts := (changes->>'max_attempts')::integer;
+    END IF;
+    IF v_task.schedule IS NOT NULL THEN
+        PERFORM switchboard.cron_validate(v_task.schedule, v_task.timezone);
+    END IF;
+    IF v_resched THEN
+        v_task.next_run_at := switchboard._task_next_fire(v_task.schedule, v_task.timezone, NULL, now());
+    END IF;
+    BEGIN
+        UPDATE switchboard.tasks t
+           SET name = v_task.name, schedule = v_task.schedule, timezone = v_task.timezone,
+               handler = v_task.handler, args = v_task.args, is_active = v_task.is_active,
+               max_attempts = v_task.max_attempts, next_run_at = v_task.next_run_at, updated_at = now()
+         WHERE t.id = task_id
+        RETURNING * INTO v_task;
+    EXCEPTION WHEN unique_violation THEN
+        RAISE EXCEPTION 'task "%" already exists', v_task.name USING ERRCODE = '23505';
+    END;
+    RETURN v_task;
+END
+$$;
+COMMENT ON FUNCTION switchboard.update_task(uuid, jsonb) IS
+    'Change a task: pass only the fields to change, e.g. ''{"is_active": false}'' pauses it. Raises P0002 if the task does not exist, 22023 on bad values.';
+REVOKE ALL ON FUNCTION switchboard.update_task(uuid, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.update_task(uuid, jsonb) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.delete_task(task_id uuid)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM switchboard.tasks t WHERE t.id = task_id;
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION switchboard.delete_task(uuid) IS
+    'Delete a task and its run history. Returns false if there was no such task.';
+REVOKE ALL ON FUNCTION switchboard.delete_task(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.delete_task(uuid) TO switchboard_app;
+
+-- Expired leases -> abandoned (terminal) + a queued retry while attempts
+-- remain. SKIP LOCKED so concurrent rescuers never block each other or a
+-- worker that is finishing the same run right now.
+CREATE OR REPLACE FUNCTION switchboard._rescue_expired_runs(max_rows integer)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_run switchboard.task_runs;
+    v_count integer := 0;
+    v_retried integer := 0;
+BEGIN
+    FOR v_run IN
+        UPDATE switchboard.task_runs r
+           SET status = 'abandoned', finished_at = now(),
+               error = 'lease expired: worker ' || coalesce(r.worker, '?') || ' stopped heartbeating'
+         WHERE r.id IN (SELECT e.id FROM switchboard.task_runs e
+                         WHERE e.status = 'running' AND e.lease_expires_at < now()
+                         ORDER BY e.lease_expires_at LIMIT max_rows
+                         FOR UPDATE SKIP LOCKED)
+        RETURNING r.*
+    LOOP
+        v_count := v_count + 1;
+        IF v_run.attempt < v_run.max_attempts THEN
+            INSERT INTO switchboard.task_runs
+                (task_id, handler, args, status, trigger, attempt, max_attempts, queueing_lock,
+                 run_at, scheduled_for, retry_of)
+            VALUES (v_run.task_id, v_run.handler, v_run.args, 'queued', 'retry', v_run.attempt + 1,
+                    v_run.max_attempts, v_run.queueing_lock, now(), v_run.scheduled_for, v_run.id)
+            ON CONFLICT DO NOTHING;
+            IF FOUND THEN
+                v_retried := v_retried + 1;
+            END IF;
+        END IF;
+    END LOOP;
+    IF v_retried > 0 THEN
+        PERFORM switchboard._wake_workers();
+    END IF;
+    RETURN v_count;
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._rescue_expired_runs(integer) FROM PUBLIC;
+
+-- claim_due_task: one unit of work per call, oldest due first across queued
+-- runs and due ticks (a backlog of jobs cannot starve cron ticks, and vice
+-- versa). Rows are taken with FOR UPDATE SKIP LOCKED, so N workers never
+-- block on or double-claim the same row. A tick advances next_run_at in the
+-- same transaction that creates its run: a crash after COMMIT leaves both, a
+-- crash before leaves neither. Expired leases are rescued here first, so a
+-- stuck maintenance run cannot block its own rescue.
+CREATE OR REPLACE FUNCTION switchboard.claim_due_task(worker text, lease interval DEFAULT '60 seconds')
+RETURNS SETOF switchboard.task_runs
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := now();
+    v_worker text := claim_due_task.worker;
+    v_lease interval := claim_due_task.lease;
+    v_run switchboard.task_runs;
+    v_task switchboard.tasks;
+    v_queued_at timestamptz;
+    v_task_at timestamptz;
+    v_try integer := 0;
+    v_tick_first boolean;
+    v_kind integer;
+    v_skipped boolean;
+BEGIN
+    IF v_worker IS NULL OR length(v_worker) = 0 OR length(v_worker) > 200 THEN
+        RAISE EXCEPTION 'invalid worker name "%"', v_worker USING ERRCODE = '22023',
+            HINT = 'Worker names are unique per process, e.g. host:pid:random.';
+    END IF;
+    PERFORM switchboard._check_lease(v_lease);
+
+    IF EXISTS (SELECT 1 FROM switchboard.task_runs
+                WHERE status = 'running' AND lease_expires_at < v_now) THEN
+        PERFORM switchboard._rescue_expired_runs(100);
+    END IF;
+
+    WHILE v_try < 8 LOOP
+        v_try := v_try + 1;
+        SELECT run_at INTO v_queued_at FROM switchboard.task_runs
+         WHERE status = 'queued' AND run_at <= v_now ORDER BY run_at, id LIMIT 1;
+        SELECT next_run_at INTO v_task_at FROM switchboard.tasks
+         WHERE is_active AND next_run_at <= v_now ORDER BY next_run_at LIMIT 1;
+        IF v_queued_at IS NULL AND v_task_at IS NULL THEN
+            RETURN;
+        END IF;
+        v_skipped := false;
+        v_tick_first := v_task_at IS NOT NULL AND (v_queued_at IS NULL OR v_task_at <= v_queued_at);
+        FOREACH v_kind IN ARRAY CASE WHEN v_tick_first THEN ARRAY[1, 2] ELSE ARRAY[2, 1] END LOOP
+            IF v_kind = 1 AND v_task_at IS NOT NULL THEN
+                SELECT * INTO v_task FROM switchboard.tasks
+                 WHERE is_active AND next_run_at <= v_now
+                 ORDER BY next_run_at LIMIT 1 FOR UPDATE SKIP LOCKED;
+                IF FOUND THEN
+                    UPDATE switchboard.tasks
+                       SET next_run_at = switchboard._task_next_fire(v_task.schedule, v_task.timezone,
+                                                                     v_task.next_run_at, v_now)
+                     WHERE id = v_task.id;
+                    INSERT INTO switchboard.task_runs
+                        (task_id, handler, args, status, trigger, attempt, max_attempts,
+                         run_at, scheduled_for, worker, lease_expires_at, started_at)
+                    VALUES (v_task.id, v_task.handler, v_task.args, 'running', 'schedule', 1,
+                            v_task.max_attempts, v_task.next_run_at, v_task.next_run_at,
+                            v_worker, v_now + v_lease, v_now)
+                    ON CONFLICT (task_id) WHERE status IN ('queued', 'running') DO NOTHING
+                    RETURNING * INTO v_run;
+                    IF FOUND THEN
+                        RETURN NEXT v_run;
+                        RETURN;
+                    END IF;
+                    -- The task still has an active run: skip this tick, never overlap.
+                    UPDATE switchboard.tasks SET skipped_ticks = skipped_ticks + 1 WHERE id = v_task.id;
+                    v_skipped := true;
+                END IF;
+            ELSIF v_kind = 2 AND v_queued_at IS NOT NULL THEN
+                UPDATE switchboard.task_runs
+                   SET status = 'running', worker = v_worker, lease_expires_at = v_now + v_lease,
+                       started_at = v_now
+                 WHERE id = (SELECT id FROM switchboard.task_runs
+                              WHERE status = 'queued' AND run_at <= v_now
+                              ORDER BY run_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)
+                RETURNING * INTO v_run;
+                IF FOUND THEN
+                    RETURN NEXT v_run;
+                    RETURN;
+                END IF;
+            END IF;
+        END LOOP;
+        -- Nothing claimed. Look again only if a tick was skipped (more may be due);
+        -- otherwise everything due is locked by other workers.
+        IF NOT v_skipped THEN
+            RETURN;
+        END IF;
+    END LOOP;
+    RETURN;
+END
+$$;
+COMMENT ON FUNCTION switchboard.claim_due_task(text, interval) IS
+    'Claim at most one unit of work (a queued run or a due task tick, oldest due first) for worker, leased until now() + lease. FOR UPDATE SKIP LOCKED: concurrent workers never get the same run. Returns no row when nothing is due.';
+REVOKE ALL ON FUNCTION switchboard.claim_due_task(text, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.claim_due_task(text, interval) TO switchboard_app;
+
+-- create_run_exclusive: the unique partial index task_runs_one_active decides.
+-- A concurrent INSERT waits for the other transaction and then does nothing.
+CREATE OR REPLACE FUNCTION switchboard.create_run_exclusive(task_id uuid, trigger text DEFAULT 'manual')
+RETURNS SETOF switchboard.task_runs
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_id uuid := create_run_exclusive.task_id;
+    v_trigger text := coalesce(create_run_exclusive.trigger, 'manual');
+    v_run switchboard.task_runs;
+BEGIN
+    IF v_trigger !~ '^[A-Za-z0-9_.:-]{1,64}$' THEN
+        RAISE EXCEPTION 'invalid trigger "%"', v_trigger USING ERRCODE = '22023',
+            HINT = 'A trigger is a short label such as manual or api.';
+    END IF;
+    INSERT INTO switchboard.task_runs (task_id, handler, args, status, trigger, max_attempts, run_at)
+    SELECT t.id, t.handler, t.args, 'queued', v_trigger, t.max_attempts, now()
+      FROM switchboard.tasks t WHERE t.id = v_id
+    ON CONFLICT (task_id) WHERE status IN ('queued', 'running') DO NOTHING
+    RETURNING * INTO v_run;
+    IF FOUND THEN
+        PERFORM switchboard._wake_workers();
+        RETURN NEXT v_run;
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM switchboard.tasks t WHERE t.id = v_id) THEN
+        RAISE EXCEPTION 'task % does not exist', v_id USING ERRCODE = 'P0002',
+            HINT = 'See SELECT id, name FROM switchboard.tasks;';
+    END IF;
+    RETURN;
+END
+$$;
+COMMENT ON FUNCTION switchboard.create_run_exclusive(uuid, text) IS
+    'Queue a run of a task iff it has no queued or running run (enforced by a unique partial index); returns the run, or no row if one is already active. Workers are woken at COMMIT. P0002 if the task does not exist.';
+REVOKE ALL ON FUNCTION switchboard.create_run_exclusive(uuid, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.create_run_exclusive(uuid, text) TO switchboard_app;
+
+-- enqueue: transactional. The job is a row in the caller's transaction, so it
+-- exists iff that transaction commits; the wake-up NOTIFY is sent at COMMIT.
+CREATE OR REPLACE FUNCTION switchboard.enqueue(
+    handler text, args jsonb DEFAULT '{}', run_at timestamptz DEFAULT now(),
+    queueing_lock text DEFAULT NULL, max_attempts integer DEFAULT 3)
+RETURNS SETOF switchboard.task_runs
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_run switchboard.task_runs;
+BEGIN
+    PERFORM switchboard._check_handler(enqueue.handler);
+    IF enqueue.args IS NULL OR jsonb_typeof(enqueue.args) <> 'object' THEN
+        RAISE EXCEPTION 'job args must be a JSON object, got %', coalesce(jsonb_typeof(enqueue.args), 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    IF enqueue.max_attempts IS NULL OR enqueue.max_attempts NOT BETWEEN 1 AND 100 THEN
+        RAISE EXCEPTION 'invalid max_attempts %', enqueue.max_attempts
+            USING ERRCODE = '22023', HINT = 'max_attempts is between 1 and 100.';
+    END IF;
+    IF enqueue.queueing_lock IS NOT NULL AND length(enqueue.queueing_lock) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'invalid queueing_lock "%"', enqueue.queueing_lock USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO switchboard.task_runs (task_id, handler, args, status, trigger, max_attempts, queueing_lock, run_at)
+    VALUES (NULL, enqueue.handler, enqueue.args, 'queued', 'enqueue', enqueue.max_attempts,
+            enqueue.queueing_lock, coalesce(enqueue.run_at, now()))
+    ON CONFLICT (queueing_lock) WHERE status IN ('queued', 'running') AND queueing_lock IS NOT NULL
+    DO NOTHING
+    RETURNING * INTO v_run;
+    IF FOUND THEN
+        PERFORM switchboard._wake_workers();
+        RETURN NEXT v_run;
+    END IF;
+    RETURN;
+END
+$$;
+COMMENT ON FUNCTION switchboard.enqueue(text, jsonb, timestamptz, text, integer) IS
+    'Enqueue a one-off job in the caller''s transaction (it exists iff the transaction commits; workers are woken at COMMIT), not due before run_at. With a queueing_lock, at most one queued-or-running job holds it: a second enqueue returns no row.';
+REVOKE ALL ON FUNCTION switchboard.enqueue(text, jsonb, timestamptz, text, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.enqueue(text, jsonb, timestamptz, text, integer) TO switchboard_app;
+
+-- heartbeat_run / finish_run / release_run are fenced on (run, worker,
+-- running): a worker whose lease expired and whose run was rescued cannot
+-- touch the rescued run.
+CREATE OR REPLACE FUNCTION switchboard.heartbeat_run(run_id bigint, worker text, lease interval DEFAULT '60 seconds')
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM switchboard._check_lease(heartbeat_run.lease);
+    UPDATE switchboard.task_runs SET lease_expires_at = now() + heartbeat_run.lease
+     WHERE id = heartbeat_run.run_id AND worker = heartbeat_run.worker AND status = 'running';
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION switchboard.heartbeat_run(bigint, text, interval) IS
+    'Extend the lease of a running run to now() + lease. False (and nothing changed) if worker no longer owns the run.';
+REVOKE ALL ON FUNCTION switchboard.heartbeat_run(bigint, text, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.heartbeat_run(bigint, text, interval) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.finish_run(
+    run_id bigint, worker text, ok boolean, result jsonb DEFAULT NULL, error text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_run switchboard.task_runs;
+BEGIN
+    IF finish_run.ok IS NULL THEN
+        RAISE EXCEPTION 'ok must be true or false' USING ERRCODE = '22023';
+    END IF;
+    UPDATE switchboard.task_runs
+       SET status = CASE WHEN finish_run.ok THEN 'succeeded' ELSE 'failed' END,
+           finished_at = now(), lease_expires_at = NULL,
+           result = finish_run.result, error = left(finish_run.error, 10000)
+     WHERE id = finish_run.run_id AND worker = finish_run.worker AND status = 'running'
+    RETURNING * INTO v_run;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF NOT finish_run.ok AND v_run.attempt < v_run.max_attempts THEN
+        INSERT INTO switchboard.task_runs
+            (task_id, handler, args, status, trigger, attempt, max_attempts, queueing_lock,
+             run_at, scheduled_for, retry_of)
+        VALUES (v_run.task_id, v_run.handler, v_run.args, 'queued', 'retry', v_run.attempt + 1,
+                v_run.max_attempts, v_run.queueing_lock,
+                now() + switchboard._retry_backoff(v_run.attempt), v_run.scheduled_for, v_run.id)
+        ON CONFLICT DO NOTHING;
+        PERFORM switchboard._wake_workers();
+    END IF;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION switchboard.finish_run(bigint, text, boolean, jsonb, text) IS
+    'Record a run''s outcome. A failed run with attempts left is retried as a new queued run after 2^attempt seconds. False (and nothing changed) if worker no longer owns the run.';
+REVOKE ALL ON FUNCTION switchboard.finish_run(bigint, text, boolean, jsonb, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.finish_run(bigint, text, boolean, jsonb, text) TO switchboard_app;
+
+-- release_run: graceful hand-back on shutdown. The run goes back to queued
+-- (same attempt) and workers are woken, so another replica takes it at once
+-- instead of waiting for the lease to expire.
+CREATE OR REPLACE FUNCTION switchboard.release_run(run_id bigint, worker text)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    UPDATE switchboard.task_runs
+       SET status = 'queued', worker = NULL, lease_expires_at = NULL, started_at = NULL, run_at = now()
+     WHERE id = release_run.run_id AND worker = release_run.worker AND status = 'running';
+    IF FOUND THEN
+        PERFORM switchboard._wake_workers();
+        RETURN true;
+    END IF;
+    RETURN false;
+END
+$$;
+COMMENT ON FUNCTION switchboard.release_run(bigint, text) IS
+    'Hand a running run back (shutdown): it becomes queued again, same attempt, and another worker can claim it at once. False if worker no longer owns it.';
+REVOKE ALL ON FUNCTION switchboard.release_run(bigint, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.release_run(bigint, text) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.reap_expired_runs()
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_total integer := 0;
+    v_n integer;
+BEGIN
+    LOOP
+        v_n := switchboard._rescue_expired_runs(1000);
+        v_total := v_total + v_n;
+        EXIT WHEN v_n < 1000;
+    END LOOP;
+    RETURN v_total;
+END
+$$;
+COMMENT ON FUNCTION switchboard.reap_expired_runs() IS
+    'Mark running runs whose lease expired as abandoned; while attempts remain, queue a new run with attempt + 1. Returns how many were abandoned.';
+REVOKE ALL ON FUNCTION switchboard.reap_expired_runs() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.reap_expired_runs() TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.cancel_run(run_id bigint)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    UPDATE switchboard.task_runs
+       SET status = 'abandoned', finished_at = now(), error = 'cancelled'
+     WHERE id = cancel_run.run_id AND status = 'queued';
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION switchboard.cancel_run(bigint) IS
+    'Cancel a queued run (it becomes abandoned with error ''cancelled''). False if the run is not queued (running runs cannot be cancelled).';
+REVOKE ALL ON FUNCTION switchboard.cancel_run(bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.cancel_run(bigint) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.reap_runs(keep interval DEFAULT '7 days')
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_n integer;
+BEGIN
+    IF keep IS NULL OR keep < interval '0' THEN
+        RAISE EXCEPTION 'invalid keep interval "%"', keep USING ERRCODE = '22023',
+            HINT = 'keep is a non-negative interval such as ''7 days''.';
+    END IF;
+    DELETE FROM switchboard.task_runs r
+     WHERE r.status IN ('succeeded', 'failed', 'abandoned') AND r.finished_at < now() - keep;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END
+$$;
+COMMENT ON FUNCTION switchboard.reap_runs(interval) IS
+    'Delete finished runs (succeeded, failed, abandoned) older than keep. Returns how many were deleted.';
+REVOKE ALL ON FUNCTION switchboard.reap_runs(interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.reap_runs(interval) TO switchboard_app;

@@ -1,0 +1,105 @@
+-- Rate limits: GCRA (the token bucket as a single timestamp). One UNLOGGED
+-- row per key holds the theoretical arrival time (tat, microseconds since the
+-- epoch, database clock). A request of cost c with emission interval T = 1/rate
+-- is admitted iff max(tat, now) + c*T - now <= burst*T. The decision is one
+-- INSERT ... ON CONFLICT DO UPDATE ... WHERE: the row lock serialises every
+-- replica's callers, and a denied request (WHERE false) writes nothing.
+CREATE OR REPLACE FUNCTION switchboard.rate_check(
+    key text, rate double precision, burst integer, cost integer DEFAULT 1)
+RETURNS TABLE (allowed boolean, remaining integer, retry_after_ms integer, reset_after_ms integer)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    v_key text := rate_check.key;
+    v_now bigint := (extract(epoch FROM now()) * 1000000)::bigint;
+    v_t double precision;
+    v_inc bigint;
+    v_tol bigint;
+    v_tat bigint;
+BEGIN
+    IF v_key IS NULL OR length(v_key) = 0 OR length(v_key) > 512 THEN
+        RAISE EXCEPTION 'invalid rate-limit key "%"', v_key USING ERRCODE = '22023',
+            HINT = 'A key is 1 to 512 characters, e.g. ''login:ip:203.0.113.7''.';
+    END IF;
+    IF rate IS NULL OR NOT (rate > 0) OR rate = 'Infinity'::float8 OR rate > 1000000 THEN
+        RAISE EXCEPTION 'invalid rate %', rate USING ERRCODE = '22023',
+            HINT = 'rate is requests per second: > 0 and <= 1000000.';
+    END IF;
+    IF burst IS NULL OR burst < 1 THEN
+        RAISE EXCEPTION 'invalid burst %', burst USING ERRCODE = '22023', HINT = 'burst is at least 1.';
+    END IF;
+    IF cost IS NULL OR cost < 1 OR cost > burst THEN
+        RAISE EXCEPTION 'invalid cost % for burst %', cost, burst USING ERRCODE = '22023',
+            HINT = 'cost is between 1 and burst: a request costing more than the burst could never pass.';
+    END IF;
+    v_t := 1000000.0 / rate;
+    v_inc := round(cost * v_t)::bigint;
+    v_tol := round(burst * v_t)::bigint;
+
+    INSERT INTO switchboard.rate_limits AS r (key, tat_us, updated_at)
+    VALUES (v_key, v_now + v_inc, now())
+    ON CONFLICT ON CONSTRAINT rate_limits_pkey DO UPDATE
+       SET tat_us = greatest(r.tat_us, v_now) + v_inc, updated_at = now()
+     WHERE greatest(r.tat_us, v_now) + v_inc - v_now <= v_tol
+    RETURNING r.tat_us INTO v_tat;
+
+    IF FOUND THEN
+        allowed := true;
+        retry_after_ms := 0;
+    ELSE
+        -- Denied: the row is locked by the ON CONFLICT above, so this read is exact.
+        SELECT greatest(r.tat_us, v_now) INTO v_tat FROM switchboard.rate_limits r WHERE r.key = v_key;
+        allowed := false;
+        retry_after_ms := ceil((v_tat + v_inc - v_now - v_tol) / 1000.0)::integer;
+    END IF;
+    remaining := greatest(0, floor((v_tol - (v_tat - v_now)) / v_t + 1e-9))::integer;
+    reset_after_ms := greatest(0, ceil((v_tat - v_now) / 1000.0))::integer;
+    RETURN NEXT;
+END
+$$;
+COMMENT ON FUNCTION switchboard.rate_check(text, double precision, integer, integer) IS
+    'Token bucket (GCRA) per key: a fresh key admits exactly burst requests at once, then rate per second. A denied request consumes nothing; retry_after_ms says when it would pass; reset_after_ms when the bucket is full again. Same answer on every replica (database clock).';
+REVOKE ALL ON FUNCTION switchboard.rate_check(text, double precision, integer, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.rate_check(text, double precision, integer, integer) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.rate_reset(key text)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM switchboard.rate_limits r WHERE r.key = rate_reset.key;
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION switchboard.rate_reset(text) IS
+    'Forget a key: its bucket is full again. True if the key existed.';
+REVOKE ALL ON FUNCTION switchboard.rate_reset(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.rate_reset(text) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.reap_rate_limits(idle interval DEFAULT '1 hour')
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_n integer;
+    v_now bigint := (extract(epoch FROM now()) * 1000000)::bigint;
+BEGIN
+    IF idle IS NULL OR idle < interval '0' THEN
+        RAISE EXCEPTION 'invalid idle interval "%"', idle USING ERRCODE = '22023';
+    END IF;
+    -- Only buckets that are full again (tat in the past) may go: deleting a
+    -- bucket that still holds debt would hand out a fresh burst.
+    DELETE FROM switchboard.rate_limits r
+     WHERE r.updated_at < now() - idle AND r.tat_us <= v_now;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END
+$$;
+COMMENT ON FUNCTION switchboard.reap_rate_limits(interval) IS
+    'Delete rate-limit keys untouched for idle whose bucket is full again. Returns how many.';
+REVOKE ALL ON FUNCTION switchboard.reap_rate_limits(interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.reap_rate_limits(interval) TO switchboard_app;

@@ -1,0 +1,273 @@
+-- Users, roles, tokens and rooms.
+--
+-- Passwords are hashed by the server (argon2/bcrypt: the hashing work scales
+-- with replicas, not on the database); the database only stores the hash and
+-- refuses anything that does not look like one. The application role cannot
+-- SELECT password_hash (column grants); it reads a hash only through
+-- login_lookup(). Changes that affect live sessions (role, disabled, logout,
+-- room membership) are announced on channel switchboard_control at COMMIT so
+-- every replica re-checks that user's sockets within a second.
+
+CREATE OR REPLACE FUNCTION switchboard._announce(msg jsonb)
+RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT pg_catalog.pg_notify('switchboard_control', msg::text) $$;
+REVOKE ALL ON FUNCTION switchboard._announce(jsonb) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION switchboard._check_role(role text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF role IS NULL OR role NOT IN ('admin', 'member') THEN
+        RAISE EXCEPTION 'invalid role "%"', role USING ERRCODE = '22023', HINT = 'A role is admin or member.';
+    END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._check_role(text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION switchboard._check_hash(password_hash text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF password_hash IS NULL OR password_hash !~ '^\$(argon2(id|i|d)|2[abxy]?)\$' THEN
+        RAISE EXCEPTION 'password_hash is not an argon2 or bcrypt hash' USING ERRCODE = '22023',
+            HINT = 'Hash passwords in the server (argon2id); never store a plain password.';
+    END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._check_hash(text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION switchboard.create_user(username text, password_hash text, role text DEFAULT 'member')
+RETURNS uuid
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    v_id uuid;
+BEGIN
+    IF username IS NULL OR username !~ '^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$' THEN
+        RAISE EXCEPTION 'invalid username "%"', username USING ERRCODE = '22023',
+            HINT = 'A username is 1 to 64 characters: letters, digits, _ . @ - (not starting with punctuation).';
+    END IF;
+    PERFORM switchboard._check_hash(password_hash);
+    PERFORM switchboard._check_role(role);
+    BEGIN
+        INSERT INTO switchboard.users (username, password_hash, role)
+        VALUES (username, password_hash, role) RETURNING id INTO v_id;
+    EXCEPTION WHEN unique_violation THEN
+        RAISE EXCEPTION 'user "%" already exists', username USING ERRCODE = '23505';
+    END;
+    RETURN v_id;
+END
+$$;
+COMMENT ON FUNCTION switchboard.create_user(text, text, text) IS
+    'Create a user with an argon2/bcrypt hash (hashed by the server) and a role (admin or member). Returns the id. 23505 if the name is taken.';
+REVOKE ALL ON FUNCTION switchboard.create_user(text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.create_user(text, text, text) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.find_user(username text)
+RETURNS TABLE (id uuid, username text, role text, disabled boolean)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT u.id, u.username, u.role, u.disabled FROM switchboard.users u WHERE u.username = find_user.username $$;
+COMMENT ON FUNCTION switchboard.find_user(text) IS 'Look a user up by name (no password hash). No row if unknown.';
+REVOKE ALL ON FUNCTION switchboard.find_user(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.find_user(text) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.login_lookup(username text)
+RETURNS TABLE (user_id uuid, password_hash text, role text, disabled boolean)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT u.id, u.password_hash, u.role, u.disabled FROM switchboard.users u WHERE u.username = login_lookup.username $$;
+COMMENT ON FUNCTION switchboard.login_lookup(text) IS
+    'The one way the application reads a password hash: for verifying a login. No row if the user is unknown.';
+REVOKE ALL ON FUNCTION switchboard.login_lookup(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.login_lookup(text) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard._user_changed(user_id uuid)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v switchboard.users;
+BEGIN
+    SELECT * INTO v FROM switchboard.users u WHERE u.id = _user_changed.user_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'user % does not exist', user_id USING ERRCODE = 'P0002';
+    END IF;
+    PERFORM switchboard._announce(jsonb_build_object(
+        'kind', 'user', 'user_id', v.id, 'role', v.role, 'disabled', v.disabled));
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._user_changed(uuid) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION switchboard.set_user_role(user_id uuid, role text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM switchboard._check_role(role);
+    UPDATE switchboard.users u SET role = set_user_role.role, updated_at = now() WHERE u.id = set_user_role.user_id;
+    PERFORM switchboard._user_changed(user_id);
+END
+$$;
+COMMENT ON FUNCTION switchboard.set_user_role(uuid, text) IS
+    'Change a user''s role (admin or member). Announced at COMMIT: every replica re-checks the user''s sockets and tokens within a second.';
+REVOKE ALL ON FUNCTION switchboard.set_user_role(uuid, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.set_user_role(uuid, text) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.set_user_password_hash(user_id uuid, password_hash text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM switchboard._check_hash(password_hash);
+    UPDATE switchboard.users u SET password_hash = set_user_password_hash.password_hash, updated_at = now()
+     WHERE u.id = set_user_password_hash.user_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'user % does not exist', user_id USING ERRCODE = 'P0002';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION switchboard.set_user_password_hash(uuid, text) IS
+    'Replace a user''s password hash (argon2/bcrypt, computed by the server).';
+REVOKE ALL ON FUNCTION switchboard.set_user_password_hash(uuid, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.set_user_password_hash(uuid, text) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.disable_user(user_id uuid)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE switchboard.users u SET disabled = true, updated_at = now() WHERE u.id = disable_user.user_id;
+    DELETE FROM switchboard.tickets t WHERE t.user_id = disable_user.user_id;
+    PERFORM switchboard._user_changed(user_id);
+END
+$$;
+COMMENT ON FUNCTION switchboard.disable_user(uuid) IS
+    'Disable a user: tickets are dropped, and at COMMIT every replica closes the user''s sockets and refuses its tokens (within a second).';
+REVOKE ALL ON FUNCTION switchboard.disable_user(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.disable_user(uuid) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.enable_user(user_id uuid)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE switchboard.users u SET disabled = false, updated_at = now() WHERE u.id = enable_user.user_id;
+    PERFORM switchboard._user_changed(user_id);
+END
+$$;
+COMMENT ON FUNCTION switchboard.enable_user(uuid) IS 'Re-enable a disabled user (announced like disable_user).';
+REVOKE ALL ON FUNCTION switchboard.enable_user(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.enable_user(uuid) TO switchboard_app;
+
+-- Logout: the token id is remembered until the token would expire anyway,
+-- and announced so every replica refuses it at once.
+CREATE OR REPLACE FUNCTION switchboard.revoke_token(jti text, user_id uuid, expires_at timestamptz)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF jti IS NULL OR length(jti) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'invalid token id "%"', jti USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO switchboard.revoked_tokens (jti, user_id, expires_at)
+    VALUES (jti, user_id, coalesce(expires_at, now() + interval '1 day'))
+    ON CONFLICT ON CONSTRAINT revoked_tokens_pkey DO NOTHING;
+    PERFORM switchboard._announce(jsonb_build_object('kind', 'revoke', 'jti', jti, 'user_id', user_id));
+END
+$$;
+COMMENT ON FUNCTION switchboard.revoke_token(text, uuid, timestamptz) IS
+    'Revoke an access token (logout) on every replica until it would have expired.';
+REVOKE ALL ON FUNCTION switchboard.revoke_token(text, uuid, timestamptz) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.revoke_token(text, uuid, timestamptz) TO switchboard_app;
+
+-- What a replica needs to (re)build its view of revoked tokens and changed
+-- users after it (re)connects its LISTEN connection and may have missed
+-- announcements.
+CREATE OR REPLACE FUNCTION switchboard.auth_snapshot(since interval DEFAULT '1 day')
+RETURNS TABLE (kind text, id text, user_id uuid, role text, disabled boolean)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT 'revoke', r.jti, r.user_id, NULL::text, NULL::boolean
+      FROM switchboard.revoked_tokens r WHERE r.expires_at > now()
+    UNION ALL
+    SELECT 'user', u.id::text, u.id, u.role, u.disabled
+      FROM switchboard.users u WHERE u.disabled OR u.updated_at > now() - since
+$$;
+COMMENT ON FUNCTION switchboard.auth_snapshot(interval) IS
+    'Revoked tokens still valid, and users disabled or changed within since: what a replica reloads after its LISTEN connection reconnects.';
+REVOKE ALL ON FUNCTION switchboard.auth_snapshot(interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.auth_snapshot(interval) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.add_room_member(room text, user_id uuid)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF room IS NULL OR room !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$' THEN
+        RAISE EXCEPTION 'invalid room name "%"', room USING ERRCODE = '22023',
+            HINT = 'A room name is 1 to 128 characters: letters, digits, _ . : -';
+    END IF;
+    IF user_id IS NULL OR NOT EXISTS (SELECT 1 FROM switchboard.users u WHERE u.id = add_room_member.user_id) THEN
+        RAISE EXCEPTION 'user % does not exist', user_id USING ERRCODE = 'P0002';
+    END IF;
+    INSERT INTO switchboard.rooms (name) VALUES (room) ON CONFLICT ON CONSTRAINT rooms_pkey DO NOTHING;
+    INSERT INTO switchboard.room_members (room, user_id) VALUES (room, user_id)
+    ON CONFLICT ON CONSTRAINT room_members_pkey DO NOTHING;
+    IF FOUND THEN
+        PERFORM switchboard._announce(jsonb_build_object('kind', 'member', 'room', room, 'user_id', user_id, 'member', true));
+        RETURN true;
+    END IF;
+    RETURN false;
+END
+$$;
+COMMENT ON FUNCTION switchboard.add_room_member(text, uuid) IS
+    'Add user_id to room (the room is created on first member). True if added, false if already a member.';
+REVOKE ALL ON FUNCTION switchboard.add_room_member(text, uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.add_room_member(text, uuid) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.remove_room_member(room text, user_id uuid)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM switchboard.room_members m
+     WHERE m.room = remove_room_member.room AND m.user_id = remove_room_member.user_id;
+    IF FOUND THEN
+        PERFORM switchboard._announce(jsonb_build_object('kind', 'member', 'room', room, 'user_id', user_id, 'member', false));
+        RETURN true;
+    END IF;
+    RETURN false;
+END
+$$;
+COMMENT ON FUNCTION switchboard.remove_room_member(text, uuid) IS
+    'Remove user_id from room; every replica drops the user''s sockets from the room stream. False if not a member.';
+REVOKE ALL ON FUNCTION switchboard.remove_room_member(text, uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.remove_room_member(text, uuid) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.is_room_member(room text, user_id uuid)
+RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT EXISTS (SELECT 1 FROM switchboard.room_members m
+                      WHERE m.room = is_room_member.room AND m.user_id = is_room_member.user_id) $$;
+COMMENT ON FUNCTION switchboard.is_room_member(text, uuid) IS 'True if user_id belongs to room.';
+REVOKE ALL ON FUNCTION switchboard.is_room_member(text, uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.is_room_member(text, uuid) TO switchboard_app;

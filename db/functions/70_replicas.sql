@@ -1,0 +1,203 @@
+-- Replica registry, presence and the tool bridge.
+--
+-- Each replica upserts its row every few seconds; presence rows hang off it
+-- (ON DELETE CASCADE), so when a replica dies and reap_replicas() removes its
+-- row, its users stop being "online" without anyone having to clean up.
+
+CREATE OR REPLACE FUNCTION switchboard.replica_heartbeat(replica_id text, info jsonb DEFAULT '{}')
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF replica_id IS NULL OR length(replica_id) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'invalid replica id "%"', replica_id USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO switchboard.replica_registry AS r (id, info, heartbeat_at)
+    VALUES (replica_id, coalesce(info, '{}'), now())
+    ON CONFLICT ON CONSTRAINT replica_registry_pkey
+    DO UPDATE SET heartbeat_at = now(), info = coalesce(EXCLUDED.info, r.info);
+END
+$$;
+COMMENT ON FUNCTION switchboard.replica_heartbeat(text, jsonb) IS
+    'Register or refresh a replica (called every few seconds by each server process).';
+REVOKE ALL ON FUNCTION switchboard.replica_heartbeat(text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.replica_heartbeat(text, jsonb) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.replica_stop(replica_id text)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM switchboard.replica_registry r WHERE r.id = replica_id;
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION switchboard.replica_stop(text) IS
+    'Deregister a replica on clean shutdown (its presence rows go with it).';
+REVOKE ALL ON FUNCTION switchboard.replica_stop(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.replica_stop(text) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.reap_replicas(stale interval DEFAULT '30 seconds')
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_n integer;
+BEGIN
+    DELETE FROM switchboard.replica_registry r WHERE r.heartbeat_at < now() - stale;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END
+$$;
+COMMENT ON FUNCTION switchboard.reap_replicas(interval) IS
+    'Forget replicas that stopped heartbeating (and their presence). Returns how many.';
+REVOKE ALL ON FUNCTION switchboard.reap_replicas(interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.reap_replicas(interval) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.presence_set(replica_id text, user_id uuid, sockets integer)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF sockets IS NULL OR sockets < 0 THEN
+        RAISE EXCEPTION 'invalid socket count %', sockets USING ERRCODE = '22023';
+    END IF;
+    IF sockets = 0 THEN
+        DELETE FROM switchboard.presence_sockets p
+         WHERE p.replica_id = presence_set.replica_id AND p.user_id = presence_set.user_id;
+        RETURN;
+    END IF;
+    INSERT INTO switchboard.replica_registry (id) VALUES (replica_id)
+    ON CONFLICT ON CONSTRAINT replica_registry_pkey DO NOTHING;
+    INSERT INTO switchboard.presence_sockets AS p (replica_id, user_id, sockets)
+    VALUES (replica_id, user_id, sockets)
+    ON CONFLICT ON CONSTRAINT presence_sockets_pkey DO UPDATE SET sockets = EXCLUDED.sockets;
+END
+$$;
+COMMENT ON FUNCTION switchboard.presence_set(text, uuid, integer) IS
+    'Record how many sockets user_id has on replica_id (0 removes the row). Kept by each replica''s relay.';
+REVOKE ALL ON FUNCTION switchboard.presence_set(text, uuid, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.presence_set(text, uuid, integer) TO switchboard_app;
+
+CREATE OR REPLACE VIEW switchboard.replicas AS
+    SELECT r.id, r.info, r.started_at, r.heartbeat_at,
+           (SELECT coalesce(sum(p.sockets), 0) FROM switchboard.presence_sockets p WHERE p.replica_id = r.id) AS sockets
+      FROM switchboard.replica_registry r
+     WHERE r.heartbeat_at > now() - interval '30 seconds';
+COMMENT ON VIEW switchboard.replicas IS 'Live replicas (heartbeat within 30 seconds) and their open sockets.';
+GRANT SELECT ON switchboard.replicas TO switchboard_app;
+
+CREATE OR REPLACE VIEW switchboard.presence AS
+    SELECT p.user_id, u.username, p.replica_id, p.sockets, p.since
+      FROM switchboard.presence_sockets p
+      JOIN switchboard.replica_registry r ON r.id = p.replica_id
+      LEFT JOIN switchboard.users u ON u.id = p.user_id
+     WHERE r.heartbeat_at > now() - interval '30 seconds';
+COMMENT ON VIEW switchboard.presence IS 'Which users have sockets on which live replica.';
+GRANT SELECT ON switchboard.presence TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.user_online(user_id uuid)
+RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (SELECT 1 FROM switchboard.presence_sockets p
+                     JOIN switchboard.replica_registry r ON r.id = p.replica_id
+                    WHERE p.user_id = user_online.user_id AND p.sockets > 0
+                      AND r.heartbeat_at > now() - interval '30 seconds')
+$$;
+COMMENT ON FUNCTION switchboard.user_online(uuid) IS 'True if user_id has a socket on any live replica.';
+REVOKE ALL ON FUNCTION switchboard.user_online(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.user_online(uuid) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.room_members_online(room text)
+RETURNS TABLE (user_id uuid, username text, online boolean)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT m.user_id, u.username, switchboard.user_online(m.user_id)
+      FROM switchboard.room_members m JOIN switchboard.users u ON u.id = m.user_id
+     WHERE m.room = room_members_online.room
+     ORDER BY u.username
+$$;
+COMMENT ON FUNCTION switchboard.room_members_online(text) IS 'Members of room with whether each has a socket anywhere now.';
+REVOKE ALL ON FUNCTION switchboard.room_members_online(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.room_members_online(text) TO switchboard_app;
+
+-- Tool bridge. tool_call_start registers the call (who it went to, which
+-- replica waits) and sends tool.call.<id> to the user's sockets as an
+-- ephemeral event; tool_call_answer accepts the answer only from that user,
+-- only once, and wakes the waiting replica on switchboard_control.
+CREATE OR REPLACE FUNCTION switchboard.tool_call_start(
+    user_id uuid, replica_id text, name text, args jsonb DEFAULT '{}', timeout interval DEFAULT '30 seconds')
+RETURNS uuid
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_id uuid := gen_random_uuid();
+BEGIN
+    PERFORM switchboard._check_event(coalesce(name, ''), coalesce(args, 'null'), 6000);
+    IF timeout IS NULL OR timeout <= interval '0' OR timeout > interval '10 minutes' THEN
+        RAISE EXCEPTION 'invalid timeout "%"', timeout USING ERRCODE = '22023',
+            HINT = 'A tool call waits between 1 ms and 10 minutes.';
+    END IF;
+    IF NOT switchboard.user_online(user_id) THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO switchboard.tool_calls (id, user_id, replica_id, name, expires_at)
+    VALUES (v_id, user_id, replica_id, name, now() + timeout);
+    PERFORM pg_notify('switchboard_events',
+        json_build_object('id', NULL, 'user_id', user_id, 'room', NULL, 'event', 'tool.call.' || v_id,
+                          'ts', (extract(epoch FROM clock_timestamp()) * 1000)::bigint,
+                          'ephemeral', true, 'payload', json_build_object('name', name, 'args', args))::text);
+    RETURN v_id;
+END
+$$;
+COMMENT ON FUNCTION switchboard.tool_call_start(uuid, text, text, jsonb, interval) IS
+    'Send tool.call.<id> to user_id''s sockets wherever they are; returns the call id, or NULL if the user has no socket on any live replica.';
+REVOKE ALL ON FUNCTION switchboard.tool_call_start(uuid, text, text, jsonb, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.tool_call_start(uuid, text, text, jsonb, interval) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.tool_call_answer(call_id uuid, sender uuid, result jsonb)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_replica text;
+BEGIN
+    PERFORM switchboard._check_event('tool.result', coalesce(result, 'null'), 1048576);
+    UPDATE switchboard.tool_calls c SET answered = true, result = tool_call_answer.result
+     WHERE c.id = call_id AND c.user_id = sender AND NOT c.answered AND c.expires_at > now()
+    RETURNING c.replica_id INTO v_replica;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM switchboard._announce(jsonb_build_object('kind', 'tool_result', 'call_id', call_id, 'replica_id', v_replica));
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION switchboard.tool_call_answer(uuid, uuid, jsonb) IS
+    'Answer a tool call. Accepted only from the user the call went to, only once, before it expires; wakes the waiting replica.';
+REVOKE ALL ON FUNCTION switchboard.tool_call_answer(uuid, uuid, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.tool_call_answer(uuid, uuid, jsonb) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.tool_call_take(call_id uuid)
+RETURNS TABLE (answered boolean, result jsonb)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY
+    DELETE FROM switchboard.tool_calls c WHERE c.id = call_id RETURNING c.answered, c.result;
+END
+$$;
+COMMENT ON FUNCTION switchboard.tool_call_take(uuid) IS
+    'The waiting replica collects (and forgets) a tool call: whether it was answered, and the result.';
+REVOKE ALL ON FUNCTION switchboard.tool_call_take(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.tool_call_take(uuid) TO switchboard_app;
