@@ -1,0 +1,124 @@
+"""Passwords, access tokens and the per-replica view of revocations.
+
+Passwords: argon2id (argon2-cffi), verified in a thread so hashing never
+blocks the event loop. Tokens: HS256 JWTs, algorithm pinned on decode, with
+exp, iat, jti, sub and role. Revocation (logout), role changes and disabled
+users come from the database: announced on switchboard_control at COMMIT and
+applied here within milliseconds; after the LISTEN connection reconnects (it
+may have missed announcements) the whole view is reloaded from
+auth_snapshot(). Postgres stays the source of truth; this is a cache of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+import uuid
+from dataclasses import dataclass
+
+import argon2
+import falcon
+import jwt
+
+ALGORITHM = "HS256"
+_hasher = argon2.PasswordHasher()
+# A hash of a random password, verified against when the user is unknown so
+# unknown and known users take the same time.
+_DUMMY_HASH = _hasher.hash(secrets.token_hex(16))
+
+
+def hash_password(password: str) -> str:
+    return _hasher.hash(password)
+
+
+async def verify_password(stored_hash: str | None, password: str) -> bool:
+    def _verify() -> bool:
+        try:
+            return _hasher.verify(stored_hash or _DUMMY_HASH, password) and stored_hash is not None
+        except (argon2.exceptions.VerificationError, argon2.exceptions.InvalidHashError):
+            return False
+    return await asyncio.to_thread(_verify)
+
+
+@dataclass
+class Principal:
+    user_id: uuid.UUID
+    username: str
+    role: str
+    jti: str
+    exp: int
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+
+class AuthState:
+    """Revoked token ids and the latest known role/disabled per user."""
+
+    def __init__(self, secret: str, ttl: int) -> None:
+        self.secret = secret
+        self.ttl = ttl
+        self.revoked: dict[str, float] = {}
+        self.users: dict[uuid.UUID, tuple[str, bool]] = {}
+
+    def issue(self, user_id: uuid.UUID, username: str, role: str) -> tuple[str, int]:
+        now = int(time.time())
+        claims = {"sub": str(user_id), "name": username, "role": role, "iat": now,
+                  "exp": now + self.ttl, "jti": secrets.token_hex(16)}
+        return jwt.encode(claims, self.secret, algorithm=ALGORITHM), self.ttl
+
+    def authenticate(self, header: str | None) -> Principal:
+        if not header:
+            raise falcon.HTTPUnauthorized(title="Unauthorized", description="A bearer token is required.",
+                                          challenges=["Bearer"])
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise falcon.HTTPUnauthorized(title="Unauthorized",
+                                          description="Use 'Authorization: Bearer <token>'.",
+                                          challenges=["Bearer"])
+        try:
+            claims = jwt.decode(token.strip(), self.secret, algorithms=[ALGORITHM],
+                                options={"require": ["exp", "iat", "sub", "jti"]})
+            user_id = uuid.UUID(claims["sub"])
+        except jwt.ExpiredSignatureError:
+            raise falcon.HTTPUnauthorized(title="Unauthorized", description="The token has expired.",
+                                          challenges=['Bearer error="invalid_token"']) from None
+        except (jwt.InvalidTokenError, ValueError, KeyError, TypeError):
+            raise falcon.HTTPUnauthorized(title="Unauthorized", description="The token is invalid.",
+                                          challenges=['Bearer error="invalid_token"']) from None
+        jti = str(claims["jti"])
+        if jti in self.revoked:
+            raise falcon.HTTPUnauthorized(title="Unauthorized", description="The token was revoked.",
+                                          challenges=['Bearer error="invalid_token"'])
+        role = str(claims.get("role", "member"))
+        known = self.users.get(user_id)
+        if known is not None:
+            role, disabled = known
+            if disabled:
+                raise falcon.HTTPUnauthorized(title="Unauthorized", description="The user is disabled.",
+                                              challenges=['Bearer error="invalid_token"'])
+        return Principal(user_id, str(claims.get("name", "")), role, jti, int(claims["exp"]))
+
+    # -- fed by the relay's control channel ------------------------------------
+    def apply_revoke(self, jti: str, exp: float | None = None) -> None:
+        self.revoked[jti] = exp or time.time() + self.ttl
+
+    def apply_user(self, user_id: uuid.UUID, role: str, disabled: bool) -> None:
+        self.users[user_id] = (role, disabled)
+
+    def load_snapshot(self, rows: list[dict]) -> None:
+        revoked: dict[str, float] = {}
+        users: dict[uuid.UUID, tuple[str, bool]] = {}
+        for r in rows:
+            if r["kind"] == "revoke":
+                revoked[r["id"]] = time.time() + self.ttl
+            else:
+                users[r["user_id"]] = (r["role"], bool(r["disabled"]))
+        self.revoked = revoked
+        self.users = users
+
+    def prune(self) -> None:
+        now = time.time()
+        self.revoked = {k: v for k, v in self.revoked.items() if v > now}

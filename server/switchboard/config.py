@@ -1,0 +1,144 @@
+"""Settings, read from the environment once (see README "Configuration")."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass, field, fields
+
+
+class ConfigError(ValueError):
+    """A setting is missing or malformed; the message names it."""
+
+
+def _int(name: str, default: int, lo: int = 0, hi: int = 10**9) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        val = int(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from exc
+    if not lo <= val <= hi:
+        raise ConfigError(f"{name}={val} is out of range [{lo}, {hi}]")
+    return val
+
+
+def _float(name: str, default: float, lo: float = 0.0, hi: float = 1e9) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        val = float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r} is not a number") from exc
+    if not lo <= val <= hi:
+        raise ConfigError(f"{name}={val} is out of range [{lo}, {hi}]")
+    return val
+
+
+def _list(name: str, default: str = "") -> list[str]:
+    raw = os.environ.get(name, default)
+    return [p.strip() for p in raw.split(",") if p.strip()]
+
+
+@dataclass
+class Config:
+    database_url: str
+    jwt_secret: str
+    listen_database_url: str | None = None
+    migration_database_url: str | None = None
+    trusted_proxies: list[ipaddress._BaseNetwork] = field(default_factory=list)
+    allowed_origins: list[str] = field(default_factory=list)  # [] = own origin; ["*"] = any
+    pool_min: int = 2
+    pool_size: int = 10
+    pool_timeout: float = 10.0
+    jwt_ttl: int = 3600
+    ticket_ttl: int = 30
+    # scheduler
+    scheduler_enabled: bool = True
+    scheduler_concurrency: int = 8
+    lease_seconds: float = 60.0
+    poll_interval: float = 1.0
+    shutdown_grace: float = 20.0
+    # relay / sockets
+    event_retention_seconds: int = 300
+    listen_check_interval: float = 5.0
+    heartbeat_interval: float = 5.0
+    replica_stale_seconds: float = 30.0
+    ws_queue_size: int = 1000
+    ws_max_frame_bytes: int = 65536
+    ws_frame_rate: float = 20.0
+    ws_frame_burst: int = 40
+    ws_max_sockets_per_user: int = 10
+    # rate limits
+    login_ip_rate: float = 10 / 60
+    login_ip_burst: int = 10
+    login_user_rate: float = 5 / 60
+    login_user_burst: int = 5
+    ratelimit_timeout: float = 0.5
+    max_body_bytes: int = 2 * 1024 * 1024
+    handler_modules: list[str] = field(default_factory=list)
+    log_level: str = "INFO"
+    dev: bool = False
+
+    @classmethod
+    def from_env(cls, dev: bool = False) -> "Config":
+        db = os.environ.get("DATABASE_URL", "")
+        if not db:
+            raise ConfigError("DATABASE_URL is not set (required)")
+        secret = os.environ.get("SWITCHBOARD_JWT_SECRET", "")
+        if not secret:
+            raise ConfigError("SWITCHBOARD_JWT_SECRET is not set (required)")
+        if len(secret) < 32 and not dev:
+            raise ConfigError("SWITCHBOARD_JWT_SECRET must be at least 32 characters")
+        proxies = []
+        for p in _list("SWITCHBOARD_TRUSTED_PROXIES"):
+            try:
+                proxies.append(ipaddress.ip_network(p, strict=False))
+            except ValueError as exc:
+                raise ConfigError(f"SWITCHBOARD_TRUSTED_PROXIES: {p!r} is not an IP or CIDR") from exc
+        return cls(
+            database_url=db,
+            jwt_secret=secret,
+            listen_database_url=os.environ.get("SWITCHBOARD_LISTEN_DATABASE_URL") or None,
+            migration_database_url=os.environ.get("SWITCHBOARD_MIGRATION_DATABASE_URL") or None,
+            trusted_proxies=proxies,
+            allowed_origins=_list("SWITCHBOARD_ALLOWED_ORIGINS", "*" if dev else ""),
+            pool_min=_int("SWITCHBOARD_POOL_MIN", 2, 0, 1000),
+            pool_size=_int("SWITCHBOARD_POOL_SIZE", 10, 1, 1000),
+            pool_timeout=_float("SWITCHBOARD_POOL_TIMEOUT", 10.0, 0.1, 300),
+            jwt_ttl=_int("SWITCHBOARD_JWT_TTL", 3600, 60, 86400),
+            ticket_ttl=_int("SWITCHBOARD_TICKET_TTL", 30, 1, 3600),
+            scheduler_enabled=os.environ.get("SWITCHBOARD_SCHEDULER", "on").lower() not in ("0", "off", "false", "no"),
+            scheduler_concurrency=_int("SWITCHBOARD_SCHEDULER_CONCURRENCY", 8, 1, 1000),
+            lease_seconds=_float("SWITCHBOARD_LEASE_SECONDS", 60.0, 1, 86400),
+            poll_interval=_float("SWITCHBOARD_POLL_INTERVAL", 1.0, 0.01, 3600),
+            shutdown_grace=_float("SWITCHBOARD_SHUTDOWN_GRACE_SECONDS", 20.0, 0, 3600),
+            event_retention_seconds=_int("SWITCHBOARD_EVENT_RETENTION_SECONDS", 300, 1, 86400 * 7),
+            listen_check_interval=_float("SWITCHBOARD_LISTEN_CHECK_INTERVAL", 5.0, 0.1, 300),
+            heartbeat_interval=_float("SWITCHBOARD_HEARTBEAT_INTERVAL", 5.0, 0.1, 300),
+            replica_stale_seconds=_float("SWITCHBOARD_REPLICA_STALE_SECONDS", 30.0, 1, 3600),
+            ws_queue_size=_int("SWITCHBOARD_WS_QUEUE_SIZE", 1000, 1, 1_000_000),
+            ws_max_frame_bytes=_int("SWITCHBOARD_WS_MAX_FRAME_BYTES", 65536, 256, 16 * 1024 * 1024),
+            ws_frame_rate=_float("SWITCHBOARD_WS_FRAME_RATE", 20.0, 0.1, 100000),
+            ws_frame_burst=_int("SWITCHBOARD_WS_FRAME_BURST", 40, 1, 100000),
+            ws_max_sockets_per_user=_int("SWITCHBOARD_WS_MAX_SOCKETS_PER_USER", 10, 1, 10000),
+            login_ip_rate=_float("SWITCHBOARD_LOGIN_IP_RATE", 10 / 60, 0.0001, 1e6),
+            login_ip_burst=_int("SWITCHBOARD_LOGIN_IP_BURST", 10, 1, 1_000_000),
+            login_user_rate=_float("SWITCHBOARD_LOGIN_USER_RATE", 5 / 60, 0.0001, 1e6),
+            login_user_burst=_int("SWITCHBOARD_LOGIN_USER_BURST", 5, 1, 1_000_000),
+            ratelimit_timeout=_float("SWITCHBOARD_RATELIMIT_TIMEOUT", 0.5, 0.01, 60),
+            handler_modules=_list("SWITCHBOARD_HANDLERS"),
+            log_level=os.environ.get("SWITCHBOARD_LOG_LEVEL", "INFO").upper(),
+            dev=dev,
+        )
+
+    def describe(self) -> dict[str, object]:
+        """Settings without secrets, for logs."""
+        out: dict[str, object] = {}
+        for f in fields(self):
+            if f.name in ("jwt_secret",) or f.name.endswith("_url"):
+                continue
+            out[f.name] = getattr(self, f.name)
+        return out

@@ -1,0 +1,260 @@
+"""The data layer: the request pool and every SQL statement the server sends.
+
+Python never builds SQL from input: each method calls one switchboard.*
+function with bound parameters. Keeping them here keeps the SQL reviewable in
+one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+LOG = logging.getLogger("switchboard.db")
+
+RUN_COLUMNS = (
+    "id, task_id, handler, args, status, trigger, attempt, max_attempts, queueing_lock, run_at, "
+    "scheduled_for, worker, lease_expires_at, started_at, finished_at, result, error, retry_of, created_at"
+)
+TASK_COLUMNS = (
+    "id, name, schedule, timezone, handler, args, is_active, max_attempts, next_run_at, "
+    "skipped_ticks, created_by, created_at, updated_at"
+)
+
+
+def conninfo_with_keepalives(url: str) -> dict[str, Any]:
+    """Connection kwargs that make a dead peer noticeable (TCP keepalives)."""
+    return {
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
+        "connect_timeout": 5,
+    }
+
+
+class Database:
+    def __init__(self, url: str, min_size: int = 2, max_size: int = 10, timeout: float = 10.0,
+                 name: str = "switchboard") -> None:
+        self.url = url
+        self.timeout = timeout
+        kwargs = {"autocommit": True, "row_factory": dict_row, **conninfo_with_keepalives(url),
+                  "application_name": name}
+        self.pool = AsyncConnectionPool(
+            url, min_size=min(min_size, max_size), max_size=max_size, kwargs=kwargs, open=False,
+            timeout=timeout, name="switchboard", reconnect_timeout=0,
+            check=AsyncConnectionPool.check_connection,
+        )
+
+    async def open(self) -> None:
+        await self.pool.open(wait=False)
+
+    async def close(self) -> None:
+        await self.pool.close(timeout=5)
+
+    async def fetchall(self, sql: str, params: Any = None, timeout: float | None = None) -> list[dict]:
+        async with self.pool.connection(timeout=timeout or self.timeout) as conn:
+            cur = await conn.execute(sql, params)
+            return await cur.fetchall() if cur.description else []
+
+    async def fetchone(self, sql: str, params: Any = None, timeout: float | None = None) -> dict | None:
+        async with self.pool.connection(timeout=timeout or self.timeout) as conn:
+            cur = await conn.execute(sql, params)
+            return await cur.fetchone() if cur.description else None
+
+    async def scalar(self, sql: str, params: Any = None, timeout: float | None = None) -> Any:
+        row = await self.fetchone(sql, params, timeout)
+        return None if row is None else next(iter(row.values()))
+
+    # -- health -------------------------------------------------------------
+    async def ping(self, timeout: float = 2.0) -> None:
+        async def _ping() -> None:
+            async with self.pool.connection(timeout=timeout) as conn:
+                await conn.execute("SELECT 1")
+        await asyncio.wait_for(_ping(), timeout)
+
+    # -- users & auth -------------------------------------------------------
+    async def login_lookup(self, username: str) -> dict | None:
+        return await self.fetchone("SELECT * FROM switchboard.login_lookup(%s)", (username,))
+
+    async def create_user(self, username: str, password_hash: str, role: str) -> UUID:
+        return await self.scalar("SELECT switchboard.create_user(%s, %s, %s)", (username, password_hash, role))
+
+    async def find_user(self, username: str) -> dict | None:
+        return await self.fetchone("SELECT * FROM switchboard.find_user(%s)", (username,))
+
+    async def get_user(self, user_id: UUID) -> dict | None:
+        return await self.fetchone(
+            "SELECT id, username, role, disabled FROM switchboard.users WHERE id = %s", (user_id,))
+
+    async def revoke_token(self, jti: str, user_id: UUID, expires_at: Any) -> None:
+        await self.fetchone("SELECT switchboard.revoke_token(%s, %s, %s)", (jti, user_id, expires_at))
+
+    async def auth_snapshot(self, since_seconds: int) -> list[dict]:
+        return await self.fetchall("SELECT * FROM switchboard.auth_snapshot(%s)",
+                                   (timedelta(seconds=since_seconds),))
+
+    async def issue_ticket(self, user_id: UUID, ttl: int) -> str:
+        return await self.scalar("SELECT switchboard.issue_ticket(%s, %s)", (user_id, timedelta(seconds=ttl)))
+
+    async def consume_ticket(self, ticket: str) -> UUID | None:
+        return await self.scalar("SELECT switchboard.consume_ticket(%s)", (ticket,))
+
+    async def rate_check(self, key: str, rate: float, burst: int, cost: int = 1,
+                         timeout: float | None = None) -> dict:
+        return await self.fetchone("SELECT * FROM switchboard.rate_check(%s, %s, %s, %s)",
+                                   (key, rate, burst, cost), timeout=timeout)  # type: ignore[return-value]
+
+    # -- tasks ----------------------------------------------------------------
+    async def list_tasks(self) -> list[dict]:
+        return await self.fetchall(f"SELECT {TASK_COLUMNS} FROM switchboard.tasks ORDER BY name")
+
+    async def get_task(self, task_id: UUID) -> dict | None:
+        return await self.fetchone(f"SELECT {TASK_COLUMNS} FROM switchboard.tasks WHERE id = %s", (task_id,))
+
+    async def get_task_by_name(self, name: str) -> dict | None:
+        return await self.fetchone(f"SELECT {TASK_COLUMNS} FROM switchboard.tasks WHERE name = %s", (name,))
+
+    async def create_task(self, name: str, schedule: str | None, handler: str, args: dict,
+                          timezone: str, max_attempts: int) -> dict:
+        return await self.fetchone(
+            f"SELECT {TASK_COLUMNS} FROM switchboard.create_task(%s, %s, %s, %s, %s, %s)",
+            (name, schedule, handler, Jsonb(args), timezone, max_attempts))  # type: ignore[return-value]
+
+    async def update_task(self, task_id: UUID, changes: dict) -> dict:
+        return await self.fetchone(f"SELECT {TASK_COLUMNS} FROM switchboard.update_task(%s, %s)",
+                                   (task_id, Jsonb(changes)))  # type: ignore[return-value]
+
+    async def delete_task(self, task_id: UUID) -> bool:
+        return await self.scalar("SELECT switchboard.delete_task(%s)", (task_id,))
+
+    async def create_run_exclusive(self, task_id: UUID, trigger: str = "manual") -> dict | None:
+        return await self.fetchone(
+            f"SELECT {RUN_COLUMNS} FROM switchboard.create_run_exclusive(%s, %s)", (task_id, trigger))
+
+    async def active_run(self, task_id: UUID) -> dict | None:
+        return await self.fetchone(
+            f"SELECT {RUN_COLUMNS} FROM switchboard.task_runs WHERE task_id = %s "
+            "AND status IN ('queued', 'running') LIMIT 1", (task_id,))
+
+    async def task_runs(self, task_id: UUID, limit: int) -> list[dict]:
+        return await self.fetchall(
+            f"SELECT {RUN_COLUMNS} FROM switchboard.task_runs WHERE task_id = %s ORDER BY id DESC LIMIT %s",
+            (task_id, limit))
+
+    # -- scheduler --------------------------------------------------------------
+    async def claim(self, worker: str, lease: float) -> dict | None:
+        return await self.fetchone(f"SELECT {RUN_COLUMNS} FROM switchboard.claim_due_task(%s, %s)",
+                                   (worker, timedelta(seconds=lease)))
+
+    async def heartbeat_run(self, run_id: int, worker: str, lease: float) -> bool:
+        return await self.scalar("SELECT switchboard.heartbeat_run(%s, %s, %s)",
+                                 (run_id, worker, timedelta(seconds=lease)))
+
+    async def finish_run(self, run_id: int, worker: str, ok: bool, result: Any, error: str | None) -> bool:
+        return await self.scalar("SELECT switchboard.finish_run(%s, %s, %s, %s, %s)",
+                                 (run_id, worker, ok, None if result is None else Jsonb(result), error))
+
+    async def release_run(self, run_id: int, worker: str) -> bool:
+        return await self.scalar("SELECT switchboard.release_run(%s, %s)", (run_id, worker))
+
+    async def enqueue(self, handler: str, args: dict) -> dict | None:
+        return await self.fetchone(f"SELECT {RUN_COLUMNS} FROM switchboard.enqueue(%s, %s)",
+                                   (handler, Jsonb(args)))
+
+    async def maintenance(self, keep_events: int, replica_stale: float) -> dict:
+        return await self.scalar(
+            "SELECT switchboard.maintenance(keep_events => %s, replica_stale => %s)",
+            (timedelta(seconds=keep_events), timedelta(seconds=replica_stale)))
+
+    # -- events -------------------------------------------------------------------
+    async def notify_user(self, user_id: UUID, event: str, payload: Any) -> int:
+        return await self.scalar("SELECT switchboard.notify_user(%s, %s, %s)", (user_id, event, Jsonb(payload)))
+
+    async def notify_room(self, room: str, event: str, payload: Any) -> int:
+        return await self.scalar("SELECT switchboard.notify_room(%s, %s, %s)", (room, event, Jsonb(payload)))
+
+    async def events_since(self, user_id: UUID, after_id: int, rooms: list[str], limit: int) -> list[dict]:
+        return await self.fetchall(
+            "SELECT id, user_id, room, event, payload, created_at FROM switchboard.events_since(%s, %s, %s, %s)",
+            (user_id, after_id, rooms, limit))
+
+    async def event_horizon(self) -> int:
+        return int(await self.scalar("SELECT switchboard.event_horizon()"))
+
+    async def fetch_event(self, event_id: int) -> dict | None:
+        return await self.fetchone(
+            "SELECT id, user_id, room, event, payload, created_at FROM switchboard._relay_fetch_event(%s)",
+            (event_id,))
+
+    async def publish_client_event(self, sender: UUID, room: str, event: str, payload: Any) -> None:
+        await self.fetchone("SELECT switchboard.publish_client_event(%s, %s, %s, %s)",
+                            (sender, room, event, Jsonb(payload)))
+
+    # -- rooms ----------------------------------------------------------------------
+    async def is_room_member(self, room: str, user_id: UUID) -> bool:
+        return await self.scalar("SELECT switchboard.is_room_member(%s, %s)", (room, user_id))
+
+    async def add_room_member(self, room: str, user_id: UUID) -> bool:
+        return await self.scalar("SELECT switchboard.add_room_member(%s, %s)", (room, user_id))
+
+    async def remove_room_member(self, room: str, user_id: UUID) -> bool:
+        return await self.scalar("SELECT switchboard.remove_room_member(%s, %s)", (room, user_id))
+
+    async def room_members(self, room: str) -> list[dict]:
+        return await self.fetchall("SELECT * FROM switchboard.room_members_online(%s)", (room,))
+
+    async def room_exists(self, room: str) -> bool:
+        return bool(await self.scalar("SELECT EXISTS (SELECT 1 FROM switchboard.rooms WHERE name = %s)", (room,)))
+
+    # -- replicas, presence, tools ------------------------------------------------------
+    async def replica_heartbeat(self, replica_id: str, info: dict) -> None:
+        await self.fetchone("SELECT switchboard.replica_heartbeat(%s, %s)", (replica_id, Jsonb(info)))
+
+    async def replica_stop(self, replica_id: str) -> None:
+        await self.fetchone("SELECT switchboard.replica_stop(%s)", (replica_id,))
+
+    async def presence_set(self, replica_id: str, user_id: UUID, sockets: int) -> None:
+        await self.fetchone("SELECT switchboard.presence_set(%s, %s, %s)", (replica_id, user_id, sockets))
+
+    async def presence_sync(self, replica_id: str, users: list[UUID], counts: list[int]) -> None:
+        await self.fetchone("SELECT switchboard.presence_sync(%s, %s, %s)", (replica_id, users, counts))
+
+    async def tool_call_start(self, user_id: UUID, replica_id: str, name: str, args: Any,
+                              timeout: float) -> UUID | None:
+        return await self.scalar("SELECT switchboard.tool_call_start(%s, %s, %s, %s, %s)",
+                                 (user_id, replica_id, name, Jsonb(args), timedelta(seconds=timeout)))
+
+    async def tool_call_answer(self, call_id: UUID, sender: UUID, result: Any) -> bool:
+        return await self.scalar("SELECT switchboard.tool_call_answer(%s, %s, %s)",
+                                 (call_id, sender, Jsonb(result)))
+
+    async def tool_call_take(self, call_id: UUID) -> dict | None:
+        return await self.fetchone("SELECT * FROM switchboard.tool_call_take(%s)", (call_id,))
+
+    # -- sql handler ----------------------------------------------------------------------
+    async def run_job_sql(self, statement: str, timeout_s: float) -> dict:
+        """Run an admin-created task's statement as the restricted job role."""
+        async with self.pool.connection(timeout=self.timeout) as conn:
+            async with conn.transaction():
+                await conn.execute("SET LOCAL ROLE switchboard_job")
+                await conn.execute("SELECT set_config('statement_timeout', %s, true)",
+                                   (str(int(timeout_s * 1000)),))
+                cur = await conn.execute(psycopg.sql.SQL(statement))  # type: ignore[arg-type]
+                rows = await cur.fetchmany(100) if cur.description else []
+                return {"status": cur.statusmessage, "rowcount": cur.rowcount,
+                        "rows": [{k: _jsonable(v) for k, v in r.items()} for r in rows]}
+
+
+def _jsonable(v: Any) -> Any:
+    if v is None or isinstance(v, (bool, int, float, str, list, dict)):
+        return v
+    return str(v)

@@ -1,0 +1,83 @@
+"""Error translation in one place: psycopg SQLSTATEs -> HTTP statuses.
+
+Modelled on PostgREST's mapping. Anything a client can send must end as a
+4xx with a JSON body naming the problem; an unexpected exception is logged
+with its traceback server-side and answered with a bare 500 JSON body.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import falcon
+import psycopg
+import psycopg_pool
+
+LOG = logging.getLogger("switchboard.errors")
+
+
+def status_for_sqlstate(sqlstate: str | None) -> str:
+    s = sqlstate or ""
+    if s == "23505":
+        return falcon.HTTP_409
+    if s in ("P0002",):
+        return falcon.HTTP_404
+    if s.startswith("28") or s == "42501":
+        return falcon.HTTP_403
+    if s.startswith("22") or s.startswith("23"):
+        return falcon.HTTP_422
+    if s in ("40001", "40P01", "55P03", "57014"):
+        return falcon.HTTP_503
+    if s.startswith("08") or s.startswith("57") or s.startswith("53"):
+        return falcon.HTTP_503
+    return falcon.HTTP_500
+
+
+def http_error_from_db(exc: psycopg.Error) -> falcon.HTTPError:
+    status = status_for_sqlstate(exc.sqlstate)
+    diag = exc.diag
+    if status == falcon.HTTP_500:
+        LOG.error("database error %s: %s", exc.sqlstate, exc)
+        return falcon.HTTPInternalServerError(title="Internal Server Error",
+                                              description="The database reported an unexpected error.")
+    if status == falcon.HTTP_503:
+        return falcon.HTTPServiceUnavailable(title="Service Unavailable",
+                                             description="The database is unavailable; retry shortly.",
+                                             retry_after=1)
+    desc = diag.message_primary or str(exc)
+    if diag.message_hint:
+        desc = f"{desc} (hint: {diag.message_hint})"
+    return falcon.HTTPError(status, description=desc)
+
+
+async def handle_db_error(req: falcon.Request, resp: falcon.Response, exc: Exception, params: dict) -> None:
+    if isinstance(exc, psycopg.Error):
+        raise http_error_from_db(exc)
+    raise exc
+
+
+async def handle_pool_timeout(req: falcon.Request, resp: falcon.Response, exc: Exception,
+                              params: dict) -> None:
+    LOG.warning("database pool: %s", exc)
+    raise falcon.HTTPServiceUnavailable(title="Service Unavailable",
+                                        description="The database is unavailable; retry shortly.",
+                                        retry_after=1)
+
+
+async def handle_unexpected(req: falcon.Request, resp: falcon.Response, exc: Exception,
+                            params: dict) -> None:
+    if isinstance(exc, falcon.HTTPError):
+        raise exc
+    LOG.exception("unhandled error on %s %s", req.method, req.path)
+    raise falcon.HTTPInternalServerError(title="Internal Server Error",
+                                         description="An unexpected error occurred.")
+
+
+def register(app: falcon.asgi.App) -> None:
+    app.add_error_handler(Exception, handle_unexpected)
+    app.add_error_handler(psycopg.Error, handle_db_error)
+    app.add_error_handler(psycopg_pool.PoolTimeout, handle_pool_timeout)
+    app.add_error_handler(psycopg_pool.PoolClosed, handle_pool_timeout)
+
+
+__all__ = ["register", "http_error_from_db", "status_for_sqlstate", "psycopg_pool"]

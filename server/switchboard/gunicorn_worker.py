@@ -1,0 +1,21 @@
+"""Gunicorn worker: uvicorn's, with proxy headers off and no access log.
+
+uvicorn and gunicorn trust X-Forwarded-For from loopback by default; the
+client IP for rate limiting is decided by SWITCHBOARD_TRUSTED_PROXIES alone,
+so the server's own proxy-header handling is disabled. The access log is
+ours (it never records the ticket in /ws?ticket=…).
+"""
+
+from uvicorn_worker import UvicornWorker
+
+
+class Worker(UvicornWorker):
+    CONFIG_KWARGS = {
+        "loop": "asyncio",
+        "http": "auto",
+        "lifespan": "on",
+        "proxy_headers": False,
+        "forwarded_allow_ips": "",
+        "access_log": False,
+        "ws_max_size": 2 * 1024 * 1024,
+    }

@@ -1,0 +1,178 @@
+"""The OpenAPI 3 document served at /openapi.json (kept next to the routes it describes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import __version__
+
+ERR = {"$ref": "#/components/responses/Error"}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    return {str(c): ERR for c in codes}
+
+
+def _json(schema: dict) -> dict:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+def _op(summary: str, ok: dict[str, Any], errs: tuple[int, ...], body: dict | None = None,
+        secured: bool = True, params: list | None = None) -> dict:
+    op: dict[str, Any] = {"summary": summary, "responses": {**ok, **_errors(*errs)}}
+    if secured:
+        op["security"] = [{"bearer": []}]
+    if body is not None:
+        op["requestBody"] = {"required": True, **_json(body)}
+    if params:
+        op["parameters"] = params
+    return op
+
+
+UUID = {"type": "string", "format": "uuid"}
+TASK = {
+    "type": "object",
+    "properties": {
+        "id": UUID, "name": {"type": "string"}, "schedule": {"type": ["string", "null"]},
+        "timezone": {"type": "string"}, "handler": {"type": "string"}, "args": {"type": "object"},
+        "is_active": {"type": "boolean"}, "max_attempts": {"type": "integer"},
+        "next_run_at": {"type": ["string", "null"]}, "skipped_ticks": {"type": "integer"},
+        "created_by": {"type": "string"}, "created_at": {"type": "string"}, "updated_at": {"type": "string"},
+    },
+    "required": ["id", "name", "handler", "is_active"],
+}
+RUN = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"}, "task_id": {"type": ["string", "null"]}, "handler": {"type": "string"},
+        "status": {"type": "string", "enum": ["queued", "running", "succeeded", "failed", "abandoned"]},
+        "attempt": {"type": "integer"}, "trigger": {"type": "string"},
+    },
+    "required": ["id", "status", "handler"],
+}
+TASK_PATH = [{"name": "task_id", "in": "path", "required": True, "schema": UUID}]
+COMMON = (400, 401, 403, 413, 422, 503)
+
+
+def openapi_document() -> dict[str, Any]:
+    name_str = {"type": "string", "minLength": 1}
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "Switchboard", "version": __version__,
+                 "description": "N stateless replicas, PostgreSQL as the only coordination layer."},
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}},
+            "schemas": {
+                "Error": {"type": "object", "properties": {"title": {"type": "string"},
+                                                             "description": {"type": "string"}},
+                          "required": ["title"]},
+                "Task": TASK, "Run": RUN,
+            },
+            "responses": {"Error": {"description": "Error", **_json({"$ref": "#/components/schemas/Error"})}},
+        },
+        "paths": {
+            "/auth/login": {"post": _op(
+                "Log in: a bearer token", {"200": {"description": "token", **_json({
+                    "type": "object", "required": ["access_token", "token_type", "expires_in"],
+                    "properties": {"access_token": {"type": "string"},
+                                   "token_type": {"type": "string", "enum": ["bearer"]},
+                                   "expires_in": {"type": "integer"}}})}},
+                (400, 401, 413, 422, 429, 503),
+                body={"type": "object", "required": ["username", "password"], "additionalProperties": False,
+                      "properties": {"username": {"type": "string", "minLength": 1, "maxLength": 64},
+                                     "password": {"type": "string", "minLength": 1, "maxLength": 1024}}},
+                secured=False)},
+            "/auth/logout": {"post": _op("Revoke this token on every replica",
+                                         {"204": {"description": "revoked"}}, (401, 503))},
+            "/me": {"get": _op("Who am I", {"200": {"description": "the caller", **_json({"type": "object"})}},
+                               (401, 503))},
+            "/ws/ticket": {"post": _op("A single-use WebSocket ticket", {"201": {"description": "ticket", **_json({
+                "type": "object", "required": ["ticket", "expires_in"],
+                "properties": {"ticket": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+                               "expires_in": {"type": "integer"}}})}}, (401, 403, 503))},
+            "/tasks": {
+                "get": _op("List tasks", {"200": {"description": "tasks", **_json({
+                    "type": "object", "properties": {"tasks": {"type": "array",
+                                                               "items": {"$ref": "#/components/schemas/Task"}}}})}},
+                    (401, 503)),
+                "post": _op("Create a task (admin)", {"201": {"description": "created",
+                                                               **_json({"$ref": "#/components/schemas/Task"})}},
+                            COMMON + (404, 409),
+                            body={"type": "object", "required": ["name", "handler"], "additionalProperties": False,
+                                  "properties": {"name": name_str, "schedule": {"type": ["string", "null"]},
+                                                 "handler": name_str, "args": {"type": "object"},
+                                                 "timezone": name_str,
+                                                 "max_attempts": {"type": "integer", "minimum": 1,
+                                                                  "maximum": 100}}}),
+            },
+            "/tasks/{task_id}": {
+                "get": _op("A task", {"200": {"description": "task", **_json({"$ref": "#/components/schemas/Task"})}},
+                           (401, 404, 503), params=TASK_PATH),
+                "patch": _op("Change a task (admin)", {"200": {"description": "changed",
+                                                               **_json({"$ref": "#/components/schemas/Task"})}},
+                             COMMON + (404, 409), params=TASK_PATH,
+                             body={"type": "object", "additionalProperties": False, "minProperties": 1,
+                                   "properties": {"name": name_str, "schedule": {"type": ["string", "null"]},
+                                                  "handler": name_str, "args": {"type": "object"},
+                                                  "timezone": name_str, "is_active": {"type": "boolean"},
+                                                  "max_attempts": {"type": "integer", "minimum": 1,
+                                                                   "maximum": 100}}}),
+                "delete": _op("Delete a task (admin)", {"204": {"description": "deleted"}}, (401, 403, 404, 503),
+                              params=TASK_PATH),
+            },
+            "/tasks/{task_id}/trigger": {"post": _op(
+                "Queue a run now (admin)", {
+                    "202": {"description": "queued", **_json({"type": "object", "properties": {
+                        "run": {"$ref": "#/components/schemas/Run"}}})},
+                    "409": {"description": "a run is already queued or running", **_json({
+                        "type": "object", "properties": {"active_run": {}}})}},
+                (401, 403, 404, 503), params=TASK_PATH)},
+            "/tasks/{task_id}/runs": {"get": _op(
+                "Runs of a task, newest first", {"200": {"description": "runs", **_json({
+                    "type": "object", "properties": {"runs": {"type": "array",
+                                                              "items": {"$ref": "#/components/schemas/Run"}}}})}},
+                (400, 401, 404, 503),
+                params=TASK_PATH + [{"name": "limit", "in": "query", "required": False,
+                                     "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}])},
+            "/events": {"post": _op(
+                "Publish an event to a user or a room (admin)",
+                {"202": {"description": "published", **_json({"type": "object", "required": ["id"],
+                                                               "properties": {"id": {"type": "integer"}}})}},
+                COMMON + (404,),
+                body={"type": "object", "required": ["event"], "additionalProperties": False,
+                      "properties": {"user_id": UUID, "room": name_str, "event": name_str, "payload": {}}})},
+            "/rooms/{room}/members": {"get": _op(
+                "Members of a room, with who is online", {"200": {"description": "members", **_json({
+                    "type": "object", "properties": {"room": {"type": "string"}, "members": {"type": "array"}}})}},
+                (401, 403, 404, 503),
+                params=[{"name": "room", "in": "path", "required": True, "schema": {"type": "string"}}])},
+            "/rooms/{room}/members/{user_id}": {
+                "put": _op("Add a member (admin)", {"204": {"description": "added"}}, (401, 403, 404, 422, 503),
+                           params=[{"name": "room", "in": "path", "required": True, "schema": {"type": "string"}},
+                                   {"name": "user_id", "in": "path", "required": True, "schema": UUID}]),
+                "delete": _op("Remove a member (admin)", {"204": {"description": "removed"}},
+                              (401, 403, 404, 422, 503),
+                              params=[{"name": "room", "in": "path", "required": True,
+                                       "schema": {"type": "string"}},
+                                      {"name": "user_id", "in": "path", "required": True, "schema": UUID}]),
+            },
+            "/tools/call": {"post": _op(
+                "Call a tool in a user's browser, wherever its socket is (admin)",
+                {"200": {"description": "the browser's answer", **_json({"type": "object",
+                                                                          "properties": {"result": {}}})}},
+                COMMON + (404, 504),
+                body={"type": "object", "required": ["user_id", "name"], "additionalProperties": False,
+                      "properties": {"user_id": UUID, "name": name_str, "args": {},
+                                     "timeout_ms": {"type": "integer", "minimum": 1, "maximum": 600000}}})},
+            "/healthz/live": {"get": _op("Liveness", {"200": {"description": "alive", **_json({"type": "object"})}},
+                                         (), secured=False)},
+            "/healthz/ready": {"get": _op("Readiness: Postgres answers and LISTEN is up", {
+                "200": {"description": "ready", **_json({"type": "object"})},
+                "503": {"description": "not ready", **_json({"type": "object", "properties": {
+                    "reasons": {"type": "array", "items": {"type": "string"}}}})}}, (), secured=False)},
+            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {
+                "200": {"description": "text format", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+            "/openapi.json": {"get": {"summary": "This document", "responses": {
+                "200": {"description": "OpenAPI 3", **_json({"type": "object"})}}}},
+        },
+    }

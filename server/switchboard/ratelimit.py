@@ -1,0 +1,100 @@
+"""Login rate limiting through switchboard.rate_check, failing open fast.
+
+The bucket lives in Postgres, so N replicas share one limit. If the check
+fails or does not answer within ``ratelimit_timeout`` (default 500 ms -- not
+the pool's 30-second wait), the request is let through, logged and counted:
+an outage of the limiter must not become an outage of login.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import falcon
+
+if TYPE_CHECKING:
+    from .app import Services
+
+LOG = logging.getLogger("switchboard.ratelimit")
+
+
+@dataclass
+class Decision:
+    allowed: bool
+    remaining: int
+    retry_after_ms: int
+    reset_after_ms: int
+    policy: str
+    burst: int
+    window_s: int
+    failed_open: bool = False
+
+    def headers(self) -> dict[str, str]:
+        # IETF draft-ietf-httpapi-ratelimit-headers: RateLimit-Policy / RateLimit.
+        h = {
+            "RateLimit-Policy": f'"{self.policy}";q={self.burst};w={self.window_s}',
+            "RateLimit": f'"{self.policy}";r={self.remaining};t={math.ceil(self.reset_after_ms / 1000)}',
+        }
+        if not self.allowed:
+            h["Retry-After"] = str(max(1, math.ceil(self.retry_after_ms / 1000)))
+        return h
+
+
+class RateLimiter:
+    def __init__(self, svc: "Services") -> None:
+        self.svc = svc
+
+    async def check(self, policy: str, key: str, rate: float, burst: int) -> Decision:
+        window = max(1, math.ceil(burst / rate))
+        timeout = self.svc.config.ratelimit_timeout
+        try:
+            row = await asyncio.wait_for(
+                self.svc.db.rate_check(f"{policy}:{key}", rate, burst, 1, timeout=timeout), timeout)
+        except Exception as exc:  # timeout, pool exhausted, database down
+            self.svc.metrics.inc("switchboard_ratelimit_fail_open_total", policy=policy)
+            LOG.warning("rate limit %s failed open: %s", policy, str(exc).strip() or type(exc).__name__)
+            return Decision(True, burst, 0, 0, policy, burst, window, failed_open=True)
+        d = Decision(row["allowed"], row["remaining"], row["retry_after_ms"], row["reset_after_ms"],
+                     policy, burst, window)
+        if not d.allowed:
+            self.svc.metrics.inc("switchboard_ratelimit_denied_total", policy=policy)
+        return d
+
+
+def too_many(d: Decision) -> falcon.HTTPTooManyRequests:
+    return falcon.HTTPTooManyRequests(
+        title="Too Many Requests",
+        description=f"rate limit {d.policy} exceeded; retry in {max(1, math.ceil(d.retry_after_ms / 1000))} s",
+        headers=d.headers())
+
+
+def client_ip(req: falcon.Request, trusted: list[ipaddress._BaseNetwork]) -> str:
+    """The socket peer, unless the peer is a trusted proxy: then the right-most
+    X-Forwarded-For address that is not itself a trusted proxy."""
+    peer = req.remote_addr or "unknown"
+    if not trusted:
+        return peer
+
+    def is_trusted(addr: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(addr.strip())
+        except ValueError:
+            return False
+        return any(ip in net for net in trusted)
+
+    if not is_trusted(peer):
+        return peer
+    xff = req.get_header("X-Forwarded-For") or ""
+    hops = [h.strip() for h in xff.split(",") if h.strip()]
+    for hop in reversed(hops):
+        if not is_trusted(hop):
+            try:
+                return str(ipaddress.ip_address(hop))
+            except ValueError:
+                return peer
+    return peer

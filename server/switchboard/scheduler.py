@@ -1,0 +1,167 @@
+"""The in-process scheduler: every replica claims its share through SQL.
+
+Nothing is decided here: claim_due_task picks the work (SKIP LOCKED), the
+lease fences stale workers, finish_run records the outcome and schedules
+retries. This loop only decides *when to ask*: at once when the relay hears
+switchboard_runs (a triggered run starts within milliseconds), otherwise
+every poll interval (with jitter, so replicas do not poll in lockstep), and
+never more than ``concurrency`` runs at a time. While a handler runs, its
+lease is extended every lease/3. On shutdown it stops claiming, lets running
+handlers finish within the grace period and hands the rest back with
+release_run() so another replica takes them at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import secrets
+import socket
+import traceback
+from typing import TYPE_CHECKING, Any
+
+from .handlers import HandlerContext, HandlerError, registry
+
+if TYPE_CHECKING:
+    from .app import Services
+
+LOG = logging.getLogger("switchboard.scheduler")
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class Scheduler:
+    def __init__(self, svc: "Services") -> None:
+        self.svc = svc
+        self.cfg = svc.config
+        self.worker = svc.replica_id
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._running: dict[int, asyncio.Task] = {}
+        self._loop_task: asyncio.Task | None = None
+        self._sem = asyncio.Semaphore(self.cfg.scheduler_concurrency)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._loop(), name="scheduler")
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    async def _loop(self) -> None:
+        # Start-up jitter: replicas restarted together do not claim in lockstep.
+        await asyncio.sleep(random.random() * min(self.cfg.poll_interval, 1.0))
+        while not self._stopping:
+            try:
+                await self._claim_available()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                LOG.warning("claim failed: %s", str(exc).strip() or type(exc).__name__)
+            timeout = self.cfg.poll_interval * (0.8 + 0.4 * random.random())
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+
+    async def _claim_available(self) -> None:
+        while not self._stopping and not self.svc.draining:
+            if self._sem.locked():
+                return
+            await self._sem.acquire()
+            try:
+                run = await self.svc.db.claim(self.worker, self.cfg.lease_seconds)
+            except BaseException:
+                self._sem.release()
+                raise
+            if run is None:
+                self._sem.release()
+                return
+            self.svc.metrics.inc("switchboard_claims_total", handler=run["handler"])
+            task = asyncio.create_task(self._execute(run), name=f"run-{run['id']}")
+            self._running[run["id"]] = task
+
+    async def _execute(self, run: dict) -> None:
+        run_id = run["id"]
+        hb = asyncio.create_task(self._heartbeat(run_id))
+        ok, result, error = False, None, None
+        try:
+            handler = registry.get(run["handler"])
+            if handler is None:
+                error = f"unknown handler {run['handler']!r} (registered: {', '.join(registry.names())})"
+            else:
+                try:
+                    result = await handler(HandlerContext(self.svc, run))
+                    ok = True
+                except asyncio.CancelledError:
+                    raise
+                except HandlerError as exc:
+                    error = str(exc)
+                except Exception as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                    LOG.warning("run %s (%s) failed:\n%s", run_id, run["handler"], traceback.format_exc())
+        except asyncio.CancelledError:
+            hb.cancel()
+            self._sem.release()
+            self._running.pop(run_id, None)
+            raise
+        hb.cancel()
+        try:
+            finished = await self.svc.db.finish_run(run_id, self.worker, ok, _jsonable(result), error)
+            if not finished:
+                LOG.warning("run %s: lease lost before finish (another worker rescued it)", run_id)
+            self.svc.metrics.inc("switchboard_runs_finished_total", outcome="ok" if ok else "failed")
+        except Exception as exc:
+            LOG.warning("run %s: finish_run failed (%s); the lease will expire and it is retried", run_id, exc)
+        finally:
+            self._sem.release()
+            self._running.pop(run_id, None)
+            self._wake.set()
+
+    async def _heartbeat(self, run_id: int) -> None:
+        interval = max(self.cfg.lease_seconds / 3, 0.2)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                if not await self.svc.db.heartbeat_run(run_id, self.worker, self.cfg.lease_seconds):
+                    LOG.warning("run %s: lease lost", run_id)
+                    return
+            except Exception as exc:
+                LOG.warning("run %s: heartbeat failed: %s", run_id, exc)
+
+    async def stop(self, grace: float) -> None:
+        """Stop claiming; wait up to grace for running handlers; hand back the rest."""
+        self._stopping = True
+        self._wake.set()
+        if self._loop_task:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        if self._running:
+            LOG.info("waiting up to %.1fs for %d running run(s)", grace, len(self._running))
+            await asyncio.wait(list(self._running.values()), timeout=grace)
+        for run_id, task in list(self._running.items()):
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            try:
+                if await self.svc.db.release_run(run_id, self.worker):
+                    LOG.info("run %s handed back", run_id)
+            except Exception as exc:
+                LOG.warning("run %s: hand-back failed (%s); its lease will expire", run_id, exc)
+
+
+def _jsonable(v: Any) -> Any:
+    import json
+
+    try:
+        json.dumps(v)
+        return v
+    except (TypeError, ValueError):
+        return {"repr": repr(v)[:10000]}

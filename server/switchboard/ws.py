@@ -1,0 +1,279 @@
+"""GET /ws?ticket=…: the WebSocket handshake and the per-socket protocol.
+
+The ticket (and Origin) are checked before accept(): closing before accept
+refuses the handshake with HTTP 403. After accept, a sender task drains the
+socket's bounded queue; the receive loop enforces frame size and rate, and
+only the client actions SPEC §3 allows. Bad frames get an error frame, or a
+close with 1003/1007/1008/1009 -- never an exception out of the relay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import falcon
+import falcon.asgi
+import psycopg
+
+from .relay import Client, frame
+
+if TYPE_CHECKING:
+    from .app import Services
+
+LOG = logging.getLogger("switchboard.ws")
+ROOM_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+TOOL_RESULT_RE = re.compile(r"^tool\.result\.([0-9a-fA-F-]{36})$")
+
+
+class _FrameBucket:
+    """Local per-socket frame-rate limit (it guards this process, so it is local)."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens = float(burst)
+        self.t = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.t) * self.rate)
+        self.t = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+def origin_allowed(origin: str | None, host: str | None, allowed: list[str]) -> bool:
+    if origin is None:
+        return True  # non-browser clients: the ticket alone decides
+    if "*" in allowed:
+        return True
+    origin = origin.rstrip("/")
+    if allowed:
+        return origin in [a.rstrip("/") for a in allowed]
+    # default: the server's own origin
+    try:
+        return urlsplit(origin).netloc.lower() == (host or "").lower()
+    except ValueError:
+        return False
+
+
+class WebSocketResource:
+    def __init__(self, svc: "Services") -> None:
+        self.svc = svc
+        self.cfg = svc.config
+
+    async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        raise falcon.HTTPBadRequest(title="Bad Request",
+                                    description="This endpoint speaks WebSocket: send an Upgrade request "
+                                                "with ?ticket= (POST /ws/ticket issues one).")
+
+    async def on_websocket(self, req: falcon.asgi.Request, ws: falcon.asgi.WebSocket) -> None:
+        svc = self.svc
+        if svc.draining:
+            await ws.close(1012)
+            return
+        if not origin_allowed(req.get_header("Origin"), req.get_header("Host"), self.cfg.allowed_origins):
+            LOG.info("refused WebSocket from origin %s", req.get_header("Origin"))
+            await ws.close(1008)
+            return
+        ticket = req.get_param("ticket") or ""
+        try:
+            user_id = await svc.db.consume_ticket(ticket)
+            user = await svc.db.get_user(user_id) if user_id else None
+        except (psycopg.Error, Exception) as exc:  # pool timeout, DB down
+            LOG.warning("ticket check failed: %s", exc)
+            await ws.close(1011)
+            return
+        if user is None or user["disabled"]:
+            await ws.close(1008)
+            return
+        if svc.registry.sockets_of(user_id) >= self.cfg.ws_max_sockets_per_user:
+            await ws.close(1008)
+            return
+        await ws.accept()
+        client = Client(user_id, user["username"], user["role"], self.cfg.ws_queue_size,
+                        svc.relay.last_seen_id, svc.relay.overflow)
+
+        async def closer(code: int, reason: str) -> None:
+            try:
+                await ws.close(code, reason)
+            except Exception:
+                pass
+        client.closer = closer  # type: ignore[attr-defined]
+        n = svc.registry.add(client)
+        sender = asyncio.create_task(self._sender(ws, client))
+        try:
+            await self._presence(user_id, n)
+            client.offer(frame("hello", {"replica": svc.replica_id, "user_id": str(user_id),
+                                         "username": user["username"], "role": user["role"],
+                                         "last_id": svc.relay.last_seen_id}))
+            await self._receive_loop(ws, client)
+        except falcon.WebSocketDisconnected:
+            pass
+        except Exception:
+            LOG.exception("socket of user %s failed", user_id)
+            await closer(1011, "internal error")
+        finally:
+            left = svc.registry.remove(client)
+            client.queue.put_nowait(None) if not client.queue.full() else None
+            sender.cancel()
+            try:
+                await self._presence(user_id, left)
+            except Exception:
+                pass  # the heartbeat's presence_sync repairs it
+
+    async def _presence(self, user_id: uuid.UUID, n: int) -> None:
+        try:
+            await self.svc.db.presence_set(self.svc.replica_id, user_id, n)
+        except Exception as exc:
+            LOG.warning("presence update failed (heartbeat will repair): %s", exc)
+
+    async def _sender(self, ws: falcon.asgi.WebSocket, client: Client) -> None:
+        try:
+            while True:
+                text = await client.queue.get()
+                if text is None:
+                    return
+                await ws.send_text(text)
+        except (falcon.WebSocketDisconnected, asyncio.CancelledError):
+            return
+        except Exception as exc:
+            LOG.info("send to user %s failed: %s", client.user_id, exc)
+
+    def _error(self, client: Client, code: str, message: str, **extra: Any) -> None:
+        client.offer(frame("error", {"code": code, "message": message, **extra}))
+
+    async def _receive_loop(self, ws: falcon.asgi.WebSocket, client: Client) -> None:
+        bucket = _FrameBucket(self.cfg.ws_frame_rate, self.cfg.ws_frame_burst)
+        strikes = 0
+        while client.closing is None:
+            try:
+                text = await ws.receive_text()
+            except falcon.errors.PayloadTypeError:
+                self.svc.relay.close_client(client, 1003, "binary frames are not supported")
+                return
+            if len(text.encode()) > self.cfg.ws_max_frame_bytes:
+                self.svc.relay.close_client(client, 1009, "frame too large")
+                return
+            if not bucket.take():
+                strikes += 1
+                self._error(client, "rate_limited", "too many frames; slow down")
+                if strikes >= 3 * self.cfg.ws_frame_burst:
+                    self.svc.relay.close_client(client, 1008, "frame rate exceeded")
+                    return
+                continue
+            try:
+                msg = json.loads(text)
+            except ValueError:
+                self._error(client, "bad_json", "frames must be JSON objects")
+                continue
+            if not isinstance(msg, dict):
+                self._error(client, "bad_frame", "frames must be JSON objects")
+                continue
+            try:
+                await self._handle(client, msg)
+            except psycopg.Error as exc:
+                self._error(client, "refused", exc.diag.message_primary or "refused by the database")
+            except (asyncio.TimeoutError, OSError, Exception) as exc:  # pool timeout etc.
+                if isinstance(exc, falcon.WebSocketDisconnected):
+                    raise
+                LOG.warning("frame from user %s failed: %s", client.user_id, exc)
+                self._error(client, "unavailable", "temporarily unavailable; retry")
+
+    async def _handle(self, client: Client, msg: dict) -> None:
+        action = msg.get("action")
+        if action is None and "event" in msg:
+            action = "publish"
+        if action == "ping":
+            client.offer(frame("pong", {}))
+        elif action == "join":
+            room = msg.get("room")
+            if not isinstance(room, str) or not ROOM_RE.match(room):
+                self._error(client, "bad_room", "room must be a room name", action="join")
+                return
+            if not await self.svc.db.is_room_member(room, client.user_id):
+                self._error(client, "forbidden", f"not a member of room {room}", action="join", room=room)
+                return
+            self.svc.registry.join(client, room)
+            client.offer(frame("joined", {}, room=room))
+        elif action == "leave":
+            room = msg.get("room")
+            if isinstance(room, str) and room in client.rooms:
+                self.svc.registry.leave(client, room)
+            client.offer(frame("left", {}, room=room if isinstance(room, str) else None))
+        elif action == "resume":
+            after = msg.get("after")
+            if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+                self._error(client, "bad_resume", "after must be the last event id seen (an integer >= 0)")
+                return
+            await self._resume(client, after)
+        elif action == "publish":
+            await self._publish(client, msg)
+        else:
+            self._error(client, "unknown_action", f"unknown action {str(action)[:50]!r}",
+                        allowed=["join", "leave", "resume", "publish", "ping"])
+
+    async def _resume(self, client: Client, after: int) -> None:
+        """Replay what was missed, then live, with no gap and no duplicate.
+
+        Live events are buffered while the catch-up query runs; both are
+        de-duplicated by event id (ids follow commit order, so the query plus
+        the buffer cover everything after `after`).
+        """
+        db = self.svc.db
+        client.resuming = True
+        client.buffer = []
+        try:
+            horizon = await db.event_horizon()
+            rows = await db.events_since(client.user_id, after, sorted(client.rooms), 10000)
+        except BaseException:
+            buffered, client.buffer, client.resuming = client.buffer, [], False
+            for f in buffered:
+                client.offer(f)
+            raise
+        client.resuming = False
+        if after < horizon or len(rows) >= 10000:
+            client.offer(frame("resume_gap", {"after": after, "horizon": horizon}))
+        for r in rows:
+            client.offer(self.svc.relay._frame_from_row(r))
+        buffered, client.buffer = client.buffer, []
+        for f in sorted(buffered, key=lambda f: (f.get("id") is None, f.get("id") or 0)):
+            client.offer(f)
+        if client.cursor < after:
+            client.cursor = after
+        client.offer(frame("resumed", {"after": after, "replayed": len(rows)}))
+
+    async def _publish(self, client: Client, msg: dict) -> None:
+        event = msg.get("event")
+        payload = msg.get("payload", {})
+        if not isinstance(event, str):
+            self._error(client, "bad_event", "event must be a string")
+            return
+        if event == "typing":
+            room = msg.get("room")
+            if not isinstance(room, str) or room not in client.rooms:
+                self._error(client, "forbidden", "typing goes to a room you have joined", event=event)
+                return
+            await self.svc.db.publish_client_event(client.user_id, room, "typing", payload)
+            return
+        m = TOOL_RESULT_RE.match(event)
+        if m:
+            try:
+                call_id = uuid.UUID(m.group(1))
+            except ValueError:
+                self._error(client, "bad_event", "bad tool call id")
+                return
+            ok = await self.svc.db.tool_call_answer(call_id, client.user_id, payload)
+            if not ok:
+                self._error(client, "unknown_call", "no pending tool call with that id for you", event=event)
+            return
+        self._error(client, "forbidden_event", "clients may only send typing and tool.result.<id>",
+                    event=event[:100])
