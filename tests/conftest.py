@@ -105,3 +105,25 @@ def app_url_for(url: str) -> str:
 @pytest.fixture
 def app_url(db: str) -> str:
     return app_url_for(db)
+
+
+# -- server processes -----------------------------------------------------------------
+@pytest.fixture
+def server_factory(db: str, tmp_path):  # type: ignore[no-untyped-def]
+    """Start real `switchboard serve` processes against this test's database."""
+    from harness import Server
+
+    started: list = []
+
+    def start(env: dict | None = None, url: str | None = None, **kw):  # type: ignore[no-untyped-def]
+        s = Server(url or app_url_for(db), env=env, log_dir=tmp_path, **kw).start()
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        if s.proc and s.proc.poll() is None:
+            try:
+                s.terminate(timeout=20)
+            except Exception:
+                s.kill()

@@ -1,0 +1,155 @@
+"""The server against real processes on loopback: auth, tickets, delivery, resume."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from websockets.exceptions import InvalidStatus
+
+from harness import WS, auth, events_of, make_user
+
+
+@pytest.fixture
+def one(server_factory, db):  # type: ignore[no-untyped-def]
+    make_user(db, "admin", role="admin")
+    make_user(db, "alice")
+    make_user(db, "bob")
+    return server_factory()
+
+
+def test_login_ticket_websocket_and_refusals(one) -> None:  # type: ignore[no-untyped-def]
+    tok = one.login("alice")
+    r = httpx.post(one.base + "/auth/login", json={"username": "alice", "password": "wrong"})
+    assert r.status_code == 401 and r.json()["title"]
+    ws = one.ws(tok)
+    assert ws.hello["payload"]["username"] == "alice"
+    ws.close()
+    # bad ticket, reused ticket, expired ticket: refused before accept (HTTP 403)
+    from websockets.sync.client import connect
+
+    with pytest.raises(InvalidStatus) as e:
+        connect(f"{one.ws_base}/ws?ticket=deadbeef", open_timeout=5)
+    assert e.value.response.status_code == 403
+    t = one.ticket(tok)
+    WS(connect(f"{one.ws_base}/ws?ticket={t}", open_timeout=5)).close()
+    with pytest.raises(InvalidStatus):
+        connect(f"{one.ws_base}/ws?ticket={t}", open_timeout=5)
+    import psycopg
+
+    t2 = one.ticket(tok)
+    with psycopg.connect(one.db_url.replace("sb_app_login@", "postgres@"), autocommit=True) as c:
+        c.execute("UPDATE switchboard.tickets SET expires_at = now() - interval '1 second'")
+    with pytest.raises(InvalidStatus):
+        connect(f"{one.ws_base}/ws?ticket={t2}", open_timeout=5)
+
+
+def test_targeted_and_room_delivery(one, db) -> None:  # type: ignore[no-untyped-def]
+    admin = one.login("admin")
+    a, b = one.login("alice"), one.login("bob")
+    a1, a2, b1 = one.ws(a), one.ws(a), one.ws(b)
+    alice_id = a1.hello["payload"]["user_id"]
+    bob_id = b1.hello["payload"]["user_id"]
+    h = auth(admin)
+    assert httpx.put(f"{one.base}/rooms/general/members/{alice_id}", headers=h).status_code == 204
+    assert a1.join("general")["event"] == "joined"
+    assert b1.join("general")["event"] == "error"  # bob is not a member
+    r = httpx.post(one.base + "/events", headers=h, json={"user_id": alice_id, "event": "hi", "payload": {"n": 1}})
+    assert r.status_code == 202
+    eid = r.json()["id"]
+    for ws in (a1, a2):
+        f = ws.recv_until(lambda f: f.get("id") == eid)
+        assert f["event"] == "hi" and f["payload"] == {"n": 1} and f["room"] is None
+    r = httpx.post(one.base + "/events", headers=h, json={"room": "general", "event": "room.msg", "payload": {}})
+    rid = r.json()["id"]
+    f = a1.recv_until(lambda f: f.get("id") == rid)
+    assert f["room"] == "general"
+    # a2 did not join the room; bob is not a member: neither gets room.msg, bob gets nothing at all
+    assert [f for f in a2.drain() if f.get("id") == rid] == []
+    assert events_of(b1.drain()) == []
+    assert bob_id != alice_id
+
+
+def test_resume_returns_exactly_the_missed_events(one) -> None:  # type: ignore[no-untyped-def]
+    admin, a = one.login("admin"), one.login("alice")
+    h = auth(admin)
+    ws = one.ws(a)
+    uid = ws.hello["payload"]["user_id"]
+    first = httpx.post(one.base + "/events", headers=h, json={"user_id": uid, "event": "e", "payload": {"n": 0}})
+    last_seen = ws.recv_until(lambda f: f.get("id") is not None)["id"]
+    assert last_seen == first.json()["id"]
+    ws.close()
+    missed = [httpx.post(one.base + "/events", headers=h,
+                         json={"user_id": uid, "event": "e", "payload": {"n": i}}).json()["id"] for i in range(1, 6)]
+    ws2 = one.ws(a)
+    ws2.send({"action": "resume", "after": last_seen})
+    # and one live event while resuming
+    live = httpx.post(one.base + "/events", headers=h, json={"user_id": uid, "event": "e", "payload": {"n": 6}})
+    frames = ws2.drain(0.8)
+    ids = [f["id"] for f in events_of(frames)]
+    assert ids == missed + [live.json()["id"]], frames
+    assert any(f["event"] == "resumed" for f in frames)
+
+
+def test_login_rate_limit_exact_burst_and_untrusted_xff(server_factory, db) -> None:  # type: ignore[no-untyped-def]
+    make_user(db, "carol")
+    s = server_factory(env={"SWITCHBOARD_LOGIN_IP_BURST": "4", "SWITCHBOARD_LOGIN_IP_RATE": "0.01"})
+    codes = []
+    for i in range(7):
+        # a spoofed X-Forwarded-For from an untrusted peer must not change the key
+        r = httpx.post(s.base + "/auth/login", json={"username": "carol", "password": "nope"},
+                       headers={"X-Forwarded-For": f"10.9.9.{i}"})
+        codes.append(r.status_code)
+        if r.status_code == 429:
+            last = r
+    assert codes == [401] * 4 + [429] * 3
+    assert int(last.headers["Retry-After"]) >= 1
+    assert 'q=4' in last.headers["RateLimit-Policy"]
+    assert "r=0" in last.headers["RateLimit"]
+    assert last.json()["title"] == "Too Many Requests"
+
+
+def test_triggered_run_starts_fast_and_failures_are_recorded(one) -> None:  # type: ignore[no-untyped-def]
+    h = auth(one.login("admin"))
+    t = httpx.post(one.base + "/tasks", headers=h, json={"name": "boom", "handler": "fail",
+                                                         "args": {"message": "kaput"}, "max_attempts": 1})
+    assert t.status_code == 201, t.text
+    tid = t.json()["id"]
+    t0 = time.time()
+    r = httpx.post(f"{one.base}/tasks/{tid}/trigger", headers=h)
+    assert r.status_code == 202
+    while time.time() - t0 < 5:
+        runs = httpx.get(f"{one.base}/tasks/{tid}/runs", headers=h).json()["runs"]
+        if runs and runs[0]["status"] == "failed":
+            break
+        time.sleep(0.02)
+    assert runs[0]["status"] == "failed" and "kaput" in runs[0]["error"]
+    assert time.time() - t0 < 1.5  # woken by NOTIFY, not the (0.2 s) poll; generous margin
+    # a second trigger while one is active -> 409 with the active run
+    s = httpx.post(one.base + "/tasks", headers=h, json={"name": "slow", "handler": "sleep", "args": {"seconds": 2}})
+    sid = s.json()["id"]
+    assert httpx.post(f"{one.base}/tasks/{sid}/trigger", headers=h).status_code == 202
+    r2 = httpx.post(f"{one.base}/tasks/{sid}/trigger", headers=h)
+    assert r2.status_code == 409 and r2.json()["active_run"]["status"] in ("queued", "running")
+
+
+def test_errors_are_json_with_the_right_status(one) -> None:  # type: ignore[no-untyped-def]
+    h = auth(one.login("admin"))
+    m = auth(one.login("alice"))
+    base = one.base
+    assert httpx.get(base + "/tasks").status_code == 401
+    assert httpx.post(base + "/tasks", headers=m, json={"name": "x", "handler": "noop"}).status_code == 403
+    r = httpx.post(base + "/tasks", headers=h, json={"name": "x", "handler": "noop", "schedule": "61 * * * *"})
+    assert r.status_code == 422 and "61" in r.json()["description"]
+    r = httpx.post(base + "/tasks", headers=h, content=b"{not json")
+    assert r.status_code == 400
+    r = httpx.post(base + "/tasks", headers=h, content=b"x" * (2 * 1024 * 1024 + 10))
+    assert r.status_code == 413
+    assert httpx.get(base + "/tasks/00000000-0000-0000-0000-000000000000", headers=h).status_code == 404
+    assert httpx.post(base + "/tasks", headers=h, json={"name": "dup", "handler": "noop"}).status_code == 201
+    r = httpx.post(base + "/tasks", headers=h, json={"name": "dup", "handler": "noop"})
+    assert r.status_code == 409
+    assert httpx.get(base + "/openapi.json").json()["openapi"].startswith("3.")
+    metrics = httpx.get(base + "/metrics").text
+    assert "switchboard_http_requests_total" in metrics and "switchboard_websockets_open" in metrics
