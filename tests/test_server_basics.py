@@ -43,6 +43,10 @@ def test_login_ticket_websocket_and_refusals(one) -> None:  # type: ignore[no-un
         c.execute("UPDATE switchboard.tickets SET expires_at = now() - interval '1 second'")
     with pytest.raises(InvalidStatus):
         connect(f"{one.ws_base}/ws?ticket={t2}", open_timeout=5)
+    # no ticket ever reaches the log (uvicorn logs handshakes with their query string)
+    log = one.log()
+    assert "ticket=[redacted]" in log
+    assert t not in log and t2 not in log
 
 
 def test_targeted_and_room_delivery(one, db) -> None:  # type: ignore[no-untyped-def]

@@ -386,6 +386,7 @@ class Lifecycle:
 
     async def process_startup(self, scope: dict, event: dict) -> None:
         svc = self.svc
+        install_log_redaction()
         await svc.db.open()
         svc.relay.start()
         if svc.config.scheduler_enabled:
@@ -445,6 +446,33 @@ class Lifecycle:
             pass
         await svc.relay.stop()
         await svc.db.close()
+
+
+class _RedactTickets(logging.Filter):
+    """uvicorn logs WebSocket handshakes with their query string; the ticket must never
+    reach a log. Rewrites ticket=<value> in the record's message and arguments."""
+
+    import re as _re
+    _pattern = _re.compile(r"(ticket=)[^&\s\"']+")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and "ticket=" in record.msg:
+            record.msg = self._pattern.sub(r"\1[redacted]", record.msg)
+        if record.args and isinstance(record.args, tuple):
+            record.args = tuple(self._pattern.sub(r"\1[redacted]", a) if isinstance(a, str) and "ticket=" in a
+                                else a for a in record.args)
+        return True
+
+
+def install_log_redaction() -> None:
+    f = _RedactTickets()
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "gunicorn.error", "gunicorn.access", ""):
+        lg = logging.getLogger(name)
+        if not any(isinstance(x, _RedactTickets) for x in lg.filters):
+            lg.addFilter(f)
+        for h in lg.handlers:
+            if not any(isinstance(x, _RedactTickets) for x in h.filters):
+                h.addFilter(f)
 
 
 class AccessLog:

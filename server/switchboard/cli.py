@@ -73,6 +73,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_level=config.log_level.lower(), server_header=False,
     )
     server = uvicorn.Server(uconf)
+    # uvicorn re-raises the captured SIGTERM/SIGINT after a graceful shutdown, restoring
+    # the previous handlers first; make those no-ops so a drained replica exits 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     server.run()
     return 0
 
