@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -74,3 +76,48 @@ def function_privs_are(conn: psycopg.Connection, signature: str, role: str,
             if conn.execute("SELECT has_function_privilege(%s, %s, %s)",
                             (role, signature, p)).fetchone()[0]]
     assert have == privileges, f"{role} on {signature}: {have} != {privileges}"
+
+
+# --- Concurrency and LISTEN helpers (isolation-spec style) -------------------
+# Added for the race and NOTIFY tests: N real connections, a Barrier so the
+# racing statements start together, outcomes counted by the test.
+
+def race(n: int, fn: Callable[[int, threading.Barrier], Any], timeout: float = 60.0) -> list[Any]:
+    """Run fn(i, barrier) in n threads; return their results in order of i.
+
+    Each fn opens its own connection and calls barrier.wait() right before the
+    racing statement. An exception in any thread is re-raised here.
+    """
+    barrier = threading.Barrier(n, timeout=timeout)
+    results: list[Any] = [None] * n
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            results[i] = fn(i, barrier)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        assert not t.is_alive(), "a racing thread did not finish"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def listener(url: str, *channels: str) -> psycopg.Connection:
+    """A separate autocommit connection LISTENing on channels (close it when done)."""
+    c = psycopg.connect(url, autocommit=True)
+    for ch in channels:
+        c.execute(f'LISTEN "{ch}"')
+    return c
+
+
+def notifications(conn: psycopg.Connection, timeout: float, stop_after: int | None = None) -> list:
+    """Notifications that arrive on conn within timeout seconds (or after stop_after of them)."""
+    return list(conn.notifies(timeout=timeout, stop_after=stop_after))

@@ -1,0 +1,283 @@
+"""Events: NOTIFY at commit, 1 MiB payloads, commit-ordered ids, privacy."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+
+import psycopg
+import pytest
+from pgtap import listener, notifications, race, throws_ok
+
+ARGON = "$argon2id$v=19$m=65536,t=3,p=4$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA"
+CHANNEL = "switchboard_events"
+LIMIT = 1_048_576
+
+
+def new_user(c: psycopg.Connection, name: str) -> str:
+    return c.execute("SELECT switchboard.create_user(%s, %s)", (name, ARGON)).fetchone()[0]
+
+
+def ids_since(c: psycopg.Connection, user: str, after: int = 0, rooms: list[str] | None = None) -> list[int]:
+    return [r[0] for r in c.execute("SELECT id FROM switchboard.events_since(%s, %s, %s)",
+                                    (user, after, rooms or []))]
+
+
+def test_notify_arrives_at_commit_never_on_rollback(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as admin:
+        uid = new_user(admin, "ann")
+    lst = listener(db, CHANNEL)
+    try:
+        with psycopg.connect(db) as pub:
+            pub.execute("SELECT switchboard.notify_user(%s, 'x.rolled', '{\"n\": 0}')", (uid,))
+            pub.rollback()
+            assert notifications(lst, 0.3) == []
+
+            eid = pub.execute(
+                "SELECT switchboard.notify_user(%s, 'chat.message', '{\"text\": \"hi\", \"n\": [1, 2]}')",
+                (uid,)).fetchone()[0]
+            ts = pub.execute("SELECT (extract(epoch FROM created_at) * 1000)::bigint FROM switchboard.events "
+                             "WHERE id = %s", (eid,)).fetchone()[0]
+            assert notifications(lst, 0.3) == [], "delivered before COMMIT"
+            pub.commit()
+            (note,) = notifications(lst, 2.0, stop_after=1)
+        assert note.channel == CHANNEL
+        msg = json.loads(note.payload)
+        assert set(msg) == {"id", "user_id", "room", "event", "payload", "ts"}
+        assert msg == {"id": eid, "user_id": str(uid), "room": None, "event": "chat.message",
+                       "payload": {"text": "hi", "n": [1, 2]}, "ts": ts}
+        with psycopg.connect(db) as c:
+            assert c.execute("SELECT count(*) FROM switchboard.events WHERE event = 'x.rolled'").fetchone()[0] == 0
+    finally:
+        lst.close()
+
+
+def test_room_notify_payload(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as admin:
+        uid = new_user(admin, "rita")
+        admin.execute("SELECT switchboard.add_room_member('lobby', %s)", (uid,))
+        lst = listener(db, CHANNEL)
+        try:
+            eid = admin.execute("SELECT switchboard.notify_room('lobby', 'room.topic', '{\"t\": 1}')").fetchone()[0]
+            (note,) = notifications(lst, 2.0, stop_after=1)
+        finally:
+            lst.close()
+        msg = json.loads(note.payload)
+        assert (msg["id"], msg["user_id"], msg["room"], msg["payload"]) == (eid, None, "lobby", {"t": 1})
+        throws_ok(admin, "SELECT switchboard.notify_room('nowhere', 'x', '{}')", "P0002", match="nowhere")
+        throws_ok(admin, "SELECT switchboard.notify_user(gen_random_uuid(), 'x', '{}')", "P0002")
+        throws_ok(admin, "SELECT switchboard.notify_user(%s, 'bad label!', '{}')", "22023", (uid,),
+                  match="bad label!")
+
+
+def _payload_of_size(c: psycopg.Connection, size: int) -> str:
+    """A JSON object whose jsonb text form is exactly size bytes."""
+    overhead = c.execute("SELECT octet_length(jsonb_build_object('blob', '')::text)").fetchone()[0]
+    text = json.dumps({"blob": "x" * (size - overhead)})
+    assert c.execute("SELECT octet_length(%s::jsonb::text)", (text,)).fetchone()[0] == size
+    return text
+
+
+def test_one_mebibyte_payload_round_trips_and_its_notify_is_truncated(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as c:
+        uid = new_user(c, "big")
+        just_under = _payload_of_size(c, LIMIT - 1)
+        lst = listener(db, CHANNEL)
+        try:
+            eid = c.execute("SELECT switchboard.notify_user(%s, 'file.blob', %s::jsonb)",
+                            (uid, just_under)).fetchone()[0]
+            (note,) = notifications(lst, 2.0, stop_after=1)
+        finally:
+            lst.close()
+        msg = json.loads(note.payload)
+        assert len(note.payload) < 8000
+        assert msg["truncated"] is True and "payload" not in msg
+        assert (msg["id"], msg["user_id"], msg["event"]) == (eid, str(uid), "file.blob")
+        ((got_id, got_payload),) = c.execute(
+            "SELECT id, payload FROM switchboard.events_since(%s, %s)", (uid, eid - 1)).fetchall()
+        assert got_id == eid and got_payload == json.loads(just_under)
+
+        exact = _payload_of_size(c, LIMIT)
+        c.execute("SELECT switchboard.notify_user(%s, 'file.blob', %s::jsonb)", (uid, exact))
+        over = _payload_of_size(c, LIMIT + 1)
+        throws_ok(c, "SELECT switchboard.notify_user(%s, 'file.blob', %s::jsonb)", "22023", (uid, over),
+                  match=str(LIMIT + 1))
+
+
+def test_a_second_publisher_waits_for_the_first_to_commit(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as admin:
+        uid = new_user(admin, "order")
+    t1 = psycopg.connect(db)
+    t2 = psycopg.connect(db)
+    reader = psycopg.connect(db, autocommit=True)
+    try:
+        id1 = t1.execute("SELECT switchboard.notify_user(%s, 'first', '{}')", (uid,)).fetchone()[0]
+        result: dict = {}
+
+        def publish_second() -> None:
+            result["id"] = t2.execute("SELECT switchboard.notify_user(%s, 'second', '{}')", (uid,)).fetchone()[0]
+
+        th = threading.Thread(target=publish_second, daemon=True)
+        th.start()
+        waiting = None
+        for _ in range(100):  # until T2 is seen waiting (at most 5 s)
+            waiting = reader.execute(
+                "SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = %s",
+                (t2.info.backend_pid,)).fetchone()
+            if waiting == ("Lock", "advisory"):
+                break
+            time.sleep(0.05)
+        assert waiting == ("Lock", "advisory")
+        th.join(0.3)
+        assert th.is_alive() and "id" not in result, "second publisher did not wait"
+        assert ids_since(reader, uid) == []
+        t1.commit()
+        th.join(5)
+        assert result["id"] > id1
+        assert ids_since(reader, uid) == [id1]  # T2 not committed yet: a prefix, no gap
+        t2.commit()
+        seen = ids_since(reader, uid)
+        assert seen == [id1, result["id"]]
+        # a reader who has seen the later id has everything before it
+        assert ids_since(reader, uid, after=0) == sorted(seen)
+    finally:
+        for c in (t1, t2, reader):
+            c.close()
+
+
+def test_cursor_is_complete_under_concurrent_publishers(db: str) -> None:
+    """8 publishers commit in random order while a reader follows the cursor: no gap."""
+    with psycopg.connect(db, autocommit=True) as admin:
+        uid = new_user(admin, "cursor")
+    done = threading.Event()
+    collected: list[int] = []
+
+    def read() -> None:
+        with psycopg.connect(db, autocommit=True) as r:
+            last = 0
+            while True:
+                finished = done.is_set()
+                new = ids_since(r, uid, last)
+                collected.extend(new)
+                last = new[-1] if new else last
+                if finished:
+                    return
+                time.sleep(0.001)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    def publisher(i: int, barrier: threading.Barrier) -> list[int]:
+        rng = random.Random(i)
+        mine: list[int] = []
+        with psycopg.connect(db) as p:
+            barrier.wait()
+            for n in range(15):
+                eid = p.execute("SELECT switchboard.notify_user(%s, 'tick', jsonb_build_object('p', %s, 'n', %s))",
+                                (uid, i, n)).fetchone()[0]
+                time.sleep(rng.random() * 0.006)  # commit a little later than the id was taken
+                if rng.random() < 0.2:
+                    p.rollback()
+                else:
+                    p.commit()
+                    mine.append(eid)
+        return mine
+
+    committed = sorted(e for ids in race(8, publisher) for e in ids)
+    done.set()
+    reader.join(10)
+    assert not reader.is_alive()
+    assert collected == committed, "the reader missed or repeated an event"
+    assert len(committed) > 60
+
+
+def test_publish_then_lock_against_lock_then_publish_is_a_deadlock_not_a_hang(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as admin:
+        uid = new_user(admin, "dl")
+    t1 = psycopg.connect(db)
+    t2 = psycopg.connect(db)
+    outcome: dict[str, str] = {}
+    try:
+        for c in (t1, t2):
+            c.execute("SET deadlock_timeout = '100ms'")
+        t2.execute("SELECT 1 FROM switchboard.users WHERE id = %s FOR UPDATE", (uid,))
+        t1.execute("SELECT switchboard.notify_user(%s, 'dl', '{}')", (uid,))
+
+        def step(name: str, c: psycopg.Connection, sql: str) -> None:
+            try:
+                c.execute(sql, (uid,))
+                c.commit()
+                outcome[name] = "committed"
+            except psycopg.Error as exc:
+                outcome[name] = exc.sqlstate or "?"
+                c.rollback()
+
+        start = time.monotonic()
+        a = threading.Thread(target=step, args=("t2", t2, "SELECT switchboard.notify_user(%s, 'dl2', '{}')"))
+        a.start()
+        time.sleep(0.2)
+        b = threading.Thread(target=step, args=("t1", t1, "SELECT 1 FROM switchboard.users WHERE id = %s FOR UPDATE"))
+        b.start()
+        a.join(10)
+        b.join(10)
+        assert not a.is_alive() and not b.is_alive(), "hung"
+        assert time.monotonic() - start < 5
+        assert sorted(outcome.values()) == ["40P01", "committed"], outcome
+    finally:
+        t1.close()
+        t2.close()
+
+
+def test_a_user_never_reads_another_users_events(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as c:
+        a, b = new_user(c, "alice"), new_user(c, "bob")
+        c.execute("SELECT switchboard.add_room_member('room-a', %s)", (a,))
+        c.execute("SELECT switchboard.add_room_member('room-b', %s)", (b,))
+        c.execute("SELECT switchboard.add_room_member('shared', %s)", (a,))
+        c.execute("SELECT switchboard.add_room_member('shared', %s)", (b,))
+        ev = {name: c.execute(sql, args).fetchone()[0] for name, sql, args in [
+            ("to_a", "SELECT switchboard.notify_user(%s, 'x', '{}')", (a,)),
+            ("to_b", "SELECT switchboard.notify_user(%s, 'x', '{}')", (b,)),
+            ("room_a", "SELECT switchboard.notify_room('room-a', 'x', '{}')", ()),
+            ("room_b", "SELECT switchboard.notify_room('room-b', 'x', '{}')", ()),
+            ("shared", "SELECT switchboard.notify_room('shared', 'x', '{}')", ()),
+        ]}
+        every_room = ["room-a", "room-b", "shared", "nowhere"]
+        assert ids_since(c, a, 0, every_room) == [ev["to_a"], ev["room_a"], ev["shared"]]
+        assert ids_since(c, b, 0, every_room) == [ev["to_b"], ev["room_b"], ev["shared"]]
+        assert ids_since(c, a, 0) == [ev["to_a"]]
+        assert ids_since(c, a, 0, ["room-b"]) == [ev["to_a"]]  # B's room adds nothing
+        assert ids_since(c, a, ev["to_a"], ["room-a"]) == [ev["room_a"]]
+        # membership is checked at read time
+        c.execute("SELECT switchboard.remove_room_member('shared', %s)", (a,))
+        assert ids_since(c, a, 0, every_room) == [ev["to_a"], ev["room_a"]]
+        # events_since is the only public function that returns stored events
+        readers = [r[0] for r in c.execute(
+            """SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                WHERE n.nspname = 'switchboard' AND p.proname !~ '^_'
+                  AND p.prorettype = 'switchboard.events'::regtype""")]
+        assert readers == ["events_since"]
+        throws_ok(c, "SELECT * FROM switchboard.events_since(%s, -1)", "22023", (a,))
+        throws_ok(c, "SELECT switchboard.publish_client_event(%s, 'room-b', 'typing', '{}')", "42501", (a,),
+                  match="room-b")
+
+
+def test_reap_events_advances_the_horizon(conn: psycopg.Connection) -> None:
+    uid = new_user(conn, "reap")
+    old = [conn.execute("SELECT switchboard.notify_user(%s, 'x', '{}')", (uid,)).fetchone()[0] for _ in range(3)]
+    new = conn.execute("SELECT switchboard.notify_user(%s, 'x', '{}')", (uid,)).fetchone()[0]
+    conn.execute("UPDATE switchboard.events SET created_at = now() - interval '10 minutes' WHERE id = ANY(%s)",
+                 (old,))
+    before = conn.execute("SELECT switchboard.event_horizon()").fetchone()[0]
+    assert before < old[-1]
+    assert conn.execute("SELECT switchboard.reap_events('5 minutes')").fetchone()[0] >= 3
+    assert conn.execute("SELECT switchboard.event_horizon()").fetchone()[0] == old[-1]
+    assert ids_since(conn, uid) == [new]
+
+
+@pytest.mark.parametrize("label", ["", "a b", "x" * 129, ".dot-first"])
+def test_bad_event_labels(conn: psycopg.Connection, label: str) -> None:
+    uid = new_user(conn, "labels")
+    throws_ok(conn, "SELECT switchboard.notify_user(%s, %s, '{}')", "22023", (uid, label))
