@@ -76,7 +76,20 @@ async def read_json(req: falcon.Request, limit: int) -> dict:
         raise falcon.HTTPBadRequest(title="Bad Request", description="the body is not valid JSON") from None
     if not isinstance(body, dict):
         raise falcon.HTTPBadRequest(title="Bad Request", description="the body must be a JSON object")
+    if _has_nul(body):
+        raise _unprocessable("strings must not contain NUL (\\u0000) characters")
     return body
+
+
+def _has_nul(v: Any) -> bool:
+    """PostgreSQL text and jsonb cannot hold U+0000: refuse it at the door (422), not as a 500."""
+    if isinstance(v, str):
+        return "\x00" in v
+    if isinstance(v, dict):
+        return any(_has_nul(k) or _has_nul(x) for k, x in v.items())
+    if isinstance(v, list):
+        return any(_has_nul(x) for x in v)
+    return False
 
 
 def _unprocessable(msg: str) -> falcon.HTTPError:

@@ -34,6 +34,9 @@ def status_for_sqlstate(sqlstate: str | None) -> str:
 
 
 def http_error_from_db(exc: psycopg.Error) -> falcon.HTTPError:
+    if exc.sqlstate is None and isinstance(exc, psycopg.DataError):
+        # refused client-side by psycopg (e.g. NUL in a text parameter): the input is bad
+        return falcon.HTTPUnprocessableEntity(description=str(exc).strip())
     status = status_for_sqlstate(exc.sqlstate)
     diag = exc.diag
     if status == falcon.HTTP_500:

@@ -54,8 +54,13 @@ TASK_PATH = [{"name": "task_id", "in": "path", "required": True, "schema": UUID}
 COMMON = (400, 401, 403, 413, 422, 503)
 
 
+HANDLER = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$"}
+EVENT = {"type": "string", "pattern": "^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$"}
+ROOM = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"}
+
+
 def openapi_document() -> dict[str, Any]:
-    name_str = {"type": "string", "minLength": 1}
+    name_str = {"type": "string", "minLength": 1, "maxLength": 200}
     return {
         "openapi": "3.0.3",
         "info": {"title": "Switchboard", "version": __version__,
@@ -100,7 +105,7 @@ def openapi_document() -> dict[str, Any]:
                             COMMON + (404, 409),
                             body={"type": "object", "required": ["name", "handler"], "additionalProperties": False,
                                   "properties": {"name": name_str, "schedule": {"type": ["string", "null"]},
-                                                 "handler": name_str, "args": {"type": "object"},
+                                                 "handler": HANDLER, "args": {"type": "object"},
                                                  "timezone": name_str,
                                                  "max_attempts": {"type": "integer", "minimum": 1,
                                                                   "maximum": 100}}}),
@@ -113,7 +118,7 @@ def openapi_document() -> dict[str, Any]:
                              COMMON + (404, 409), params=TASK_PATH,
                              body={"type": "object", "additionalProperties": False, "minProperties": 1,
                                    "properties": {"name": name_str, "schedule": {"type": ["string", "null"]},
-                                                  "handler": name_str, "args": {"type": "object"},
+                                                  "handler": HANDLER, "args": {"type": "object"},
                                                   "timezone": name_str, "is_active": {"type": "boolean"},
                                                   "max_attempts": {"type": "integer", "minimum": 1,
                                                                    "maximum": 100}}}),
@@ -140,7 +145,8 @@ def openapi_document() -> dict[str, Any]:
                                                                "properties": {"id": {"type": "integer"}}})}},
                 COMMON + (404,),
                 body={"type": "object", "required": ["event"], "additionalProperties": False,
-                      "properties": {"user_id": UUID, "room": name_str, "event": name_str, "payload": {}}})},
+                      "properties": {"user_id": UUID, "room": ROOM, "event": EVENT, "payload": {}},
+                      "oneOf": [{"required": ["user_id"]}, {"required": ["room"]}]})},
             "/rooms/{room}/members": {"get": _op(
                 "Members of a room, with who is online", {"200": {"description": "members", **_json({
                     "type": "object", "properties": {"room": {"type": "string"}, "members": {"type": "array"}}})}},
@@ -148,7 +154,7 @@ def openapi_document() -> dict[str, Any]:
                 params=[{"name": "room", "in": "path", "required": True, "schema": {"type": "string"}}])},
             "/rooms/{room}/members/{user_id}": {
                 "put": _op("Add a member (admin)", {"204": {"description": "added"}}, (401, 403, 404, 422, 503),
-                           params=[{"name": "room", "in": "path", "required": True, "schema": {"type": "string"}},
+                           params=[{"name": "room", "in": "path", "required": True, "schema": ROOM},
                                    {"name": "user_id", "in": "path", "required": True, "schema": UUID}]),
                 "delete": _op("Remove a member (admin)", {"204": {"description": "removed"}},
                               (401, 403, 404, 422, 503),
