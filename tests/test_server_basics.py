@@ -157,3 +157,49 @@ def test_errors_are_json_with_the_right_status(one) -> None:  # type: ignore[no-
     assert httpx.get(base + "/openapi.json").json()["openapi"].startswith("3.")
     metrics = httpx.get(base + "/metrics").text
     assert "switchboard_http_requests_total" in metrics and "switchboard_websockets_open" in metrics
+
+
+def test_gunicorn_workers_are_replicas_and_exit_cleanly(db, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """--workers 2: gunicorn + uvicorn workers, each its own replica (registry row, LISTEN)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psycopg
+
+    from conftest import app_url_for
+    from harness import JWT_SECRET, ROOT, free_port
+
+    port = free_port()
+    env = dict(os.environ, DATABASE_URL=app_url_for(db), SWITCHBOARD_JWT_SECRET=JWT_SECRET,
+               PYTHONPATH=str(ROOT / "server"), SWITCHBOARD_HEARTBEAT_INTERVAL="0.5")
+    log = open(tmp_path / "gunicorn.log", "wb")
+    p = subprocess.Popen([sys.executable, "-m", "switchboard.cli", "serve", "--host", "127.0.0.1",
+                          "--port", str(port), "--workers", "2", "--no-migrate"],
+                         env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 30
+        replicas: set[str] = set()
+        while time.time() < deadline and len(replicas) < 2:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/healthz/ready", timeout=2)
+                if r.status_code == 200:
+                    replicas.add(r.json()["replica"])
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        assert len(replicas) == 2, (tmp_path / "gunicorn.log").read_text()[-3000:]
+        with psycopg.connect(db) as c:
+            deadline = time.time() + 10
+            while time.time() < deadline:
+                live = {r[0] for r in c.execute("SELECT id FROM switchboard.replicas").fetchall()}
+                if replicas <= live:
+                    break
+                time.sleep(0.2)
+        assert replicas <= live
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=60) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+        log.close()
