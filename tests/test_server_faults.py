@@ -271,3 +271,25 @@ def test_cli_missing_settings_exit_2(tmp_path) -> None:  # type: ignore[no-untyp
     p = subprocess.run([sys.executable, "-m", "switchboard.cli", "serve"], env=env,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "SWITCHBOARD_JWT_SECRET" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_rate_limiter_fails_open_within_its_bound(server_factory, db) -> None:  # type: ignore[no-untyped-def]
+    """A rate_check that hangs (its bucket row is locked) must not hold login hostage:
+    after SWITCHBOARD_RATELIMIT_TIMEOUT the login proceeds, and the fail-open is counted."""
+    make_user(db, "gina")
+    s = server_factory(env={"SWITCHBOARD_RATELIMIT_TIMEOUT": "0.3"})
+    s.login("gina")  # creates the bucket row for this client IP
+    with psycopg.connect(db) as locker:
+        locker.execute("SELECT 1 FROM switchboard.rate_limits WHERE key = 'login-ip:127.0.0.1' FOR UPDATE")
+        t0 = time.time()
+        r = httpx.post(s.base + "/auth/login", json={"username": "gina", "password": "pw-" + "s" * 12},
+                       timeout=30)
+        elapsed = time.time() - t0
+        assert r.status_code == 200, r.text
+        assert elapsed < 3, elapsed  # the bound (0.3 s) plus argon2, nowhere near the pool's wait
+        locker.rollback()
+    m = httpx.get(s.base + "/metrics").text
+    assert 'switchboard_ratelimit_fail_open_total{policy="login-ip"} 1.0' in m
+    # the limiter works again once the lock is gone
+    r = httpx.post(s.base + "/auth/login", json={"username": "gina", "password": "pw-" + "s" * 12})
+    assert r.status_code == 200 and "RateLimit" in r.headers
