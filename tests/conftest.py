@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from switchboard.migrate import migrate  # noqa: E402
 from switchboard.pgtest import ThrowawayPostgres  # noqa: E402
 
-APP_LOGIN = "sb_app_login"
+from harness import APP_LOGIN, app_url_for  # noqa: E402
 _counter = itertools.count()
 
 
@@ -96,10 +96,6 @@ def conn(shared_db: str) -> Iterator[psycopg.Connection]:
     with psycopg.connect(shared_db) as c:
         yield c
         c.rollback()
-
-
-def app_url_for(url: str) -> str:
-    return url.replace("postgres@", f"{APP_LOGIN}@", 1)
 
 
 @pytest.fixture

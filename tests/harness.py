@@ -34,6 +34,14 @@ FAST_ENV = {
 }
 
 
+APP_LOGIN = "sb_app_login"
+
+
+def app_url_for(url: str) -> str:
+    """The same database, logged in as the least-privilege application login."""
+    return url.replace("postgres@", f"{APP_LOGIN}@", 1)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

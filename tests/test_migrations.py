@@ -7,7 +7,7 @@ import sys
 
 import psycopg
 
-from conftest import ROOT
+from harness import ROOT
 
 MIGRATE = [sys.executable, "-m", "switchboard.cli", "migrate"]
 

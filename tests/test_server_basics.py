@@ -168,7 +168,7 @@ def test_gunicorn_workers_are_replicas_and_exit_cleanly(db, tmp_path) -> None:  
 
     import psycopg
 
-    from conftest import app_url_for
+    from harness import app_url_for
     from harness import JWT_SECRET, ROOT, free_port
 
     port = free_port()
