@@ -87,3 +87,18 @@ def test_five_concurrent_migrate_processes(empty_db: str) -> None:
     assert again.returncode == 0, again.stderr
     assert "nothing applied" in again.stdout + again.stderr
     assert _versions(empty_db) == [(v, 1) for v in _migration_files()]
+
+
+def test_plain_pgmigrate_cli_uses_the_repo_config(empty_db: str, pg, template_db: str) -> None:
+    """`pgmigrate -d db -c <dsn> migrate` with no other flags finds pgmigrate.yml via
+    db/migrations.yml (target, schema, session lock, afterAll functions)."""
+    import shutil
+
+    exe = shutil.which("pgmigrate")
+    assert exe, "pgmigrate (yandex-pgmigrate) is not installed"
+    p = subprocess.run([exe, "-vv", "-d", "db", "-c", empty_db, "migrate"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "pg_advisory_xact_lock" in p.stderr  # the session statements ran
+    assert _versions(empty_db) == [(v, 1) for v in _migration_files()]
+    assert _catalog(empty_db) == _catalog(pg.url(template_db))
