@@ -99,6 +99,9 @@ def test_plain_pgmigrate_cli_uses_the_repo_config(empty_db: str, pg, template_db
     p = subprocess.run([exe, "-vv", "-d", "db", "-c", empty_db, "migrate"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert "pg_advisory_xact_lock" in p.stderr  # the session statements ran
+    # the session statements (two SETs, then SELECT pg_advisory_xact_lock(...)) ran first
+    first = [line.rsplit(":", 1)[-1].strip() for line in p.stderr.splitlines()[:3]]
+    assert first == ["SET", "SET", "SELECT 1"], p.stderr[:500]
+    assert "db/functions/80_status.sql" in p.stderr  # afterAll applied the function files
     assert _versions(empty_db) == [(v, 1) for v in _migration_files()]
     assert _catalog(empty_db) == _catalog(pg.url(template_db))
