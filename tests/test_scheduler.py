@@ -13,6 +13,7 @@ import time
 from datetime import timedelta
 
 import psycopg
+import pytest
 from pgtap import listener, notifications, race, throws_ok
 from psycopg.rows import dict_row
 
@@ -447,3 +448,62 @@ def test_create_task_errors(conn: psycopg.Connection) -> None:
     throws_ok(conn, "SELECT switchboard.create_task('dup', NULL, 'h')", "23505", match="dup")
     # trigger-only tasks are never due
     assert conn.execute("SELECT next_run_at FROM switchboard.tasks WHERE name = 'dup'").fetchone()[0] is None
+
+
+# --- plans: the hot UPDATEs probe the primary key ---------------------------------------
+
+def _nested_plans(c: psycopg.Connection) -> list[str]:
+    """Turn on auto_explain for nested statements, reported as NOTICEs on c."""
+    plans: list[str] = []
+    c.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+    try:
+        c.execute("LOAD 'auto_explain'")
+    except psycopg.errors.UndefinedFile:
+        pytest.skip("auto_explain is not installed")
+    c.execute("SET auto_explain.log_min_duration = 0")
+    c.execute("SET auto_explain.log_nested_statements = on")
+    c.execute("SET auto_explain.log_level = 'notice'")
+    return plans
+
+
+def test_fenced_updates_probe_the_primary_key(db: str) -> None:
+    """finish_run / heartbeat_run / release_run touch one row by id.
+
+    Their generic plans must probe task_runs_pkey. With task_runs_running
+    defined on "status = 'running'" alone, the planner walked that whole index
+    (every running row and every dead entry since the last vacuum) for each
+    call, so finishing a job got slower the more jobs ran.
+    """
+    with psycopg.connect(db, autocommit=True) as c:
+        pause_maintenance(c)
+        c.execute("SELECT count(*) FROM generate_series(1, 200) g, "
+                  "LATERAL switchboard.enqueue('p', jsonb_build_object('i', g))")
+        # statistics taken while nothing ran (the usual case: a small running set)...
+        c.execute("VACUUM ANALYZE switchboard.task_runs")
+        # ...then 50 workers hold runs
+        runs = [claim(c, f"w{i}")["id"] for i in range(50)]
+        c.execute("SET plan_cache_mode = force_generic_plan")  # what PL/pgSQL settles on
+        c.execute("SET enable_seqscan = off")  # a real task_runs is big; ask which index wins
+        plans = _nested_plans(c)
+        assert c.execute("SELECT switchboard.heartbeat_run(%s, 'w0')", (runs[0],)).fetchone()[0]
+        assert c.execute("SELECT switchboard.finish_run(%s, 'w1', true)", (runs[1],)).fetchone()[0]
+        assert c.execute("SELECT switchboard.release_run(%s, 'w2')", (runs[2],)).fetchone()[0]
+    updates = [p for p in plans if "UPDATE switchboard.task_runs" in p and "worker =" in p]
+    assert len(updates) == 3, plans
+    for plan in updates:
+        assert "Index Scan using task_runs_pkey" in plan, plan
+        assert "task_runs_running" not in plan, plan
+
+
+def test_a_tasks_history_is_read_through_its_index(conn: psycopg.Connection) -> None:
+    # the server's listing query; task_runs_by_task leaves one-off jobs out, and
+    # "task_id = $1" must still prove its predicate
+    conn.execute("SET LOCAL enable_seqscan = off")
+    conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+    conn.execute("PREPARE history(uuid) AS SELECT id FROM switchboard.task_runs "
+                  "WHERE task_id = $1 ORDER BY id DESC LIMIT 20")
+    try:
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN EXECUTE history(gen_random_uuid())"))
+    finally:
+        conn.execute("DEALLOCATE history")
+    assert "task_runs_by_task" in plan, plan

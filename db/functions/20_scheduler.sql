@@ -323,26 +323,38 @@ DECLARE
     v_tick_first boolean;
     v_kind integer;
     v_skipped boolean;
+    v_expired boolean;
 BEGIN
     IF v_worker IS NULL OR length(v_worker) = 0 OR length(v_worker) > 200 THEN
         RAISE EXCEPTION 'invalid worker name "%"', v_worker USING ERRCODE = '22023',
             HINT = 'Worker names are unique per process, e.g. host:pid:random.';
     END IF;
-    PERFORM switchboard._check_lease(v_lease);
+    IF v_lease IS NULL OR v_lease <= interval '0' OR v_lease > interval '1 day' THEN
+        PERFORM switchboard._check_lease(v_lease);  -- raises (the test is inlined: hot path)
+    END IF;
 
-    IF EXISTS (SELECT 1 FROM switchboard.task_runs
-                WHERE status = 'running' AND lease_expires_at < v_now) THEN
+    -- One statement answers both: is a lease to rescue, is a tick due?
+    SELECT EXISTS (SELECT 1 FROM switchboard.task_runs
+                    WHERE status = 'running' AND lease_expires_at < v_now),
+           (SELECT next_run_at FROM switchboard.tasks
+             WHERE is_active AND next_run_at <= v_now ORDER BY next_run_at LIMIT 1)
+      INTO v_expired, v_task_at;
+    IF v_expired THEN
         PERFORM switchboard._rescue_expired_runs(100);
     END IF;
 
     WHILE v_try < 8 LOOP
         v_try := v_try + 1;
-        SELECT run_at INTO v_queued_at FROM switchboard.task_runs
-         WHERE status = 'queued' AND run_at <= v_now ORDER BY run_at, id LIMIT 1;
-        SELECT next_run_at INTO v_task_at FROM switchboard.tasks
-         WHERE is_active AND next_run_at <= v_now ORDER BY next_run_at LIMIT 1;
-        IF v_queued_at IS NULL AND v_task_at IS NULL THEN
-            RETURN;
+        IF v_try > 1 THEN
+            SELECT next_run_at INTO v_task_at FROM switchboard.tasks
+             WHERE is_active AND next_run_at <= v_now ORDER BY next_run_at LIMIT 1;
+        END IF;
+        -- The queue's head is only worth a look of its own when a tick competes
+        -- with it; otherwise the claim below is the only scan of the head.
+        v_queued_at := NULL;
+        IF v_task_at IS NOT NULL THEN
+            SELECT run_at INTO v_queued_at FROM switchboard.task_runs
+             WHERE status = 'queued' AND run_at <= v_now ORDER BY run_at, id LIMIT 1;
         END IF;
         v_skipped := false;
         v_tick_first := v_task_at IS NOT NULL AND (v_queued_at IS NULL OR v_task_at <= v_queued_at);
@@ -362,7 +374,7 @@ BEGIN
                     VALUES (v_task.id, v_task.handler, v_task.args, 'running', 'schedule', 1,
                             v_task.max_attempts, v_task.next_run_at, v_task.next_run_at,
                             v_worker, v_now + v_lease, v_now)
-                    ON CONFLICT (task_id) WHERE status IN ('queued', 'running') DO NOTHING
+                    ON CONFLICT (task_id) WHERE status IN ('queued', 'running') AND task_id IS NOT NULL DO NOTHING
                     RETURNING * INTO v_run;
                     IF FOUND THEN
                         RETURN NEXT v_run;
@@ -372,7 +384,7 @@ BEGIN
                     UPDATE switchboard.tasks SET skipped_ticks = skipped_ticks + 1 WHERE id = v_task.id;
                     v_skipped := true;
                 END IF;
-            ELSIF v_kind = 2 AND v_queued_at IS NOT NULL THEN
+            ELSIF v_kind = 2 AND (v_queued_at IS NOT NULL OR v_task_at IS NULL) THEN
                 UPDATE switchboard.task_runs
                    SET status = 'running', worker = v_worker, lease_expires_at = v_now + v_lease,
                        started_at = v_now
@@ -420,7 +432,7 @@ BEGIN
     INSERT INTO switchboard.task_runs (task_id, handler, args, status, trigger, max_attempts, run_at)
     SELECT t.id, t.handler, t.args, 'queued', v_trigger, t.max_attempts, now()
       FROM switchboard.tasks t WHERE t.id = v_id
-    ON CONFLICT (task_id) WHERE status IN ('queued', 'running') DO NOTHING
+    ON CONFLICT (task_id) WHERE status IN ('queued', 'running') AND task_id IS NOT NULL DO NOTHING
     RETURNING * INTO v_run;
     IF FOUND THEN
         PERFORM switchboard._wake_workers();

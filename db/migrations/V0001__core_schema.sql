@@ -120,16 +120,26 @@ CREATE TABLE switchboard.task_runs (
 );
 -- "Only one run of a task at a time" is this index, not a NOT EXISTS check:
 -- the second INSERT ... ON CONFLICT DO NOTHING simply returns no row.
+-- One-off jobs (task_id IS NULL) are left out: NULLs never conflict, so their
+-- entries would only cost a write per claim.
 CREATE UNIQUE INDEX task_runs_one_active ON switchboard.task_runs (task_id)
-    WHERE status IN ('queued', 'running');
+    WHERE status IN ('queued', 'running') AND task_id IS NOT NULL;
 -- At most one queued-or-running job per queueing lock.
 CREATE UNIQUE INDEX task_runs_queueing_lock ON switchboard.task_runs (queueing_lock)
     WHERE status IN ('queued', 'running') AND queueing_lock IS NOT NULL;
 -- The claim's entry point for queued work (oldest due first).
 CREATE INDEX task_runs_queued ON switchboard.task_runs (run_at, id) WHERE status = 'queued';
--- Lease rescue scans only running rows.
-CREATE INDEX task_runs_running ON switchboard.task_runs (lease_expires_at) WHERE status = 'running';
-CREATE INDEX task_runs_by_task ON switchboard.task_runs (task_id, id DESC);
+-- Lease rescue scans only running rows. "lease_expires_at IS NOT NULL" is
+-- always true for them; it is in the predicate so that a lookup by primary key
+-- that also says status = 'running' (finish_run, heartbeat_run, release_run)
+-- cannot pick this index: with "status = 'running'" alone, the generic plan of
+-- those UPDATEs walked the whole index (every running row plus every dead
+-- entry since the last vacuum) instead of probing the primary key. The rescue
+-- queries say lease_expires_at < now(), which implies the extra condition.
+CREATE INDEX task_runs_running ON switchboard.task_runs (lease_expires_at)
+    WHERE status = 'running' AND lease_expires_at IS NOT NULL;
+-- A task's history (runs of one task, newest first); one-off jobs have none.
+CREATE INDEX task_runs_by_task ON switchboard.task_runs (task_id, id DESC) WHERE task_id IS NOT NULL;
 CREATE INDEX task_runs_finished ON switchboard.task_runs (finished_at)
     WHERE status IN ('succeeded', 'failed', 'abandoned');
 GRANT SELECT ON switchboard.task_runs TO switchboard_app;
