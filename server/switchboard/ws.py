@@ -108,13 +108,16 @@ class WebSocketResource:
             except Exception:
                 pass
         client.closer = closer  # type: ignore[attr-defined]
+        # hello is queued in the same step that registers the socket (no await between):
+        # once registered, the relay may offer live events, and none may overtake hello
+        # (a client that resumes from "the last id seen" would skip what it missed).
         n = svc.registry.add(client)
+        client.offer(frame("hello", {"replica": svc.replica_id, "user_id": str(user_id),
+                                     "username": user["username"], "role": user["role"],
+                                     "last_id": client.cursor}))
         sender = asyncio.create_task(self._sender(ws, client))
         try:
             await self._presence(user_id, n)
-            client.offer(frame("hello", {"replica": svc.replica_id, "user_id": str(user_id),
-                                         "username": user["username"], "role": user["role"],
-                                         "last_id": svc.relay.last_seen_id}))
             await self._receive_loop(ws, client)
         except falcon.WebSocketDisconnected:
             pass
