@@ -507,3 +507,18 @@ def test_a_tasks_history_is_read_through_its_index(conn: psycopg.Connection) -> 
     finally:
         conn.execute("DEALLOCATE history")
     assert "task_runs_by_task" in plan, plan
+
+
+@pytest.mark.parametrize("call", [
+    "switchboard._random_128()",
+    "switchboard._wake_workers()",
+    "switchboard._announce('{}'::jsonb)",
+])
+def test_hot_sql_helpers_are_inlined(conn: psycopg.Connection, call: str) -> None:
+    """A SQL-language helper that the planner cannot inline (a SET clause or a
+    FROM in its body) is parsed and planned again in every transaction that
+    calls it; for _random_128 that doubled the cost of issue_ticket."""
+    plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN (VERBOSE) SELECT {call}"))
+    name = call.split("(")[0].split(".")[1]
+    assert name not in plan, plan
+    assert "gen_random_uuid" in plan or "pg_notify" in plan, plan

@@ -81,10 +81,12 @@ END
 $$;
 REVOKE ALL ON FUNCTION switchboard._check_lease(interval) FROM PUBLIC;
 
+-- No SET clause, so the planner inlines it into the caller (see _random_128 in
+-- 30_tickets.sql: a SQL function that is not inlined is planned again in every
+-- transaction); the body is schema-qualified instead.
 CREATE OR REPLACE FUNCTION switchboard._wake_workers()
 RETURNS void
 LANGUAGE sql
-SET search_path = pg_catalog, pg_temp
 AS $$ SELECT pg_catalog.pg_notify('switchboard_runs', '') $$;
 REVOKE ALL ON FUNCTION switchboard._wake_workers() FROM PUBLIC;
 

@@ -5,15 +5,20 @@
 -- row, and the second DELETE finds nothing.
 
 -- 128 random bits without pgcrypto: gen_random_uuid() draws from the same
--- strong source (pg_strong_random); the version/variant bits are skipped, so
--- all 16 bytes taken below are random.
+-- strong source (pg_strong_random); the version/variant bits (bytes 7 and 9 of
+-- a version 4 UUID) are skipped, so all 16 bytes taken below are random.
+-- Shaped to be inlined into its caller: one expression, no FROM, no SET clause
+-- (a SET clause or a FROM forbids inlining, and a SQL function that is not
+-- inlined is parsed and planned again in every transaction that calls it:
+-- that doubled the cost of issue_ticket). Every name is schema-qualified, so
+-- the body means the same under any search_path.
 CREATE OR REPLACE FUNCTION switchboard._random_128()
 RETURNS bytea
 LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT substr(a, 1, 6) || substr(a, 10, 7) || substr(b, 1, 3)
-      FROM (SELECT uuid_send(gen_random_uuid()) AS a, uuid_send(gen_random_uuid()) AS b) r
+    SELECT pg_catalog.substr(pg_catalog.uuid_send(pg_catalog.gen_random_uuid()), 1, 6)
+           OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.uuid_send(pg_catalog.gen_random_uuid()), 10, 7)
+           OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.uuid_send(pg_catalog.gen_random_uuid()), 1, 3)
 $$;
 REVOKE ALL ON FUNCTION switchboard._random_128() FROM PUBLIC;
 

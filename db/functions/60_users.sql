@@ -8,11 +8,11 @@
 -- room membership) are announced on channel switchboard_control at COMMIT so
 -- every replica re-checks that user's sockets within a second.
 
+-- Inlined into its callers like _wake_workers: no SET clause, qualified names.
 CREATE OR REPLACE FUNCTION switchboard._announce(msg jsonb)
 RETURNS void
 LANGUAGE sql
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT pg_catalog.pg_notify('switchboard_control', msg::text) $$;
+AS $$ SELECT pg_catalog.pg_notify('switchboard_control', msg::pg_catalog.text) $$;
 REVOKE ALL ON FUNCTION switchboard._announce(jsonb) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION switchboard._check_role(role text)
