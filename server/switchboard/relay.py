@@ -41,6 +41,10 @@ CHANNELS = ("switchboard_events", "switchboard_control", "switchboard_runs")
 _ids = itertools.count(1)
 
 
+def encode(f: dict) -> str:
+    return json.dumps(f, separators=(",", ":"), default=str)
+
+
 def frame(event: str, payload: Any = None, *, id: int | None = None, room: str | None = None,
           ts: int | None = None, **extra: Any) -> dict:
     f = {"id": id, "event": event, "room": room, "payload": {} if payload is None else payload,
@@ -68,13 +72,17 @@ class Client:
         self.resuming = False
         self.buffer: list[dict] = []
         self.closing: int | None = None
+        self.close_task: asyncio.Task | None = None
         self._on_overflow = on_overflow
 
     def __hash__(self) -> int:
         return self.cid
 
-    def offer(self, f: dict) -> None:
-        """Queue a frame unless it is a duplicate; overflow closes the socket (1013)."""
+    def offer(self, f: dict, text: str | None = None) -> None:
+        """Queue a frame unless it is a duplicate; overflow closes the socket (1013).
+
+        ``text`` is ``f`` already serialised: a room event goes to many sockets and is
+        encoded once, not once per socket."""
         if self.closing is not None:
             return
         eid = f.get("id")
@@ -94,7 +102,7 @@ class Client:
                 floor = self.cursor - self.SENT_IDS_MAX // 2
                 self.sent_ids = {i for i in self.sent_ids if i > floor}
         try:
-            self.queue.put_nowait(json.dumps(f, separators=(",", ":"), default=str))
+            self.queue.put_nowait(text if text is not None else encode(f))
         except asyncio.QueueFull:
             self._on_overflow(self)
 
@@ -287,8 +295,9 @@ class Relay:
         else:
             return
         n = 0
+        text = encode(f) if targets else None
         for c in list(targets):
-            c.offer(f)
+            c.offer(f, text)
             n += 1
         if n:
             self.svc.metrics.inc("switchboard_events_relayed_total", n)
@@ -325,7 +334,9 @@ class Relay:
         self.svc.metrics.inc("switchboard_ws_closed_total", code=str(code))
         closer = getattr(c, "closer", None)
         if closer is not None:
-            asyncio.get_running_loop().create_task(closer(code, reason))
+            # Kept on the client: the socket's handler awaits it before returning, or the
+            # ASGI server's implicit close (1000) could overtake this one.
+            c.close_task = asyncio.get_running_loop().create_task(closer(code, reason))
 
     def overflow(self, c: Client) -> None:
         LOG.info("closing socket of user %s: send queue full (client too slow)", c.user_id)

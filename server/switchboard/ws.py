@@ -125,6 +125,8 @@ class WebSocketResource:
             LOG.exception("socket of user %s failed", user_id)
             await closer(1011, "internal error")
         finally:
+            if client.close_task is not None:  # the close code we chose goes out, not 1000
+                await asyncio.gather(client.close_task, return_exceptions=True)
             left = svc.registry.remove(client)
             client.queue.put_nowait(None) if not client.queue.full() else None
             sender.cancel()
