@@ -42,6 +42,17 @@ def _list(name: str, default: str = "") -> list[str]:
     return [p.strip() for p in raw.split(",") if p.strip()]
 
 
+def ws_compression_enabled() -> bool:
+    """SWITCHBOARD_WS_COMPRESSION (default off): negotiate permessage-deflate on /ws.
+
+    Off by default: every compressed socket keeps a zlib context on each side
+    (RSS of one replica with 1,000 idle browser sockets: ~71 MiB with it, ~33 MiB
+    without, see BENCHMARKS.md), and Switchboard's frames are small JSON that
+    barely compress. Turn it on when clients sit behind slow links and
+    payloads are large."""
+    return os.environ.get("SWITCHBOARD_WS_COMPRESSION", "off").lower() in ("1", "on", "true", "yes")
+
+
 @dataclass
 class Config:
     database_url: str
@@ -71,6 +82,7 @@ class Config:
     ws_frame_rate: float = 20.0
     ws_frame_burst: int = 40
     ws_max_sockets_per_user: int = 10
+    ws_compression: bool = False
     # rate limits
     login_ip_rate: float = 10 / 60
     login_ip_burst: int = 10
@@ -124,6 +136,7 @@ class Config:
             ws_frame_rate=_float("SWITCHBOARD_WS_FRAME_RATE", 20.0, 0.1, 100000),
             ws_frame_burst=_int("SWITCHBOARD_WS_FRAME_BURST", 40, 1, 100000),
             ws_max_sockets_per_user=_int("SWITCHBOARD_WS_MAX_SOCKETS_PER_USER", 10, 1, 10000),
+            ws_compression=ws_compression_enabled(),
             login_ip_rate=_float("SWITCHBOARD_LOGIN_IP_RATE", 10 / 60, 0.0001, 1e6),
             login_ip_burst=_int("SWITCHBOARD_LOGIN_IP_BURST", 10, 1, 1_000_000),
             login_user_rate=_float("SWITCHBOARD_LOGIN_USER_RATE", 5 / 60, 0.0001, 1e6),
