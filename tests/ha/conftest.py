@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
-
 from hakit import Trio
 
 _counter = itertools.count()
