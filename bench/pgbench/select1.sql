@@ -1,0 +1,2 @@
+-- Floor: one round trip and nothing else.
+SELECT 1;
