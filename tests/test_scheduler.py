@@ -427,6 +427,12 @@ def test_update_and_delete_task(conn: psycopg.Connection) -> None:
     throws_ok(conn, "SELECT switchboard.update_task(%s, '{\"timezone\": \"Mars/Olympus\"}')", "22023", (t,),
               match="Mars/Olympus")
     throws_ok(conn, "SELECT switchboard.update_task(gen_random_uuid(), '{}')", "P0002")
+    # bad values are 22023 naming the value, never a constraint or cast error
+    throws_ok(conn, "SELECT switchboard.update_task(%s, jsonb_build_object('name', repeat('n', 201)))",
+              "22023", (t,), match="nnnnnnnn")
+    throws_ok(conn, "SELECT switchboard.update_task(%s, '{\"max_attempts\": 2.5}')", "22023", (t,), match="2.5")
+    throws_ok(conn, "SELECT switchboard.update_task(%s, '{\"max_attempts\": 0}')", "22023", (t,))
+    throws_ok(conn, "SELECT switchboard.update_task(%s, '{\"is_active\": \"yes\"}')", "22023", (t,))
     conn.execute("SELECT switchboard.create_task('other', NULL, 'x')")
     throws_ok(conn, "SELECT switchboard.update_task(%s, '{\"name\": \"other\"}')", "23505", (t,))
     conn.execute("SELECT * FROM switchboard.create_run_exclusive(%s)", (t,))

@@ -174,8 +174,10 @@ BEGIN
         RAISE EXCEPTION 'task % does not exist', task_id USING ERRCODE = 'P0002';
     END IF;
     IF changes ? 'name' THEN
-        IF jsonb_typeof(changes->'name') <> 'string' OR length(btrim(changes->>'name')) = 0 THEN
-            RAISE EXCEPTION 'invalid task name %', changes->'name' USING ERRCODE = '22023';
+        IF jsonb_typeof(changes->'name') <> 'string' OR length(btrim(changes->>'name')) = 0
+           OR length(changes->>'name') > 200 THEN
+            RAISE EXCEPTION 'invalid task name %', changes->'name' USING ERRCODE = '22023',
+                HINT = 'A task name is 1 to 200 characters.';
         END IF;
         v_task.name := changes->>'name';
     END IF;
@@ -211,7 +213,8 @@ BEGIN
     END IF;
     IF changes ? 'max_attempts' THEN
         IF jsonb_typeof(changes->'max_attempts') <> 'number'
-           OR (changes->>'max_attempts')::numeric NOT BETWEEN 1 AND 100 THEN
+           OR (changes->>'max_attempts')::numeric NOT BETWEEN 1 AND 100
+           OR (changes->>'max_attempts')::numeric % 1 <> 0 THEN
             RAISE EXCEPTION 'invalid max_attempts %', changes->'max_attempts' USING ERRCODE = '22023',
                 HINT = 'max_attempts is between 1 and 100.';
         END IF;
