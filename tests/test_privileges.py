@@ -109,15 +109,39 @@ def test_the_app_role_cannot_read_hashes_or_write_tables(db: str, app_url: str) 
 
 
 def test_the_job_role_cannot_touch_switchboard(db: str, app_url: str) -> None:
+    with psycopg.connect(db) as su:  # a superuser may SET ROLE to anything
+        su.execute("SET ROLE switchboard_job")
+        assert su.execute("SELECT current_user").fetchone()[0] == "switchboard_job"
+        throws_ok(su, "SELECT * FROM switchboard.tasks", "42501")
+        throws_ok(su, "SELECT id FROM switchboard.users", "42501")
+        throws_ok(su, "SELECT * FROM switchboard.rate_check('k', 1, 1)", "42501")
+        throws_ok(su, "SELECT * FROM switchboard.claim_due_task('sneaky')", "42501")
     with psycopg.connect(app_url) as app:
-        app.execute("SET ROLE switchboard_job")
-        assert app.execute("SELECT current_user").fetchone()[0] == "switchboard_job"
-        throws_ok(app, "SELECT * FROM switchboard.tasks", "42501")
-        throws_ok(app, "SELECT id FROM switchboard.users", "42501")
-        throws_ok(app, "SELECT * FROM switchboard.rate_check('k', 1, 1)", "42501")
-        throws_ok(app, "SELECT * FROM switchboard.claim_due_task('sneaky')", "42501")
-        app.execute("RESET ROLE")
-        assert app.execute("SELECT count(*) >= 1 FROM switchboard.tasks").fetchone()[0] is True
+        # the app role is not a member of the job role: it cannot even switch to it
+        throws_ok(app, "SET ROLE switchboard_job", "42501")
+
+
+def test_sql_jobs_cannot_escape_the_job_role(db: str, app_url: str) -> None:
+    """run_job_sql is owned by switchboard_job and SECURITY DEFINER: the statement runs
+    as the job role and cannot RESET ROLE back to the caller (a plain SET LOCAL ROLE
+    on the app connection could be undone by a DO block)."""
+    with psycopg.connect(db, autocommit=True) as su:
+        su.execute("CREATE TABLE public.scratch (n int)")
+        su.execute("GRANT INSERT, SELECT ON public.scratch TO switchboard_job")
+    with psycopg.connect(app_url) as app:
+        r = app.execute("SELECT switchboard.run_job_sql('INSERT INTO public.scratch VALUES (1), (2)')").fetchone()[0]
+        assert r == {"rowcount": 2, "role": "switchboard_job"}
+        throws_ok(app, "SELECT switchboard.run_job_sql('SELECT * FROM switchboard.tasks')", "42501")
+        escape = ("DO $x$ BEGIN EXECUTE 'RESET ROLE'; "
+                  "PERFORM switchboard.create_user('mallory', '$argon2id$x', 'admin'); END $x$")
+        throws_ok(app, "SELECT switchboard.run_job_sql(%s)", "42501", (escape,))
+        throws_ok(app, "SELECT switchboard.run_job_sql('SET ROLE switchboard_app')", "42501")
+        throws_ok(app, "SELECT switchboard.run_job_sql('SET SESSION AUTHORIZATION postgres')", "42501")
+        throws_ok(app, "SELECT switchboard.run_job_sql('  ')", "22023")
+        app.commit()
+    with psycopg.connect(db) as su:
+        assert su.execute("SELECT count(*) FROM switchboard.users WHERE username = 'mallory'").fetchone()[0] == 0
+        assert su.execute("SELECT count(*) FROM public.scratch").fetchone()[0] == 2
 
 
 @pytest.mark.parametrize("table", ["tickets", "rate_limits", "replica_registry", "presence_sockets", "tool_calls"])

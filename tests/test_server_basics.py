@@ -203,3 +203,35 @@ def test_gunicorn_workers_are_replicas_and_exit_cleanly(db, tmp_path) -> None:  
         if p.poll() is None:
             p.kill()
         log.close()
+
+
+def test_sql_handler_runs_as_the_job_role_and_cannot_escape(one, db) -> None:  # type: ignore[no-untyped-def]
+    import psycopg
+
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("CREATE TABLE public.pruned (n int)")
+        c.execute("INSERT INTO public.pruned SELECT generate_series(1, 5)")
+        c.execute("GRANT SELECT, DELETE ON public.pruned TO switchboard_job")
+    h = auth(one.login("admin"))
+
+    def run(name: str, sql: str) -> dict:
+        tid = httpx.post(one.base + "/tasks", headers=h, json={"name": name, "handler": "sql", "max_attempts": 1,
+                                                               "args": {"sql": sql}}).json()["id"]
+        assert httpx.post(f"{one.base}/tasks/{tid}/trigger", headers=h).status_code == 202
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            runs = httpx.get(f"{one.base}/tasks/{tid}/runs", headers=h).json()["runs"]
+            if runs and runs[0]["status"] in ("succeeded", "failed"):
+                return runs[0]
+            time.sleep(0.05)
+        raise AssertionError("run did not finish")
+
+    ok = run("prune", "DELETE FROM public.pruned WHERE n > 3")
+    assert ok["status"] == "succeeded" and ok["result"] == {"rowcount": 2, "role": "switchboard_job"}
+    bad = run("escape", "DO $x$ BEGIN EXECUTE 'RESET ROLE'; DELETE FROM switchboard.tasks; END $x$")
+    assert bad["status"] == "failed" and "role" in bad["error"]
+    nosy = run("nosy", "SELECT * FROM switchboard.users")
+    assert nosy["status"] == "failed" and "permission denied" in nosy["error"]
+    with psycopg.connect(db) as c:
+        assert c.execute("SELECT count(*) FROM public.pruned").fetchone()[0] == 3
+        assert c.execute("SELECT count(*) FROM switchboard.tasks").fetchone()[0] >= 4

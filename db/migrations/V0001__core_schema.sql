@@ -4,7 +4,9 @@
 --
 -- Roles are cluster-wide. switchboard_app is the least-privilege application
 -- role (NOLOGIN: grant it to the login role the server uses); switchboard_job
--- is the restricted role the `sql` task handler switches to. Two databases in
+-- is the restricted role the `sql` task handler's statements run as (through
+-- run_job_sql(), a SECURITY DEFINER function owned by it; the application role
+-- is deliberately NOT a member: SET ROLE is not a boundary, RESET ROLE undoes it). Two databases in
 -- one cluster may migrate at once (the advisory lock is per database), so a
 -- concurrent CREATE ROLE is tolerated.
 DO $roles$
@@ -16,10 +18,6 @@ BEGIN
     BEGIN
         CREATE ROLE switchboard_job NOLOGIN;
     EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
-    END;
-    BEGIN
-        GRANT switchboard_job TO switchboard_app;
-    EXCEPTION WHEN duplicate_object OR unique_violation OR internal_error THEN NULL;
     END;
 END
 $roles$;

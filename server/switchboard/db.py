@@ -268,16 +268,18 @@ class Database:
 
     # -- sql handler ----------------------------------------------------------------------
     async def run_job_sql(self, statement: str, timeout_s: float) -> dict:
-        """Run an admin-created task's statement as the restricted job role."""
+        """Run an admin-created task's statement as the restricted job role.
+
+        Through switchboard.run_job_sql(), a SECURITY DEFINER function owned by
+        switchboard_job: inside it the statement cannot SET/RESET ROLE back to
+        the application role (a plain SET LOCAL ROLE could be undone)."""
         async with self.pool.connection(timeout=self.timeout) as conn:
             async with conn.transaction():
-                await conn.execute("SET LOCAL ROLE switchboard_job")
                 await conn.execute("SELECT set_config('statement_timeout', %s, true)",
                                    (str(int(timeout_s * 1000)),))
-                cur = await conn.execute(psycopg.sql.SQL(statement))  # type: ignore[arg-type]
-                rows = await cur.fetchmany(100) if cur.description else []
-                return {"status": cur.statusmessage, "rowcount": cur.rowcount,
-                        "rows": [{k: _jsonable(v) for k, v in r.items()} for r in rows]}
+                cur = await conn.execute("SELECT switchboard.run_job_sql(%s) AS r", (statement,))
+                row = await cur.fetchone()
+                return row["r"]  # type: ignore[index]
 
 
 def _jsonable(v: Any) -> Any:
