@@ -148,9 +148,13 @@ GRANT EXECUTE ON FUNCTION switchboard.events_since(uuid, bigint, text[], integer
 
 CREATE OR REPLACE FUNCTION switchboard.event_horizon()
 RETURNS bigint
-LANGUAGE sql STABLE SECURITY DEFINER
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT reaped_through FROM switchboard.event_horizon $$;
+AS $$
+BEGIN
+    RETURN (SELECT h.reaped_through FROM switchboard.event_horizon h);
+END
+$$;
 COMMENT ON FUNCTION switchboard.event_horizon() IS
     'The highest event id deleted by reap_events(). A client resuming after an id below it may have missed events (resume_gap).';
 REVOKE ALL ON FUNCTION switchboard.event_horizon() FROM PUBLIC;
@@ -159,9 +163,13 @@ GRANT EXECUTE ON FUNCTION switchboard.event_horizon() TO switchboard_app;
 -- The relay's read of an event whose NOTIFY was truncated (payload > ~7.9 kB).
 CREATE OR REPLACE FUNCTION switchboard._relay_fetch_event(event_id bigint)
 RETURNS SETOF switchboard.events
-LANGUAGE sql STABLE SECURITY DEFINER
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT * FROM switchboard.events WHERE id = event_id $$;
+AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM switchboard.events e WHERE e.id = event_id;
+END
+$$;
 COMMENT ON FUNCTION switchboard._relay_fetch_event(bigint) IS
     'Internal (relay): read one event whose NOTIFY was truncated because its payload did not fit.';
 REVOKE ALL ON FUNCTION switchboard._relay_fetch_event(bigint) FROM PUBLIC;

@@ -80,11 +80,18 @@ COMMENT ON FUNCTION switchboard.find_user(text) IS 'Look a user up by name (no p
 REVOKE ALL ON FUNCTION switchboard.find_user(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.find_user(text) TO switchboard_app;
 
+-- PL/pgSQL rather than LANGUAGE sql: a SQL function with a SET clause is never
+-- inlined and is re-planned on every call; PL/pgSQL caches its plan.
 CREATE OR REPLACE FUNCTION switchboard.login_lookup(username text)
 RETURNS TABLE (user_id uuid, password_hash text, role text, disabled boolean)
-LANGUAGE sql STABLE SECURITY DEFINER
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT u.id, u.password_hash, u.role, u.disabled FROM switchboard.users u WHERE u.username = login_lookup.username $$;
+AS $$
+BEGIN
+    RETURN QUERY SELECT u.id, u.password_hash, u.role, u.disabled
+                   FROM switchboard.users u WHERE u.username = login_lookup.username;
+END
+$$;
 COMMENT ON FUNCTION switchboard.login_lookup(text) IS
     'The one way the application reads a password hash: for verifying a login. No row if the user is unknown.';
 REVOKE ALL ON FUNCTION switchboard.login_lookup(text) FROM PUBLIC;
@@ -264,10 +271,14 @@ GRANT EXECUTE ON FUNCTION switchboard.remove_room_member(text, uuid) TO switchbo
 
 CREATE OR REPLACE FUNCTION switchboard.is_room_member(room text, user_id uuid)
 RETURNS boolean
-LANGUAGE sql STABLE SECURITY DEFINER
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT EXISTS (SELECT 1 FROM switchboard.room_members m
-                      WHERE m.room = is_room_member.room AND m.user_id = is_room_member.user_id) $$;
+AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM switchboard.room_members m
+                    WHERE m.room = is_room_member.room AND m.user_id = is_room_member.user_id);
+END
+$$;
 COMMENT ON FUNCTION switchboard.is_room_member(text, uuid) IS 'True if user_id belongs to room.';
 REVOKE ALL ON FUNCTION switchboard.is_room_member(text, uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.is_room_member(text, uuid) TO switchboard_app;

@@ -102,13 +102,15 @@ GRANT SELECT ON switchboard.presence TO switchboard_app;
 
 CREATE OR REPLACE FUNCTION switchboard.user_online(user_id uuid)
 RETURNS boolean
-LANGUAGE sql STABLE SECURITY DEFINER
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT EXISTS (SELECT 1 FROM switchboard.presence_sockets p
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM switchboard.presence_sockets p
                      JOIN switchboard.replica_registry r ON r.id = p.replica_id
                     WHERE p.user_id = user_online.user_id AND p.sockets > 0
-                      AND r.heartbeat_at > now() - interval '30 seconds')
+                      AND r.heartbeat_at > now() - interval '30 seconds');
+END
 $$;
 COMMENT ON FUNCTION switchboard.user_online(uuid) IS 'True if user_id has a socket on any live replica.';
 REVOKE ALL ON FUNCTION switchboard.user_online(uuid) FROM PUBLIC;
