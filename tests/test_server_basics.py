@@ -235,3 +235,49 @@ def test_sql_handler_runs_as_the_job_role_and_cannot_escape(one, db) -> None:  #
     with psycopg.connect(db) as c:
         assert c.execute("SELECT count(*) FROM public.pruned").fetchone()[0] == 3
         assert c.execute("SELECT count(*) FROM switchboard.tasks").fetchone()[0] >= 4
+
+
+def test_handshake_resume_replays_before_any_live_frame(one, db) -> None:  # type: ignore[no-untyped-def]
+    """/ws?ticket=T&after=N&rooms=r: rooms joined and the gap replayed before any live
+    event can be sent. A live event published while the replay query is held up
+    (event_horizon locked) is buffered, not sent ahead of older missed events."""
+    import json
+    import threading
+
+    import psycopg
+    from websockets.sync.client import connect
+
+    h = auth(one.login("admin"))
+    tok = one.login("alice")
+    ws = one.ws(tok)
+    uid = ws.hello["payload"]["user_id"]
+    ws.close()
+    assert httpx.put(f"{one.base}/rooms/general/members/{uid}", headers=h).status_code == 204
+
+    def pub(**body) -> int:  # type: ignore[no-untyped-def]
+        r = httpx.post(one.base + "/events", headers=h, json={"event": "e", "payload": {}, **body})
+        return r.json()["id"]
+
+    first = pub(user_id=uid)
+    missed = [pub(user_id=uid), pub(room="general"), pub(user_id=uid)]
+    with psycopg.connect(db) as locker:
+        locker.execute("LOCK TABLE switchboard.event_horizon IN ACCESS EXCLUSIVE MODE")
+        conn = connect(f"{one.ws_base}/ws?ticket={one.ticket(tok)}&after={first}&rooms=general,secret",
+                       open_timeout=10)
+        hello = json.loads(conn.recv(timeout=10))
+        assert hello["event"] == "hello" and hello["payload"]["rooms"] == ["general"]
+        refused = json.loads(conn.recv(timeout=10))
+        assert refused["event"] == "error" and refused["payload"]["room"] == "secret"
+        live = pub(room="general")  # arrives while the replay is held up
+        with pytest.raises(TimeoutError):
+            conn.recv(timeout=0.5)  # nothing may be sent before the replay
+        threading.Timer(0.2, locker.rollback).start()
+        frames = []
+        while True:
+            f = json.loads(conn.recv(timeout=10))
+            frames.append(f)
+            if f["event"] == "resumed":
+                break
+    ids = [f["id"] for f in frames if f.get("id") is not None]
+    assert ids == missed + [live], frames
+    conn.close()

@@ -22,7 +22,7 @@ import falcon
 import falcon.asgi
 import psycopg
 
-from .relay import Client, frame
+from .relay import Client, encode, frame
 
 if TYPE_CHECKING:
     from .app import Services
@@ -98,9 +98,37 @@ class WebSocketResource:
         if svc.registry.sockets_of(user_id) >= self.cfg.ws_max_sockets_per_user:
             await ws.close(1008)
             return
+        # Optional handshake-time resume: /ws?ticket=T&after=N&rooms=a,b joins the rooms
+        # and replays everything after N *before* any live frame can be sent, so a
+        # reconnecting client has no window in which a live event overtakes the replay.
+        after, rooms, refused = None, [], []
+        after_raw = req.get_param("after")
+        if after_raw is not None:
+            if not after_raw.isdigit() or len(after_raw) > 19:
+                await ws.close(1008)
+                return
+            after = int(after_raw)
+        rooms_raw = req.get_param("rooms")
+        if rooms_raw:
+            wanted = [r for r in rooms_raw.split(",") if r][:50]
+            if not all(ROOM_RE.match(r) for r in wanted):
+                await ws.close(1008)
+                return
+            try:
+                for r in wanted:
+                    (rooms if await svc.db.is_room_member(r, user_id) else refused).append(r)
+            except Exception as exc:
+                LOG.warning("room check failed: %s", exc)
+                await ws.close(1011)
+                return
         await ws.accept()
         client = Client(user_id, user["username"], user["role"], self.cfg.ws_queue_size,
                         svc.relay.last_seen_id, svc.relay.overflow)
+        if after is not None:
+            client.resuming = True  # buffer live events from the moment the socket is registered
+            client.buffer = []
+        for r in rooms:
+            svc.registry.join(client, r)
 
         async def closer(code: int, reason: str) -> None:
             try:
@@ -112,11 +140,17 @@ class WebSocketResource:
         # once registered, the relay may offer live events, and none may overtake hello
         # (a client that resumes from "the last id seen" would skip what it missed).
         n = svc.registry.add(client)
-        client.offer(frame("hello", {"replica": svc.replica_id, "user_id": str(user_id),
-                                     "username": user["username"], "role": user["role"],
-                                     "last_id": client.cursor}))
+        client.queue.put_nowait(encode(frame(
+            "hello", {"replica": svc.replica_id, "user_id": str(user_id), "username": user["username"],
+                      "role": user["role"], "last_id": client.cursor, "rooms": sorted(rooms)})))
+        for r in refused:
+            client.queue.put_nowait(encode(frame(
+                "error", {"code": "forbidden", "message": f"not a member of room {r}", "action": "join",
+                          "room": r})))
         sender = asyncio.create_task(self._sender(ws, client))
         try:
+            if after is not None:
+                await self._resume(client, after)
             await self._presence(user_id, n)
             await self._receive_loop(ws, client)
         except falcon.WebSocketDisconnected:
@@ -234,8 +268,9 @@ class WebSocketResource:
         the buffer cover everything after `after`).
         """
         db = self.svc.db
-        client.resuming = True
-        client.buffer = []
+        if not client.resuming:  # (a handshake-time resume is already buffering)
+            client.resuming = True
+            client.buffer = []
         try:
             horizon = await db.event_horizon()
             rows = await db.events_since(client.user_id, after, sorted(client.rooms), 10000)
