@@ -181,6 +181,16 @@ class Database:
         return await self.fetchone(f"SELECT {RUN_COLUMNS} FROM switchboard.claim_due_task(%s, %s)",
                                    (worker, timedelta(seconds=lease)))
 
+    async def claim_many(self, worker: str, lease: float, max_runs: int) -> list[dict]:
+        return await self.fetchall(f"SELECT {RUN_COLUMNS} FROM switchboard.claim_due_tasks(%s, %s, %s)",
+                                   (worker, timedelta(seconds=lease), max_runs))
+
+    async def finish_runs(self, worker: str, run_ids: list[int], results: list[Any]) -> set[int]:
+        rows = await self.fetchall(
+            "SELECT r AS id FROM switchboard.finish_runs(%s, %s::bigint[], %s::jsonb[]) AS r",
+            (worker, run_ids, [None if r is None else Jsonb(r) for r in results]))
+        return {row["id"] for row in rows}
+
     async def heartbeat_run(self, run_id: int, worker: str, lease: float) -> bool:
         return await self.scalar("SELECT switchboard.heartbeat_run(%s, %s, %s)",
                                  (run_id, worker, timedelta(seconds=lease)))

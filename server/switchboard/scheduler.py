@@ -43,7 +43,8 @@ class Scheduler:
         self._stopping = False
         self._running: dict[int, asyncio.Task] = {}
         self._loop_task: asyncio.Task | None = None
-        self._sem = asyncio.Semaphore(self.cfg.scheduler_concurrency)
+        self._done: list[tuple[int, Any, asyncio.Future[bool]]] = []
+        self._flushing = False
 
     def wake(self) -> None:
         self._wake.set()
@@ -73,21 +74,17 @@ class Scheduler:
             self._wake.clear()
 
     async def _claim_available(self) -> None:
+        """Claim as many runs as there are free slots, in one round trip per batch."""
         while not self._stopping and not self.svc.draining:
-            if self._sem.locked():
+            free = self.cfg.scheduler_concurrency - len(self._running)
+            if free <= 0:
                 return
-            await self._sem.acquire()
-            try:
-                run = await self.svc.db.claim(self.worker, self.cfg.lease_seconds)
-            except BaseException:
-                self._sem.release()
-                raise
-            if run is None:
-                self._sem.release()
-                return
-            self.svc.metrics.inc("switchboard_claims_total", handler=run["handler"])
-            task = asyncio.create_task(self._execute(run), name=f"run-{run['id']}")
-            self._running[run["id"]] = task
+            runs = await self.svc.db.claim_many(self.worker, self.cfg.lease_seconds, free)
+            for run in runs:
+                self.svc.metrics.inc("switchboard_claims_total", handler=run["handler"])
+                self._running[run["id"]] = asyncio.create_task(self._execute(run), name=f"run-{run['id']}")
+            if len(runs) < free:
+                return  # nothing more is due right now
 
     async def _execute(self, run: dict) -> None:
         run_id = run["id"]
@@ -110,21 +107,50 @@ class Scheduler:
                     LOG.warning("run %s (%s) failed:\n%s", run_id, run["handler"], traceback.format_exc())
         except asyncio.CancelledError:
             hb.cancel()
-            self._sem.release()
             self._running.pop(run_id, None)
             raise
         hb.cancel()
         try:
-            finished = await self.svc.db.finish_run(run_id, self.worker, ok, _jsonable(result), error)
+            if ok:
+                finished = await self._finish_ok(run_id, _jsonable(result))
+            else:
+                finished = await self.svc.db.finish_run(run_id, self.worker, False, None, error)
             if not finished:
                 LOG.warning("run %s: lease lost before finish (another worker rescued it)", run_id)
             self.svc.metrics.inc("switchboard_runs_finished_total", outcome="ok" if ok else "failed")
         except Exception as exc:
-            LOG.warning("run %s: finish_run failed (%s); the lease will expire and it is retried", run_id, exc)
+            LOG.warning("run %s: finish failed (%s); the lease will expire and it is retried", run_id, exc)
         finally:
-            self._sem.release()
             self._running.pop(run_id, None)
             self._wake.set()
+
+    async def _finish_ok(self, run_id: int, result: Any) -> bool:
+        """Successes are recorded in batches: while one finish_runs() call is in flight,
+        the next ones queue up and go together (group commit), with no added delay."""
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._done.append((run_id, result, fut))
+        if not self._flushing:
+            self._flushing = True
+            asyncio.create_task(self._flush())
+        return await fut
+
+    async def _flush(self) -> None:
+        try:
+            while self._done:
+                batch, self._done = self._done, []
+                try:
+                    finished = await self.svc.db.finish_runs(self.worker, [b[0] for b in batch],
+                                                             [b[1] for b in batch])
+                except Exception as exc:
+                    for _, _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    continue
+                for run_id, _, fut in batch:
+                    if not fut.done():
+                        fut.set_result(run_id in finished)
+        finally:
+            self._flushing = False
 
     async def _heartbeat(self, run_id: int) -> None:
         interval = max(self.cfg.lease_seconds / 3, 0.2)

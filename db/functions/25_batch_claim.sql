@@ -1,0 +1,72 @@
+-- Batched claim and finish: what a replica with k free slots asks for in one
+-- round trip, and how it records k successes in one.
+--
+-- End to end, a job costs two round trips (claim, finish) and the server
+-- CPU of two function calls; with short handlers that, not scheduling, is the
+-- limit (py-spy: 46% of a replica's time in the claim round trip, 30% in the
+-- finish). claim_due_tasks() takes the first unit through claim_due_task()
+-- (oldest due first across ticks and queued runs, lease rescue, tick
+-- skipping), then fills the remaining slots with further queued runs in one
+-- UPDATE over FOR UPDATE SKIP LOCKED, so concurrent replicas still never get
+-- the same run. finish_runs() records successes only; a failure goes through
+-- finish_run(), which schedules its retry. Both stay fenced on
+-- (run, worker, running).
+CREATE OR REPLACE FUNCTION switchboard.claim_due_tasks(
+    worker text, lease interval DEFAULT '60 seconds', max_runs integer DEFAULT 1)
+RETURNS SETOF switchboard.task_runs
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_first switchboard.task_runs;
+    v_now timestamptz := now();
+BEGIN
+    IF max_runs IS NULL OR max_runs < 1 OR max_runs > 1000 THEN
+        RAISE EXCEPTION 'invalid max_runs %', max_runs USING ERRCODE = '22023',
+            HINT = 'max_runs is how many free slots the worker has: 1 to 1000.';
+    END IF;
+    SELECT * INTO v_first FROM switchboard.claim_due_task(claim_due_tasks.worker, claim_due_tasks.lease);
+    IF NOT FOUND OR v_first.id IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN NEXT v_first;
+    IF max_runs > 1 THEN
+        RETURN QUERY
+        UPDATE switchboard.task_runs r
+           SET status = 'running', worker = claim_due_tasks.worker,
+               lease_expires_at = v_now + claim_due_tasks.lease, started_at = v_now
+         WHERE r.id = ANY (ARRAY(SELECT q.id FROM switchboard.task_runs q
+                                  WHERE q.status = 'queued' AND q.run_at <= v_now
+                                  ORDER BY q.run_at, q.id
+                                  LIMIT max_runs - 1 FOR UPDATE SKIP LOCKED))
+        RETURNING r.*;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) IS
+    'Claim up to max_runs units of work in one call: the first exactly as claim_due_task() (oldest due first, ticks included), the rest from the queued runs (FOR UPDATE SKIP LOCKED). No row when nothing is due.';
+REVOKE ALL ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.finish_runs(worker text, run_ids bigint[], results jsonb[] DEFAULT NULL)
+RETURNS SETOF bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF run_ids IS NULL OR (results IS NOT NULL AND cardinality(results) <> cardinality(run_ids)) THEN
+        RAISE EXCEPTION 'run_ids and results differ in length' USING ERRCODE = '22023',
+            HINT = 'Pass one result per run id, or NULL for none.';
+    END IF;
+    RETURN QUERY
+    UPDATE switchboard.task_runs r
+       SET status = 'succeeded', finished_at = now(), lease_expires_at = NULL, result = x.res
+      FROM unnest(run_ids, coalesce(results, array_fill(NULL::jsonb, ARRAY[cardinality(run_ids)]))) AS x(id, res)
+     WHERE r.id = x.id AND r.worker = finish_runs.worker AND r.status = 'running'
+    RETURNING r.id;
+END
+$$;
+COMMENT ON FUNCTION switchboard.finish_runs(text, bigint[], jsonb[]) IS
+    'Record several successful runs of worker at once (results in the same order, or NULL). Returns the ids actually finished: a run the worker no longer owns is left untouched (fencing). Failures go through finish_run(), which schedules retries.';
+REVOKE ALL ON FUNCTION switchboard.finish_runs(text, bigint[], jsonb[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.finish_runs(text, bigint[], jsonb[]) TO switchboard_app;

@@ -1,0 +1,71 @@
+"""claim_due_tasks / finish_runs: batched, still exactly once, still fenced."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from pgtap import throws_ok
+
+
+def test_batched_claims_race_each_run_exactly_once(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("UPDATE switchboard.tasks SET is_active = false")
+        c.execute("SELECT (switchboard.enqueue('noop')).id FROM generate_series(1, 5000)")
+        assert c.execute("SELECT count(*) FROM switchboard.task_runs WHERE status = 'queued'").fetchone()[0] == 5000
+    got: list[list[int]] = [[] for _ in range(8)]
+    barrier = threading.Barrier(8)
+
+    def worker(i: int) -> None:
+        with psycopg.connect(db, autocommit=True) as c:
+            barrier.wait()
+            while True:
+                ids = [r[0] for r in c.execute(
+                    "SELECT id FROM switchboard.claim_due_tasks(%s, '60 seconds', 7)", (f"w{i}",)).fetchall()]
+                if not ids:
+                    return
+                assert len(ids) <= 7
+                got[i].extend(ids)
+                done = {r[0] for r in c.execute("SELECT * FROM switchboard.finish_runs(%s, %s)",
+                                                 (f"w{i}", ids)).fetchall()}
+                assert done == set(ids)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    all_ids = [x for g in got for x in g]
+    dup = [k for k, v in Counter(all_ids).items() if v > 1]
+    assert dup == [] and len(all_ids) == 5000
+    with psycopg.connect(db) as c:
+        assert c.execute("SELECT status, count(*) FROM switchboard.task_runs GROUP BY 1").fetchall() == [
+            ("succeeded", 5000)]
+
+
+def test_first_unit_follows_claim_due_task_rules_and_finish_runs_is_fenced(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("UPDATE switchboard.tasks SET is_active = false")
+        tid = c.execute("SELECT id FROM switchboard.create_task('tick', '@every 1 hour', 'noop')").fetchone()[0]
+        c.execute("UPDATE switchboard.tasks SET next_run_at = now() - interval '1 minute' WHERE id = %s", (tid,))
+        c.execute("SELECT switchboard.enqueue('noop') FROM generate_series(1, 3)")
+        rows = c.execute("SELECT id, task_id, trigger FROM switchboard.claim_due_tasks('w1', '60 seconds', 10)"
+                         ).fetchall()
+        # the due tick is older than the queued jobs: it comes first; then the jobs
+        assert rows[0][1] == tid and rows[0][2] == "schedule"
+        assert [r[2] for r in rows[1:]] == ["enqueue"] * 3
+        ids = [r[0] for r in rows]
+        # another worker cannot finish w1's runs
+        assert c.execute("SELECT count(*) FROM switchboard.finish_runs('w2', %s)", (ids,)).fetchone()[0] == 0
+        done = c.execute("SELECT * FROM switchboard.finish_runs('w1', %s, %s)",
+                         (ids[:2], [Jsonb({"n": 1}), None])).fetchall()
+        assert sorted(r[0] for r in done) == sorted(ids[:2])
+        assert c.execute("SELECT result FROM switchboard.task_runs WHERE id = %s", (ids[0],)).fetchone()[0] == {"n": 1}
+        # finishing twice changes nothing
+        assert c.execute("SELECT count(*) FROM switchboard.finish_runs('w1', %s)", (ids[:2],)).fetchone()[0] == 0
+        assert c.execute("SELECT count(*) FROM switchboard.claim_due_tasks('w1', '60 seconds', 10)").fetchone()[0] == 0
+        throws_ok(c, "SELECT * FROM switchboard.claim_due_tasks('w1', '60 seconds', 0)", "22023", match="max_runs")
+        throws_ok(c, "SELECT * FROM switchboard.finish_runs('w1', '{1,2}', ARRAY['{}'::jsonb])", "22023")
