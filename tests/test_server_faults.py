@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -14,7 +15,6 @@ import httpx
 import psycopg
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.sync.client import connect
 
 from harness import ROOT, Server, auth, make_user
 
@@ -159,7 +159,6 @@ def test_socket_abuse_gets_errors_or_close_codes(server_factory, db) -> None:  #
 def _raw_ws(host: str, port: int, ticket: str) -> "socket.socket":
     """A WebSocket client that completes the handshake and then never reads."""
     import base64
-    import socket
 
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
