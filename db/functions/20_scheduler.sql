@@ -259,6 +259,29 @@ COMMENT ON FUNCTION switchboard.delete_task(uuid) IS
 REVOKE ALL ON FUNCTION switchboard.delete_task(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.delete_task(uuid) TO switchboard_app;
 
+-- One retry rule for both ways a run can fail (lease expired, handler
+-- failed): while attempts remain, a new queued run with attempt + 1 replaces
+-- it, not before run_at. Returns whether a retry was queued.
+CREATE OR REPLACE FUNCTION switchboard._queue_retry(run switchboard.task_runs, run_at timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF run.attempt >= run.max_attempts THEN
+        RETURN false;
+    END IF;
+    INSERT INTO switchboard.task_runs
+        (task_id, handler, args, status, trigger, attempt, max_attempts, queueing_lock,
+         run_at, scheduled_for, retry_of)
+    VALUES (run.task_id, run.handler, run.args, 'queued', 'retry', run.attempt + 1,
+            run.max_attempts, run.queueing_lock, _queue_retry.run_at, run.scheduled_for, run.id)
+    ON CONFLICT DO NOTHING;
+    RETURN FOUND;
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._queue_retry(switchboard.task_runs, timestamptz) FROM PUBLIC;
+
 -- Expired leases -> abandoned (terminal) + a queued retry while attempts
 -- remain. SKIP LOCKED so concurrent rescuers never block each other or a
 -- worker that is finishing the same run right now.
@@ -283,16 +306,8 @@ BEGIN
         RETURNING r.*
     LOOP
         v_count := v_count + 1;
-        IF v_run.attempt < v_run.max_attempts THEN
-            INSERT INTO switchboard.task_runs
-                (task_id, handler, args, status, trigger, attempt, max_attempts, queueing_lock,
-                 run_at, scheduled_for, retry_of)
-            VALUES (v_run.task_id, v_run.handler, v_run.args, 'queued', 'retry', v_run.attempt + 1,
-                    v_run.max_attempts, v_run.queueing_lock, now(), v_run.scheduled_for, v_run.id)
-            ON CONFLICT DO NOTHING;
-            IF FOUND THEN
-                v_retried := v_retried + 1;
-            END IF;
+        IF switchboard._queue_retry(v_run, now()) THEN
+            v_retried := v_retried + 1;
         END IF;
     END LOOP;
     IF v_retried > 0 THEN
@@ -542,14 +557,8 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    IF NOT finish_run.ok AND v_run.attempt < v_run.max_attempts THEN
-        INSERT INTO switchboard.task_runs
-            (task_id, handler, args, status, trigger, attempt, max_attempts, queueing_lock,
-             run_at, scheduled_for, retry_of)
-        VALUES (v_run.task_id, v_run.handler, v_run.args, 'queued', 'retry', v_run.attempt + 1,
-                v_run.max_attempts, v_run.queueing_lock,
-                now() + switchboard._retry_backoff(v_run.attempt), v_run.scheduled_for, v_run.id)
-        ON CONFLICT DO NOTHING;
+    IF NOT finish_run.ok
+       AND switchboard._queue_retry(v_run, now() + switchboard._retry_backoff(v_run.attempt)) THEN
         PERFORM switchboard._wake_workers();
     END IF;
     RETURN true;
