@@ -15,6 +15,7 @@ import signal
 import socket
 import time
 import uuid
+from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -176,9 +177,7 @@ class Logout(Base):
         resp.status = falcon.HTTP_204
 
 
-def _ts(epoch: int) -> Any:
-    from datetime import datetime, timezone
-
+def _ts(epoch: int) -> datetime:
     return datetime.fromtimestamp(epoch, tz=timezone.utc)
 
 
@@ -384,9 +383,12 @@ class OpenAPI:
 
 
 class Page:
+    def __init__(self) -> None:
+        self.html = (STATIC / "index.html").read_text()  # read once, not per request
+
     async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         resp.content_type = falcon.MEDIA_HTML
-        resp.text = (STATIC / "index.html").read_text()
+        resp.text = self.html
 
 
 # -- middleware -------------------------------------------------------------------------

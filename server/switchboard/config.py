@@ -11,30 +11,25 @@ class ConfigError(ValueError):
     """A setting is missing or malformed; the message names it."""
 
 
-def _int(name: str, default: int, lo: int = 0, hi: int = 10**9) -> int:
+def _number(name: str, default: float, lo: float, hi: float, cast: type, kind: str) -> float:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        val = int(raw)
+        val = cast(raw)
     except ValueError as exc:
-        raise ConfigError(f"{name}={raw!r} is not an integer") from exc
+        raise ConfigError(f"{name}={raw!r} is not {kind}") from exc
     if not lo <= val <= hi:
         raise ConfigError(f"{name}={val} is out of range [{lo}, {hi}]")
     return val
+
+
+def _int(name: str, default: int, lo: int = 0, hi: int = 10**9) -> int:
+    return int(_number(name, default, lo, hi, int, "an integer"))
 
 
 def _float(name: str, default: float, lo: float = 0.0, hi: float = 1e9) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        val = float(raw)
-    except ValueError as exc:
-        raise ConfigError(f"{name}={raw!r} is not a number") from exc
-    if not lo <= val <= hi:
-        raise ConfigError(f"{name}={val} is out of range [{lo}, {hi}]")
-    return val
+    return _number(name, default, lo, hi, float, "a number")
 
 
 def _list(name: str, default: str = "") -> list[str]:

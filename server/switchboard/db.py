@@ -32,7 +32,7 @@ TASK_COLUMNS = (
 )
 
 
-def conninfo_with_keepalives(url: str) -> dict[str, Any]:
+def conninfo_with_keepalives() -> dict[str, Any]:
     """Connection kwargs that make a dead peer noticeable (TCP keepalives)."""
     return {
         "keepalives": 1,
@@ -72,7 +72,7 @@ class Database:
                  name: str = "switchboard") -> None:
         self.url = url
         self.timeout = timeout
-        kwargs = {"autocommit": True, "row_factory": dict_row, **conninfo_with_keepalives(url),
+        kwargs = {"autocommit": True, "row_factory": dict_row, **conninfo_with_keepalives(),
                   "application_name": name}
         self.pool = AsyncConnectionPool(
             url, min_size=min(min_size, max_size), max_size=max_size, kwargs=kwargs, open=False,
@@ -290,9 +290,3 @@ class Database:
                 cur = await conn.execute("SELECT switchboard.run_job_sql(%s) AS r", (statement,))
                 row = await cur.fetchone()
                 return row["r"]  # type: ignore[index]
-
-
-def _jsonable(v: Any) -> Any:
-    if v is None or isinstance(v, (bool, int, float, str, list, dict)):
-        return v
-    return str(v)

@@ -53,6 +53,11 @@ def frame(event: str, payload: Any = None, *, id: int | None = None, room: str |
     return f
 
 
+def frame_from_row(r: dict) -> dict:
+    return frame(r["event"], r["payload"], id=r["id"], room=r["room"],
+                 ts=int(r["created_at"].timestamp() * 1000))
+
+
 class Client:
     """One accepted WebSocket: its user, joined rooms and bounded send queue."""
 
@@ -212,7 +217,7 @@ class Relay:
         conn = await asyncio.wait_for(
             psycopg.AsyncConnection.connect(self.url, autocommit=True,
                                             application_name="switchboard-listen",
-                                            **conninfo_with_keepalives(self.url)),
+                                            **conninfo_with_keepalives()),
             timeout=10)
         self._conn = conn
         for ch in CHANNELS:
@@ -254,12 +259,8 @@ class Relay:
     async def _catch_up(self, c: Client) -> None:
         rows = await self.svc.db.events_since(c.user_id, c.cursor, sorted(c.rooms), 10000)
         for r in rows:
-            c.offer(self._frame_from_row(r))
+            c.offer(frame_from_row(r))
 
-    @staticmethod
-    def _frame_from_row(r: dict) -> dict:
-        return frame(r["event"], r["payload"], id=r["id"], room=r["room"],
-                     ts=int(r["created_at"].timestamp() * 1000))
 
     # -- dispatch -------------------------------------------------------------------
     async def _dispatch(self, channel: str, payload: str) -> None:

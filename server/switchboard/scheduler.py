@@ -14,6 +14,7 @@ release_run() so another replica takes them at once.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import random
@@ -184,8 +185,6 @@ class Scheduler:
 
 
 def _jsonable(v: Any) -> Any:
-    import json
-
     try:
         json.dumps(v)
         return v

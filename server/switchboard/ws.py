@@ -22,7 +22,7 @@ import falcon
 import falcon.asgi
 import psycopg
 
-from .relay import Client, encode, frame
+from .relay import Client, encode, frame, frame_from_row
 
 if TYPE_CHECKING:
     from .app import Services
@@ -88,7 +88,7 @@ class WebSocketResource:
         try:
             user_id = await svc.db.consume_ticket(ticket)
             user = await svc.db.get_user(user_id) if user_id else None
-        except (psycopg.Error, Exception) as exc:  # pool timeout, DB down
+        except Exception as exc:  # database error, pool timeout, DB down
             LOG.warning("ticket check failed: %s", exc)
             await ws.close(1011)
             return
@@ -221,9 +221,9 @@ class WebSocketResource:
                 await self._handle(client, msg)
             except psycopg.Error as exc:
                 self._error(client, "refused", exc.diag.message_primary or "refused by the database")
-            except (asyncio.TimeoutError, OSError, Exception) as exc:  # pool timeout etc.
-                if isinstance(exc, falcon.WebSocketDisconnected):
-                    raise
+            except falcon.WebSocketDisconnected:
+                raise
+            except Exception as exc:  # pool timeout, database down
                 LOG.warning("frame from user %s failed: %s", client.user_id, exc)
                 self._error(client, "unavailable", "temporarily unavailable; retry")
 
@@ -283,7 +283,7 @@ class WebSocketResource:
         if after < horizon or len(rows) >= 10000:
             client.offer(frame("resume_gap", {"after": after, "horizon": horizon}))
         for r in rows:
-            client.offer(self.svc.relay._frame_from_row(r))
+            client.offer(frame_from_row(r))
         buffered, client.buffer = client.buffer, []
         for f in sorted(buffered, key=lambda f: (f.get("id") is None, f.get("id") or 0)):
             client.offer(f)
