@@ -230,7 +230,9 @@ BEGIN
         UPDATE switchboard.tasks t
            SET name = v_task.name, schedule = v_task.schedule, timezone = v_task.timezone,
                handler = v_task.handler, args = v_task.args, is_active = v_task.is_active,
-               max_attempts = v_task.max_attempts, next_run_at = v_task.next_run_at, updated_at = now()
+               max_attempts = v_task.max_attempts, next_run_at = v_task.next_run_at, updated_at = now(),
+               last_error = CASE WHEN v_resched THEN NULL ELSE t.last_error END,
+               last_error_at = CASE WHEN v_resched THEN NULL ELSE t.last_error_at END
          WHERE t.id = task_id
         RETURNING * INTO v_task;
     EXCEPTION WHEN unique_violation THEN
@@ -318,13 +320,103 @@ END
 $$;
 REVOKE ALL ON FUNCTION switchboard._rescue_expired_runs(integer) FROM PUBLIC;
 
+-- _claim_tick: the tick half of claim_due_task. Takes the oldest due task
+-- (FOR UPDATE SKIP LOCKED), advances its next_run_at and creates its running
+-- run in the same transaction: a crash after COMMIT leaves both, a crash
+-- before leaves neither. Outcomes:
+--   run set                   the tick was claimed;
+--   run NULL, skipped true    a due task was handled without a run: it still
+--                             had an active run (the tick is counted in
+--                             skipped_ticks, never run concurrently), or its
+--                             next fire time could not be computed (parked,
+--                             see below), or it was a parked task that is
+--                             healthy again; more may be due, look again;
+--   run NULL, skipped false   nothing due that another worker has not locked.
+-- One bad row cannot stop the scheduler: an error while computing the next
+-- fire time (a zone typed by hand, a schedule that never fires, an anchor at
+-- -infinity) is caught here, in a subtransaction entered only on the tick
+-- path, and the task is parked: no run, next_run_at = now + 1 minute,
+-- last_error set. When a parked task comes due again it is re-checked: still
+-- broken, it stays parked; fixed (even by a plain UPDATE), it goes back on its
+-- schedule from now without a run at the re-check instant.
+CREATE OR REPLACE FUNCTION switchboard._claim_tick(
+    worker text, lease interval, claim_at timestamptz,
+    OUT run switchboard.task_runs, OUT skipped boolean)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_task switchboard.tasks;
+    v_due timestamptz;
+    v_next timestamptz;
+    v_err text;
+    v_state text;
+BEGIN
+    skipped := false;
+    SELECT * INTO v_task FROM switchboard.tasks
+     WHERE is_active AND next_run_at <= _claim_tick.claim_at
+     ORDER BY next_run_at LIMIT 1 FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    skipped := true;
+    -- A due time before 1970 (-infinity, a BC date) is a hand-made "run now":
+    -- the tick is due now, and no client has to read a timestamp it cannot
+    -- represent (psycopg refuses dates before year 1).
+    v_due := CASE WHEN v_task.next_run_at >= timestamptz '1970-01-01 00:00:00+00'
+                  THEN v_task.next_run_at ELSE _claim_tick.claim_at END;
+    BEGIN
+        -- A parked task is re-anchored from now (prev NULL), like update_task does.
+        v_next := switchboard._task_next_fire(
+            v_task.schedule, v_task.timezone,
+            CASE WHEN v_task.last_error IS NULL THEN v_due END, _claim_tick.claim_at);
+    EXCEPTION WHEN OTHERS THEN  -- not query_canceled: a cancel still cancels
+        GET STACKED DIAGNOSTICS v_err = MESSAGE_TEXT, v_state = RETURNED_SQLSTATE;
+        UPDATE switchboard.tasks
+           SET next_run_at = _claim_tick.claim_at + interval '1 minute',
+               last_error = left(format('next fire time of schedule %L in zone %L: %s (SQLSTATE %s)',
+                                        v_task.schedule, v_task.timezone, v_err, v_state), 2000),
+               last_error_at = now()
+         WHERE id = v_task.id;
+        RETURN;
+    END;
+    IF v_task.last_error IS NOT NULL THEN
+        UPDATE switchboard.tasks SET next_run_at = v_next, last_error = NULL, last_error_at = NULL
+         WHERE id = v_task.id;
+        RETURN;
+    END IF;
+    UPDATE switchboard.tasks SET next_run_at = v_next WHERE id = v_task.id;
+    INSERT INTO switchboard.task_runs
+        (task_id, handler, args, status, trigger, attempt, max_attempts,
+         run_at, scheduled_for, worker, lease_expires_at, started_at)
+    VALUES (v_task.id, v_task.handler, v_task.args, 'running', 'schedule', 1,
+            v_task.max_attempts, v_due, v_due,
+            _claim_tick.worker, _claim_tick.claim_at + _claim_tick.lease, _claim_tick.claim_at)
+    ON CONFLICT (task_id) WHERE status IN ('queued', 'running') AND task_id IS NOT NULL DO NOTHING
+    RETURNING * INTO run;
+    IF FOUND THEN
+        skipped := false;
+        RETURN;
+    END IF;
+    -- The task still has an active run: skip this tick, never overlap.
+    UPDATE switchboard.tasks SET skipped_ticks = skipped_ticks + 1 WHERE id = v_task.id;
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._claim_tick(text, interval, timestamptz) FROM PUBLIC;
+
 -- claim_due_task: one unit of work per call, oldest due first across queued
 -- runs and due ticks (a backlog of jobs cannot starve cron ticks, and vice
 -- versa). Rows are taken with FOR UPDATE SKIP LOCKED, so N workers never
--- block on or double-claim the same row. A tick advances next_run_at in the
--- same transaction that creates its run: a crash after COMMIT leaves both, a
--- crash before leaves neither. Expired leases are rescued here first, so a
--- stuck maintenance run cannot block its own rescue.
+-- block on or double-claim the same row. Expired leases are rescued here
+-- first, so a stuck maintenance run cannot block its own rescue. Each round:
+--   1. the due tick, if it is the oldest due work (_claim_tick);
+--   2. the queue head (the hot path: one UPDATE, no helper call);
+--   3. the due tick, if the queue head was older but locked by others.
+-- A round that only skipped ticks looks again, since more may be due; a
+-- round that found everything locked by other workers stops. The bound (32
+-- rounds) only matters when that many ticks are skipped or parked at once:
+-- the call then returns no row and the next one carries on.
 CREATE OR REPLACE FUNCTION switchboard.claim_due_task(worker text, lease interval DEFAULT '60 seconds')
 RETURNS SETOF switchboard.task_runs
 LANGUAGE plpgsql SECURITY DEFINER
@@ -336,12 +428,10 @@ DECLARE
     v_worker text := claim_due_task.worker;
     v_lease interval := claim_due_task.lease;
     v_run switchboard.task_runs;
-    v_task switchboard.tasks;
+    v_tick record;
     v_queued_at timestamptz;
     v_task_at timestamptz;
-    v_try integer := 0;
     v_tick_first boolean;
-    v_kind integer;
     v_skipped boolean;
     v_expired boolean;
 BEGIN
@@ -363,72 +453,65 @@ BEGIN
         PERFORM switchboard._rescue_expired_runs(100);
     END IF;
 
-    WHILE v_try < 8 LOOP
-        v_try := v_try + 1;
-        IF v_try > 1 THEN
+    FOR v_round IN 1..32 LOOP
+        IF v_round > 1 THEN
             SELECT next_run_at INTO v_task_at FROM switchboard.tasks
              WHERE is_active AND next_run_at <= v_now ORDER BY next_run_at LIMIT 1;
         END IF;
         -- The queue's head is only worth a look of its own when a tick competes
-        -- with it; otherwise the claim below is the only scan of the head.
+        -- with it; otherwise the claim in step 2 is the only scan of the head.
         v_queued_at := NULL;
         IF v_task_at IS NOT NULL THEN
             SELECT run_at INTO v_queued_at FROM switchboard.task_runs
              WHERE status = 'queued' AND run_at <= v_now ORDER BY run_at, id LIMIT 1;
         END IF;
-        v_skipped := false;
         v_tick_first := v_task_at IS NOT NULL AND (v_queued_at IS NULL OR v_task_at <= v_queued_at);
-        FOREACH v_kind IN ARRAY CASE WHEN v_tick_first THEN ARRAY[1, 2] ELSE ARRAY[2, 1] END LOOP
-            IF v_kind = 1 AND v_task_at IS NOT NULL THEN
-                SELECT * INTO v_task FROM switchboard.tasks
-                 WHERE is_active AND next_run_at <= v_now
-                 ORDER BY next_run_at LIMIT 1 FOR UPDATE SKIP LOCKED;
-                IF FOUND THEN
-                    UPDATE switchboard.tasks
-                       SET next_run_at = switchboard._task_next_fire(v_task.schedule, v_task.timezone,
-                                                                     v_task.next_run_at, v_now)
-                     WHERE id = v_task.id;
-                    INSERT INTO switchboard.task_runs
-                        (task_id, handler, args, status, trigger, attempt, max_attempts,
-                         run_at, scheduled_for, worker, lease_expires_at, started_at)
-                    VALUES (v_task.id, v_task.handler, v_task.args, 'running', 'schedule', 1,
-                            v_task.max_attempts, v_task.next_run_at, v_task.next_run_at,
-                            v_worker, v_now + v_lease, v_now)
-                    ON CONFLICT (task_id) WHERE status IN ('queued', 'running') AND task_id IS NOT NULL DO NOTHING
-                    RETURNING * INTO v_run;
-                    IF FOUND THEN
-                        RETURN NEXT v_run;
-                        RETURN;
-                    END IF;
-                    -- The task still has an active run: skip this tick, never overlap.
-                    UPDATE switchboard.tasks SET skipped_ticks = skipped_ticks + 1 WHERE id = v_task.id;
-                    v_skipped := true;
-                END IF;
-            ELSIF v_kind = 2 AND (v_queued_at IS NOT NULL OR v_task_at IS NULL) THEN
-                UPDATE switchboard.task_runs
-                   SET status = 'running', worker = v_worker, lease_expires_at = v_now + v_lease,
-                       started_at = v_now
-                 WHERE id = (SELECT id FROM switchboard.task_runs
-                              WHERE status = 'queued' AND run_at <= v_now
-                              ORDER BY run_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)
-                RETURNING * INTO v_run;
-                IF FOUND THEN
-                    RETURN NEXT v_run;
-                    RETURN;
-                END IF;
+        v_skipped := false;
+
+        -- 1. the due tick, when it is the oldest due work
+        IF v_tick_first THEN
+            SELECT t.run, t.skipped INTO v_tick FROM switchboard._claim_tick(v_worker, v_lease, v_now) t;
+            IF (v_tick.run).id IS NOT NULL THEN
+                RETURN NEXT v_tick.run;
+                RETURN;
             END IF;
-        END LOOP;
+            v_skipped := v_tick.skipped;
+        END IF;
+
+        -- 2. the queue head
+        IF v_queued_at IS NOT NULL OR v_task_at IS NULL THEN
+            UPDATE switchboard.task_runs
+               SET status = 'running', worker = v_worker, lease_expires_at = v_now + v_lease,
+                   started_at = v_now
+             WHERE id = (SELECT id FROM switchboard.task_runs
+                          WHERE status = 'queued' AND run_at <= v_now
+                          ORDER BY run_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)
+            RETURNING * INTO v_run;
+            IF FOUND THEN
+                RETURN NEXT v_run;
+                RETURN;
+            END IF;
+        END IF;
+
+        -- 3. the due tick, when an older queued run was there but taken by others
+        IF v_task_at IS NOT NULL AND NOT v_tick_first THEN
+            SELECT t.run, t.skipped INTO v_tick FROM switchboard._claim_tick(v_worker, v_lease, v_now) t;
+            IF (v_tick.run).id IS NOT NULL THEN
+                RETURN NEXT v_tick.run;
+                RETURN;
+            END IF;
+            v_skipped := v_tick.skipped;
+        END IF;
+
         -- Nothing claimed. Look again only if a tick was skipped (more may be due);
         -- otherwise everything due is locked by other workers.
-        IF NOT v_skipped THEN
-            RETURN;
-        END IF;
+        EXIT WHEN NOT v_skipped;
     END LOOP;
     RETURN;
 END
 $$;
 COMMENT ON FUNCTION switchboard.claim_due_task(text, interval) IS
-    'Claim at most one unit of work (a queued run or a due task tick, oldest due first) for worker, leased until now() + lease. FOR UPDATE SKIP LOCKED: concurrent workers never get the same run. Returns no row when nothing is due.';
+    'Claim at most one unit of work (a queued run or a due task tick, oldest due first) for worker, leased until now() + lease. FOR UPDATE SKIP LOCKED: concurrent workers never get the same run. A task whose next fire time cannot be computed is skipped and marked (tasks.last_error, status() tasks_broken). Returns no row when nothing is due.';
 REVOKE ALL ON FUNCTION switchboard.claim_due_task(text, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.claim_due_task(text, interval) TO switchboard_app;
 

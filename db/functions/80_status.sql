@@ -7,6 +7,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT 'tasks_due', count(*) FROM switchboard.tasks WHERE is_active AND next_run_at <= now()
     UNION ALL SELECT 'tasks_active', count(*) FROM switchboard.tasks WHERE is_active
+    UNION ALL SELECT 'tasks_broken', count(*) FROM switchboard.tasks WHERE last_error IS NOT NULL
     UNION ALL SELECT 'runs_' || s, (SELECT count(*) FROM switchboard.task_runs r WHERE r.status = s)
       FROM unnest(ARRAY['queued', 'running', 'succeeded', 'failed', 'abandoned']) AS s
     UNION ALL SELECT 'runs_due', count(*) FROM switchboard.task_runs WHERE status = 'queued' AND run_at <= now()
@@ -23,7 +24,7 @@ AS $$
     UNION ALL SELECT 'sockets_open', coalesce(sum(sockets), 0)::bigint FROM switchboard.presence
 $$;
 COMMENT ON FUNCTION switchboard.status() IS
-    'One look at the system: due tasks, runs by status, expired leases, live tickets, rate-limit keys, event backlog, live replicas, sockets.';
+    'One look at the system: due tasks, broken tasks (next fire time not computable: see tasks.last_error), runs by status, expired leases, live tickets, rate-limit keys, event backlog, live replicas, sockets.';
 REVOKE ALL ON FUNCTION switchboard.status() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.status() TO switchboard_app;
 
