@@ -22,6 +22,9 @@ if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
   useradd --system --no-create-home --shell /usr/sbin/nologin postgres
 fi
 command -v git >/dev/null 2>&1 || apt_install git
+# tests/faults: network namespaces, veth pairs and partitions (ip, iptables).
+command -v ip >/dev/null 2>&1 || apt_install iproute2
+command -v iptables >/dev/null 2>&1 || apt_install iptables
 
 # Python packages (the project and its test extras).
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'
