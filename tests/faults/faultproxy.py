@@ -139,10 +139,13 @@ class FaultProxy:
         self._server.close()
         for c in list(self._conns.values()):
             self._drop(c, rst=True)
+        # the aborted transports end every pipe; cancel only what is still stuck after that
         rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for t in rest:
-            t.cancel()
-        await asyncio.gather(*rest, return_exceptions=True)
+        if rest:
+            _, pending = await asyncio.wait(rest, timeout=2)
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
 
     def stop(self) -> None:
         if self._loop is not None and self._thread is not None and self._thread.is_alive():
