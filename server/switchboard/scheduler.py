@@ -9,6 +9,25 @@ never more than ``concurrency`` runs at a time. While a handler runs, its
 lease is extended every lease/3. On shutdown it stops claiming, lets running
 handlers finish within the grace period and hands the rest back with
 release_run() so another replica takes them at once.
+
+Lease loss. The lease is only as good as the last heartbeat that reached
+Postgres: a heartbeat sent at local time t (and acknowledged) moved the
+lease to at least t + lease, since the database's now() was later than t.
+When no heartbeat has been acknowledged by ``t + lease - margin`` (margin =
+20 % of the lease, 0.2 s to 5 s), the run can no longer be proven ours -- the
+database may be unreachable, or slow -- so the handler is told
+(``ctx.lease_lost``) and, margin/2 later, cancelled: before another replica
+can rescue the run. The same happens when a heartbeat answers that the run
+was rescued. The run is then handed back with release_run(), which is fenced: it
+changes nothing if the run was rescued meanwhile (and the late outcome of
+the cancelled handler is never recorded). So "runs never overlap" holds for
+a handler's side effects, not only for rows, as long as the handler stops
+when cancelled.
+
+Shutdown never strands a claim. A claim round trip that is in flight when the
+scheduler stops is not cancelled (Postgres may already have committed it,
+and a cancelled caller would never learn which runs it got): it is shielded,
+awaited, and whatever it claimed is handed back with release_run().
 """
 
 from __future__ import annotations
@@ -46,6 +65,9 @@ class Scheduler:
         self._loop_task: asyncio.Task | None = None
         self._done: list[tuple[int, Any, asyncio.Future[bool]]] = []
         self._flushing = False
+        self._claims: set[asyncio.Future[list[dict]]] = set()   # claim round trips in flight
+        self._lease_until: dict[int, float] = {}    # run id -> local time its lease is proven until
+        self._lost: set[int] = set()                # runs whose lease was lost (handler cancelled)
 
     def wake(self) -> None:
         self._wake.set()
@@ -80,9 +102,22 @@ class Scheduler:
             free = self.cfg.scheduler_concurrency - len(self._running)
             if free <= 0:
                 return
-            runs = await self.db.claim_many(self.worker, self.cfg.lease_seconds, free)
+            sent = time.time()
+            # Shielded: if this task is cancelled mid-claim, the claim itself runs to its end
+            # and stop() hands back what it got (see the module docstring).
+            claim = asyncio.ensure_future(self.db.claim_many(self.worker, self.cfg.lease_seconds, free))
+            self._claims.add(claim)
+            try:
+                runs = await asyncio.shield(claim)
+            except asyncio.CancelledError:
+                raise                           # stays in _claims: stop() hands its runs back
+            except Exception:
+                self._claims.discard(claim)
+                raise
+            self._claims.discard(claim)
             for run in runs:
                 self.metrics.inc("switchboard_claims_total", handler=run["handler"])
+                self._lease_until[run["id"]] = sent + self.cfg.lease_seconds
                 self._running[run["id"]] = asyncio.create_task(self._execute(run), name=f"run-{run['id']}")
             if len(runs) < free:
                 return  # nothing more is due right now
@@ -91,18 +126,24 @@ class Scheduler:
         run_id = run["id"]
         ctx = HandlerContext(run, self.db, lease_seconds=self.cfg.lease_seconds)
         self._contexts[run_id] = ctx
-        hb = asyncio.create_task(self._heartbeat(ctx))
+        self._lease_until.setdefault(run_id, time.time() + self.cfg.lease_seconds)
         ok, result, error = False, None, None
+        handler = self.handlers.get(run["handler"])
+        htask: asyncio.Task | None = None
+        if handler is not None:
+            htask = asyncio.create_task(handler(ctx), name=f"handler-{run_id}")
+        hb = asyncio.create_task(self._heartbeat(ctx, htask))
+        watch = asyncio.create_task(self._watch_lease(ctx, htask)) if htask is not None else None
         try:
-            handler = self.handlers.get(run["handler"])
-            if handler is None:
+            if htask is None:
                 error = f"unknown handler {run['handler']!r} (registered: {', '.join(self.handlers.names())})"
             else:
                 try:
-                    result = await handler(ctx)
+                    result = await htask
                     ok = True
                 except asyncio.CancelledError:
-                    raise
+                    if run_id not in self._lost:
+                        raise                       # this run is being cancelled (shutdown)
                 except HandlerError as exc:
                     error = str(exc)
                 except Exception as exc:
@@ -110,10 +151,16 @@ class Scheduler:
                     LOG.warning("run %s (%s) failed:\n%s", run_id, run["handler"], traceback.format_exc())
         except asyncio.CancelledError:
             hb.cancel()
-            self._running.pop(run_id, None)
-            self._contexts.pop(run_id, None)
+            if watch is not None:
+                watch.cancel()
+            self._forget(run_id)
             raise
         hb.cancel()
+        if watch is not None:
+            watch.cancel()
+        if run_id in self._lost:
+            await self._after_lease_lost(run_id)
+            return
         try:
             if ok:
                 finished = await self._finish_ok(run_id, _jsonable(result))
@@ -125,8 +172,58 @@ class Scheduler:
         except Exception as exc:
             LOG.warning("run %s: finish failed (%s); the lease will expire and it is retried", run_id, exc)
         finally:
-            self._running.pop(run_id, None)
-            self._contexts.pop(run_id, None)
+            self._forget(run_id)
+            self._wake.set()
+
+    def _forget(self, run_id: int) -> None:
+        self._running.pop(run_id, None)
+        self._contexts.pop(run_id, None)
+        self._lease_until.pop(run_id, None)
+        self._lost.discard(run_id)
+
+    def _lose_lease(self, ctx: HandlerContext, htask: asyncio.Task | None, why: str) -> None:
+        """Tell the handler (ctx.lease_lost) and cancel it: its run may be rescued elsewhere."""
+        if ctx.run_id in self._lost:
+            return
+        LOG.warning("run %s: lease lost (%s); cancelling its handler", ctx.run_id, why)
+        self.metrics.inc("switchboard_leases_lost_total")
+        self._lost.add(ctx.run_id)
+        ctx.lease_lost.set()
+        if htask is not None and not htask.done():
+            # A handler that watches ctx.lease_lost gets half the margin to stop by itself
+            # (and, say, tell its user); then it is cancelled -- still before the lease can
+            # expire in the database.
+            asyncio.get_running_loop().call_later(self._margin() / 2, htask.cancel)
+
+    def _margin(self) -> float:
+        return min(max(self.cfg.lease_seconds * 0.2, 0.2), 5.0)
+
+    async def _watch_lease(self, ctx: HandlerContext, htask: asyncio.Task) -> None:
+        """Cancel the handler once its lease can no longer be proven (see the module docstring)."""
+        lease = self.cfg.lease_seconds
+        margin = self._margin()
+        while not htask.done():
+            left = self._lease_until.get(ctx.run_id, 0.0) - margin - time.time()
+            if left <= 0:
+                self._lose_lease(ctx, htask, f"no heartbeat acknowledged for {lease - margin:.1f} s")
+                return
+            await asyncio.sleep(left)
+
+    async def _after_lease_lost(self, run_id: int) -> None:
+        """Hand the run back (fenced: a no-op if it was rescued meanwhile); never record its outcome."""
+        try:
+            try:
+                released = await self.db.release_run(run_id, self.worker)
+            except Exception as exc:
+                LOG.warning("run %s: hand-back after lease loss failed (%s); the lease expires and the "
+                            "run is rescued", run_id, exc)
+                return
+            if released:
+                LOG.info("run %s: handed back after its lease could not be renewed", run_id)
+            else:
+                LOG.info("run %s: already rescued by another worker; late outcome discarded (fenced)", run_id)
+        finally:
+            self._forget(run_id)
             self._wake.set()
 
     async def _finish_ok(self, run_id: int, result: Any) -> bool:
@@ -157,9 +254,10 @@ class Scheduler:
         finally:
             self._flushing = False
 
-    async def _heartbeat(self, ctx: HandlerContext) -> None:
-        """Extend the lease every lease/3; when the database says this worker no longer
-        owns the run, tell the handler through ctx.lease_lost."""
+    async def _heartbeat(self, ctx: HandlerContext, htask: asyncio.Task | None) -> None:
+        """Extend the lease every lease/3. An acknowledged heartbeat proves the lease until
+        its send time + lease; when the database says this worker no longer owns the run,
+        the handler is told (ctx.lease_lost) and cancelled."""
         run_id = ctx.run_id
         interval = max(self.cfg.lease_seconds / 3, 0.2)
         while True:
@@ -167,9 +265,10 @@ class Scheduler:
             try:
                 sent = time.time()
                 if not await self.db.heartbeat_run(run_id, self.worker, self.cfg.lease_seconds):
-                    LOG.warning("run %s: lease lost", run_id)
-                    ctx.lease_lost.set()
+                    self._lose_lease(ctx, htask, "the run was rescued by another worker")
                     return
+                if run_id in self._lease_until:
+                    self._lease_until[run_id] = max(self._lease_until[run_id], sent + self.cfg.lease_seconds)
                 if not self.replica.draining:
                     _extend_deadline(ctx, sent + self.cfg.lease_seconds)
             except Exception as exc:
@@ -185,6 +284,7 @@ class Scheduler:
         if self._loop_task:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
+        await self._hand_back_inflight_claims(max(grace, 5.0))
         if self._running:
             LOG.info("waiting up to %.1fs for %d running run(s)", grace, len(self._running))
             await asyncio.wait(list(self._running.values()), timeout=grace)
@@ -196,6 +296,26 @@ class Scheduler:
                     LOG.info("run %s handed back", run_id)
             except Exception as exc:
                 LOG.warning("run %s: hand-back failed (%s); its lease will expire", run_id, exc)
+
+
+    async def _hand_back_inflight_claims(self, timeout: float) -> None:
+        """A claim that was in flight when the loop was cancelled may have committed: wait
+        for it and release every run it got (they never started here)."""
+        for claim in list(self._claims):
+            try:
+                runs = await asyncio.wait_for(asyncio.shield(claim), timeout)
+            except Exception as exc:
+                LOG.warning("a claim in flight at shutdown failed (%s); if it committed, its leases "
+                            "expire and the runs are rescued", exc)
+                continue
+            finally:
+                self._claims.discard(claim)
+            for run in runs:
+                try:
+                    if await self.db.release_run(run["id"], self.worker):
+                        LOG.info("run %s (claimed while stopping) handed back", run["id"])
+                except Exception as exc:
+                    LOG.warning("run %s: hand-back failed (%s); its lease will expire", run["id"], exc)
 
 
 def _jsonable(v: Any) -> Any:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
 from typing import Any
 
@@ -31,26 +32,23 @@ def _log(line: str) -> None:
         os.close(fd)
 
 
-def _run_of(ctx: Any) -> dict:
-    run = getattr(ctx, "run", None)
-    return run if isinstance(run, dict) else {}
+WORKER = f"{socket.gethostname()}:{os.getpid()}:-"   # the replica's pid, as in its worker name
 
 
 @registry.register("faults.work")
 async def work(ctx: Any) -> Any:
-    run = _run_of(ctx)
-    args = run.get("args") or {}
-    key = str(args.get("k", run.get("task_id") or run.get("id")))
-    if run.get("task_id") is not None:
-        key = f"task:{run.get('task_id')}"      # a task's runs must never overlap either
+    args = ctx.args if isinstance(ctx.args, dict) else {}
+    key = str(args.get("k", ctx.run_id))
+    if ctx.task_id is not None:
+        key = f"task:{ctx.task_id}"      # a task's runs must never overlap either
     seconds = float(args.get("s", 0.05))
-    who = f"{key} {run.get('id')} {run.get('attempt')} {run.get('worker')}"
+    who = f"{key} {ctx.run_id} {ctx.attempt} {WORKER}"
     _log(f"start {who} {time.time():.6f}")
     outcome = "ok"
     try:
         await asyncio.sleep(seconds)
     except asyncio.CancelledError:
-        outcome = "cancelled"
+        outcome = "lease-lost" if ctx.lease_lost.is_set() else "cancelled"
         raise
     finally:
         _log(f"end {who} {time.time():.6f} {outcome}")
