@@ -1,4 +1,11 @@
--- Faults in the middle (issue 13): one bad task row cannot stop the scheduler.
+-- Faults in the middle (issue 13).
+--
+-- Functions changed with this version (applied by afterAll): claim_due_task
+-- and its new tick helper _claim_tick (20_scheduler.sql), status() gains
+-- tasks_broken (80_status.sql), and the relay's batched catch-up
+-- _relay_catch_up() (55_replay.sql).
+--
+-- One bad task row cannot stop the scheduler.
 --
 -- A task whose next fire time cannot be computed (a zone a DBA typed by hand,
 -- a schedule that can never fire, an @every anchor at -infinity ...) used to

@@ -224,6 +224,13 @@ class Database:
             "SELECT id, user_id, room, event, payload, created_at FROM switchboard.events_since(%s, %s, %s, %s)",
             (user_id, after_id, rooms, limit))
 
+    async def relay_catch_up(self, users: list[UUID], rooms: list[str], after_id: int,
+                             limit: int) -> list[dict]:
+        return await self.fetchall(
+            "SELECT id, user_id, room, event, payload, created_at, members "
+            "FROM switchboard._relay_catch_up(%s::uuid[], %s::text[], %s, %s)",
+            (users, rooms, after_id, limit))
+
     async def event_horizon(self) -> int:
         return int(await self.scalar("SELECT switchboard.event_horizon()"))
 

@@ -41,6 +41,24 @@ CHANNELS = ("switchboard_events", "switchboard_control", "switchboard_runs")
 _ids = itertools.count(1)
 
 
+CATCH_UP_PAGE = 500
+
+
+async def _bounded(coro: Any, timeout: float, what: str) -> Any:
+    """Await ``coro`` for at most ``timeout`` s WITHOUT cancelling it on timeout.
+
+    asyncio.wait_for() would cancel the query, and psycopg answers a cancellation by
+    sending a cancel request and waiting for it (5 s), then for the query to stop (5 s
+    more): over a dead link a 1 s liveness check took 11 s. Here the caller gets a
+    TimeoutError at once and closes the connection, which ends the query."""
+    task = asyncio.ensure_future(coro)
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        raise TimeoutError(f"{what}: no answer within {timeout:.1f} s")
+    return task.result()
+
+
 def encode(f: dict) -> str:
     return json.dumps(f, separators=(",", ":"), default=str)
 
@@ -75,6 +93,7 @@ class Client:
         self.sent_ids: set[int] = set()
         self.cursor = cursor          # highest stored event id this socket is up to date with
         self.resuming = False
+        self.refetch = False          # live events were dropped from the buffer: fetch again
         self.buffer: list[dict] = []
         self.closing: int | None = None
         self.close_task: asyncio.Task | None = None
@@ -83,7 +102,7 @@ class Client:
     def __hash__(self) -> int:
         return self.cid
 
-    def offer(self, f: dict, text: str | None = None) -> None:
+    def offer(self, f: dict, text: str | None = None, replay: bool = False) -> None:
         """Queue a frame unless it is a duplicate; overflow closes the socket (1013).
 
         ``text`` is ``f`` already serialised: a room event goes to many sockets and is
@@ -91,10 +110,13 @@ class Client:
         if self.closing is not None:
             return
         eid = f.get("id")
-        if self.resuming:
+        if self.resuming and not replay:
             if len(self.buffer) >= self.queue_size:
-                self._on_overflow(self)
-                return
+                # Every stored event in the buffer was committed before its NOTIFY reached
+                # us, so the replay's next page will return it: drop them (and ephemeral
+                # frames, which are best-effort) and let the replay fetch one more page.
+                self.buffer = [b for b in self.buffer if b.get("id") is None][: self.queue_size // 2]
+                self.refetch = True
             self.buffer.append(f)
             return
         if eid is not None:
@@ -110,6 +132,24 @@ class Client:
             self.queue.put_nowait(text if text is not None else encode(f))
         except asyncio.QueueFull:
             self._on_overflow(self)
+
+    async def offer_wait(self, f: dict, timeout: float, replay: bool = False) -> bool:
+        """Like offer(), for replays: waits (up to ``timeout`` s) for room in the send queue
+        instead of closing the socket, so a long replay streams at the client's pace. A
+        client that does not read for ``timeout`` s is closed 1013. False if not sent."""
+        if self.closing is not None:
+            return False
+        if self.queue.full():
+            deadline = time.monotonic() + timeout
+            while self.queue.full():
+                if self.closing is not None:
+                    return False
+                if time.monotonic() >= deadline:
+                    self._on_overflow(self)
+                    return False
+                await asyncio.sleep(0.005)
+        self.offer(f, replay=replay)
+        return self.closing is None
 
 
 class Registry:
@@ -177,6 +217,8 @@ class Relay:
         self.on_tool_result = on_tool_result
         self.connected = False
         self.last_error: str | None = "not connected yet"
+        self.down_since: float | None = time.monotonic()
+        self._closed_deaf = False
         self.last_seen_id = 0
         self._stop = asyncio.Event()
         self._conn: psycopg.AsyncConnection | None = None
@@ -185,6 +227,26 @@ class Relay:
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> None:
         self._tasks.append(asyncio.create_task(self._listen_loop(), name="relay-listen"))
+        self._tasks.append(asyncio.create_task(self._deaf_watch(), name="relay-deaf-watch"))
+
+    async def _deaf_watch(self) -> None:
+        """While the LISTEN connection is down this replica hears no events: after
+        ``ws_deaf_close_seconds`` its sockets are closed with 1012 so the clients reconnect
+        to a replica that hears (and resume from their cursor there: nothing is lost)."""
+        limit = self.cfg.ws_deaf_close_seconds
+        while not self._stop.is_set():
+            await asyncio.sleep(min(0.5, limit / 4))
+            since = self.down_since
+            if self.connected or since is None or self._closed_deaf:
+                continue
+            if time.monotonic() - since >= limit:
+                clients = [c for c in self.registry.clients() if c.closing is None]
+                if clients:
+                    LOG.warning("LISTEN down for %.1f s: closing %d socket(s) with 1012 so they "
+                                "reconnect elsewhere", time.monotonic() - since, len(clients))
+                for c in clients:
+                    self.close_client(c, 1012, "replica lost its database connection; reconnect")
+                self._closed_deaf = True
 
     async def stop(self) -> None:
         self._stop.set()
@@ -208,9 +270,11 @@ class Relay:
                 raise
             except Exception as exc:  # connection lost, server down, liveness timeout
                 if self.connected or self.last_error is None:
-                    LOG.warning("LISTEN connection lost: %s", exc)
+                    LOG.warning("LISTEN connection lost: %s", str(exc).strip() or type(exc).__name__)
                 self.last_error = f"LISTEN connection down: {str(exc).strip() or type(exc).__name__}"
             finally:
+                if self.connected or self.down_since is None:
+                    self.down_since = time.monotonic()
                 self.connected = False
                 conn, self._conn = self._conn, None
                 if conn is not None:
@@ -233,24 +297,28 @@ class Relay:
                                             **conninfo_with_keepalives()),
             timeout=10)
         self._conn = conn
+        interval = self.cfg.listen_check_interval
         for ch in CHANNELS:
-            await conn.execute(f"LISTEN {ch}")
+            await _bounded(conn.execute(f"LISTEN {ch}"), max(interval, 1.0), "LISTEN")
         self.metrics.inc("switchboard_listen_reconnects_total")
         # Anything announced or published while we were not listening:
         await self._after_connect()
         self.connected = True
+        self.down_since = None
+        self._closed_deaf = False
         self.last_error = None
         LOG.info("LISTEN connection up (%s)", ", ".join(CHANNELS))
         self.on_run_wake()
-        interval = self.cfg.listen_check_interval
         while not self._stop.is_set():
             got = False
             async for n in conn.notifies(timeout=interval):
                 got = True
                 await self._dispatch(n.channel, n.payload)
             if not got:
-                # Nothing heard for a while: prove the connection is alive.
-                await asyncio.wait_for(conn.execute("SELECT 1"), timeout=max(interval, 1.0))
+                # Nothing heard for a while: prove the connection is alive. Bounded without
+                # cancelling the query (see _bounded): a dead connection is noticed within
+                # listen_check_interval + max(listen_check_interval, 1 s).
+                await _bounded(conn.execute("SELECT 1"), max(interval, 1.0), "liveness check")
 
     async def _after_connect(self) -> None:
         db = self.db
@@ -264,15 +332,48 @@ class Relay:
         except Exception as exc:
             raise RuntimeError(f"auth reload failed: {exc}") from exc
         # Catch every socket up from where it is (events committed while we were deaf).
-        for c in self.registry.clients():
-            if c.resuming or c.closing is not None:
-                continue
-            await self._catch_up(c)
+        await self.catch_up([c for c in self.registry.clients() if not c.resuming and c.closing is None])
 
-    async def _catch_up(self, c: Client) -> None:
-        rows = await self.db.events_since(c.user_id, c.cursor, sorted(c.rooms), 10000)
-        for r in rows:
-            c.offer(frame_from_row(r))
+    async def catch_up(self, clients: list[Client]) -> None:
+        """Deliver to every socket what was committed after its cursor, in id order.
+
+        One paged query for all sockets (switchboard._relay_catch_up over their users and
+        joined rooms, from the lowest cursor), not one round trip per socket; each page is
+        dispatched like live events, and streamed with back-pressure (offer_wait), so a
+        long outage does not overflow the send queues. A socket whose cursor is below the
+        event horizon (events it missed were reaped) gets resume_gap first."""
+        if not clients:
+            return
+        start = {c: c.cursor for c in clients}
+        horizon = await self.db.event_horizon()
+        for c in clients:
+            if start[c] < horizon:
+                c.offer(frame("resume_gap", {"after": start[c], "horizon": horizon}))
+        users = sorted({c.user_id for c in clients}, key=str)
+        rooms = sorted({r for c in clients for r in c.rooms})
+        by_user: dict[uuid.UUID, list[Client]] = defaultdict(list)
+        by_room: dict[str, list[Client]] = defaultdict(list)
+        for c in clients:
+            by_user[c.user_id].append(c)
+            for r in c.rooms:
+                by_room[r].append(c)
+        after = min(start.values())
+        page = CATCH_UP_PAGE
+        while True:
+            rows = await self.db.relay_catch_up(users, rooms, after, page)
+            for r in rows:
+                if r["user_id"] is not None:
+                    targets = by_user.get(r["user_id"], [])
+                else:
+                    members = set(r["members"] or ())
+                    targets = [c for c in by_room.get(r["room"], []) if c.user_id in members]
+                f = frame_from_row(r)
+                for c in targets:
+                    if r["id"] > start[c]:
+                        await c.offer_wait(f, self.cfg.ws_replay_stall_seconds)
+            if len(rows) < page:
+                return
+            after = rows[-1]["id"]
 
 
     # -- dispatch -------------------------------------------------------------------
