@@ -72,6 +72,7 @@ class Database:
                  name: str = "switchboard") -> None:
         self.url = url
         self.timeout = timeout
+        self._ping_task: asyncio.Future[None] | None = None
         kwargs = {"autocommit": True, "row_factory": dict_row, **conninfo_with_keepalives(),
                   "application_name": name}
         self.pool = AsyncConnectionPool(
@@ -102,10 +103,25 @@ class Database:
 
     # -- health -------------------------------------------------------------
     async def ping(self, timeout: float = 2.0) -> None:
-        async def _ping() -> None:
-            async with self.pool.connection(timeout=timeout) as conn:
-                await conn.execute("SELECT 1")
-        await asyncio.wait_for(_ping(), timeout)
+        """Raise unless Postgres answers SELECT 1 within ``timeout`` s (readiness).
+
+        Bounded without cancelling the query: asyncio.wait_for() would cancel it, and
+        psycopg answers a cancellation by waiting for a cancel request (5 s) and then for
+        the query (5 s more), so over a dead link the probe itself hung ~10 s instead of
+        answering 503. One ping is in flight at a time; concurrent probes share it, and
+        one that is still pending after ``timeout`` fails the probe at once."""
+        t = self._ping_task
+        if t is None or t.done():
+            t = self._ping_task = asyncio.ensure_future(self._ping_once(timeout))
+            t.add_done_callback(lambda f: f.cancelled() or f.exception())
+        done, _ = await asyncio.wait({t}, timeout=timeout)
+        if not done:
+            raise TimeoutError(f"the database did not answer within {timeout:g} s")
+        t.result()
+
+    async def _ping_once(self, timeout: float) -> None:
+        async with self.pool.connection(timeout=timeout) as conn:
+            await conn.execute("SELECT 1")
 
     # -- users & auth -------------------------------------------------------
     async def login_lookup(self, username: str) -> dict | None:

@@ -47,6 +47,7 @@ FAULT_ENV = {
     "SWITCHBOARD_LISTEN_CHECK_INTERVAL": "0.5",
     "SWITCHBOARD_SHUTDOWN_GRACE_SECONDS": "3",
     "SWITCHBOARD_POOL_TIMEOUT": "3",
+    "SWITCHBOARD_WS_DEAF_CLOSE_SECONDS": "2",
     "SWITCHBOARD_LOGIN_IP_BURST": "100000",
     "SWITCHBOARD_LOGIN_IP_RATE": "1000",
     "SWITCHBOARD_WS_MAX_SOCKETS_PER_USER": "100",
@@ -268,7 +269,7 @@ class Outcome:
 
 
 class ReadyProbe(threading.Thread):
-    """Polls /healthz/ready of one replica every `every` s; records (monotonic time, status)."""
+    """Polls /healthz/ready of one replica every `every` s; records (time of the answer, status)."""
 
     def __init__(self, s: Server, every: float = 0.1) -> None:
         super().__init__(daemon=True, name=f"probe-{s.port}")
@@ -279,12 +280,11 @@ class ReadyProbe(threading.Thread):
     def run(self) -> None:
         with httpx.Client(timeout=3) as h:
             while not self._halt.is_set():
-                t = time.monotonic()
                 try:
                     code = h.get(self.s.base + "/healthz/ready").status_code
                 except httpx.HTTPError:
                     code = 0
-                self.samples.append((t, code))
+                self.samples.append((time.monotonic(), code))   # when the answer came
                 self._halt.wait(self.every)
 
     def first(self, pred: Callable[[int], bool], after: float) -> float | None:
