@@ -44,10 +44,11 @@ def fault_cluster(db, netns, tmp_path):  # type: ignore[no-untyped-def]
 
     made: list[FaultCluster] = []
 
-    def make(local: int = 2, env: dict[str, str] | None = None) -> FaultCluster:
+    def make(local: int = 2, env: dict[str, str] | None = None,
+             local_env: dict[str, str] | None = None) -> FaultCluster:
         fc = FaultCluster(db, tmp_path, netns, env=env)
         made.append(fc)
-        fc.start_local(local)
+        fc.start_local(local, local_env)
         return fc
 
     yield make

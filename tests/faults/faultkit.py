@@ -115,8 +115,22 @@ class FaultCluster:
     def lease(self) -> float:
         return float(self.trio.env["SWITCHBOARD_LEASE_SECONDS"])
 
-    def start_local(self, n: int) -> list[Server]:
-        new = self.trio.start(n) if n else []
+    def start_local(self, n: int, env: dict[str, str] | None = None) -> list[Server]:
+        """n ordinary replicas (the Trio's), optionally with settings of their own."""
+        if not env:
+            new = self.trio.start(n) if n else []
+        else:
+            new = []
+            for _ in range(n):
+                s = Server(self.trio.app_url, env={**self.trio.env, **env}, log_dir=self.trio.log_dir,
+                           name=f"local{next(_counter)}")
+                self.trio.servers.append(s)
+                s.start(wait=False)
+                new.append(s)
+            for s in new:
+                s.wait_ready(60)
+            with self.trio.lock:
+                self.trio.rotation.extend(new)
         self.local.extend(new)
         return new
 

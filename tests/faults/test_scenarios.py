@@ -31,7 +31,7 @@ from harness import auth
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 LAT_MS = int(os.environ.get("FAULTS_SIGTERM_LATENCY_MS", "80"))
-ROUNDS = int(os.environ.get("FAULTS_SIGTERM_ROUNDS", "8"))
+ROUNDS = int(os.environ.get("FAULTS_SIGTERM_ROUNDS", "6"))
 
 
 class Load:
@@ -101,7 +101,9 @@ def _job_latency(fc: FaultCluster, worker_like: str, since: float, until: float)
 
 # -- 1. 200 ms +- 50 ms and 5 % loss for 30 s ---------------------------------------------------------------
 def test_delay_and_loss_between_one_replica_and_postgres(fault_cluster) -> None:  # type: ignore[no-untyped-def]
-    fc = fault_cluster(local=2)
+    # The ordinary replicas run one job at a time, so the degraded one must carry part of
+    # the load (otherwise the fast ones, woken at once by NOTIFY, take every job).
+    fc = fault_cluster(local=2, local_env={"SWITCHBOARD_SCHEDULER_CONCURRENCY": "1"})
     iso = fc.start_isolated()
     pid_like = f"%:{iso.server.pid}:%"
     load = Load(fc, long_s=1.0)
@@ -242,7 +244,7 @@ def test_sigterm_while_draining_never_strands_a_claim(fault_cluster) -> None:  #
     fc.proxies.append(px)
     px.set(latency_ms=LAT_MS, jitter_ms=LAT_MS // 3)
     url = via(app_url_for(fc.trio.db_url), "127.0.0.1", px.port)
-    rounds, per_round = ROUNDS, 200
+    rounds, per_round = ROUNDS, 150
     stranded_total, codes = 0, []
     t_start = time.monotonic()
     fc.trio.start(2, url=url)
