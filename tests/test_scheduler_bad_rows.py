@@ -264,3 +264,35 @@ def test_before_the_fix_each_row_raised_in_the_claim(conn: psycopg.Connection, l
     with pytest.raises(psycopg.Error):
         with conn.transaction():
             conn.execute(f"SELECT switchboard._task_next_fire(%s, %s, {row[3]}, now())", (row[1], row[2]))
+
+
+# -- a real replica beside bad rows ----------------------------------------------------------------
+def test_a_replica_keeps_running_jobs_beside_bad_rows_and_shows_them(db: str, server_factory) -> None:  # type: ignore[no-untyped-def]
+    """Rows Python cannot even load (timestamps at +-infinity) must not fail a claim that
+    Postgres committed, nor GET /tasks; a parked task shows its error to the API."""
+    import httpx
+    from harness import auth, make_user
+
+    make_user(db, "admin", role="admin")
+    with psycopg.connect(db, autocommit=True) as c:
+        pause_maintenance(c)
+        insert_rows(c, UNCOMPUTABLE[:1] + NEVER_DUE[:1])        # bogus zone; next_run_at = 'infinity'
+        c.execute("SELECT switchboard.enqueue('noop', '{}', '-infinity')")
+        c.execute("SELECT switchboard.enqueue('noop', '{}', now()) FROM generate_series(1, 20)")
+    srv = server_factory()
+    deadline = time.time() + 20
+    with psycopg.connect(db, autocommit=True) as c:
+        while time.time() < deadline:
+            left = c.execute("SELECT count(*) FROM switchboard.task_runs "
+                             "WHERE status IN ('queued', 'running')").fetchone()[0]
+            if left == 0:
+                break
+            time.sleep(0.2)
+        runs = dict(c.execute("SELECT status, count(*) FROM switchboard.task_runs GROUP BY 1").fetchall())
+    assert runs == {"succeeded": 21}, runs
+    h = auth(srv.login("admin"))
+    r = httpx.get(srv.base + "/tasks", headers=h, timeout=10)
+    assert r.status_code == 200, r.text
+    by_name = {t["name"]: t for t in r.json()["tasks"]}
+    assert "Bogus/X" in by_name["bad.bogus_zone"]["last_error"]
+    assert by_name["bad.plus_infinity"]["next_run_at"] is None and by_name["bad.plus_infinity"]["last_error"] is None

@@ -22,13 +22,24 @@ from psycopg_pool import AsyncConnectionPool
 
 LOG = logging.getLogger("switchboard.db")
 
+def _ts(col: str) -> str:
+    """A timestamptz column as Python can hold it: psycopg cannot load 'infinity',
+    '-infinity' or dates outside years 1..9999, which a DBA can write by hand
+    (next_run_at = 'infinity' to park a task, run_at = '-infinity' for "now"). Such a
+    value reads as NULL instead of failing the whole request -- or, for a claim that
+    Postgres already committed, stranding the claimed runs."""
+    return (f"CASE WHEN {col} > '0001-01-02 00:00:00+00' AND {col} < '9999-12-30 00:00:00+00' "
+            f"THEN {col} END AS {col}")
+
+
 RUN_COLUMNS = (
-    "id, task_id, handler, args, status, trigger, attempt, max_attempts, queueing_lock, run_at, "
-    "scheduled_for, worker, lease_expires_at, started_at, finished_at, result, error, retry_of, created_at"
+    "id, task_id, handler, args, status, trigger, attempt, max_attempts, queueing_lock, "
+    f"{_ts('run_at')}, {_ts('scheduled_for')}, worker, lease_expires_at, started_at, finished_at, result, "
+    "error, retry_of, created_at"
 )
 TASK_COLUMNS = (
-    "id, name, schedule, timezone, handler, args, is_active, max_attempts, next_run_at, "
-    "skipped_ticks, created_by, created_at, updated_at"
+    f"id, name, schedule, timezone, handler, args, is_active, max_attempts, {_ts('next_run_at')}, "
+    "skipped_ticks, last_error, last_error_at, created_by, created_at, updated_at"
 )
 
 

@@ -37,6 +37,10 @@ TASK = {
         "timezone": {"type": "string"}, "handler": {"type": "string"}, "args": {"type": "object"},
         "is_active": {"type": "boolean"}, "max_attempts": {"type": "integer"},
         "next_run_at": {"type": ["string", "null"]}, "skipped_ticks": {"type": "integer"},
+        "last_error": {"type": ["string", "null"],
+                       "description": "Why the next fire time could not be computed (the task is parked "
+                                      "and re-checked every minute); null when healthy."},
+        "last_error_at": {"type": ["string", "null"]},
         "created_by": {"type": "string"}, "created_at": {"type": "string"}, "updated_at": {"type": "string"},
     },
     "required": ["id", "name", "handler", "is_active"],
