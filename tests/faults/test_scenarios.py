@@ -31,7 +31,7 @@ from harness import auth
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 LAT_MS = int(os.environ.get("FAULTS_SIGTERM_LATENCY_MS", "80"))
-ROUNDS = int(os.environ.get("FAULTS_SIGTERM_ROUNDS", "6"))
+ROUNDS = int(os.environ.get("FAULTS_SIGTERM_ROUNDS", "5"))
 
 
 class Load:
@@ -269,12 +269,3 @@ def test_sigterm_while_draining_never_strands_a_claim(fault_cluster) -> None:  #
     assert stranded_total == 0
     assert lost == 0
     assert runs.get("abandoned", 0) == 0 and runs.get("failed", 0) == 0
-
-
-def test_admin_token_helpers_reach_isolated_replica(fault_cluster) -> None:  # type: ignore[no-untyped-def]
-    """The HTTP API of the isolated replica is reachable over the veth (the scenarios rely on it)."""
-    fc = fault_cluster(local=0)
-    iso = fc.start_isolated()
-    tok = iso.server.login("admin", PASSWORD)
-    r = httpx.get(iso.server.base + "/tasks", headers=auth(tok), timeout=10)
-    assert r.status_code == 200 and any(t["name"] == "switchboard.maintenance" for t in r.json()["tasks"])
