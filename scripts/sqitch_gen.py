@@ -237,11 +237,11 @@ def revert_noop(what: str) -> str:
 
 # verify: what each file must have created, parsed from the file (a DBA's
 # checklist, generated so it cannot drift from the file).
-_Q = r"(?:\"?\w+\"?)"
 ROLE_RE = re.compile(r"CREATE\s+ROLE\s+(\w+)", re.I)
-TABLE_RE = re.compile(rf"CREATE\s+(?:UNLOGGED\s+)?TABLE\s+{SCHEMA}\.(\w+)", re.I)
-SEQ_RE = re.compile(rf"CREATE\s+SEQUENCE\s+{SCHEMA}\.(\w+)", re.I)
-INDEX_RE = re.compile(rf"CREATE\s+(?:UNIQUE\s+)?INDEX\s+(\w+)\s+ON\s+{SCHEMA}\.", re.I)
+_INE = r"(?:IF\s+NOT\s+EXISTS\s+)?"
+TABLE_RE = re.compile(rf"CREATE\s+(?:UNLOGGED\s+)?TABLE\s+{_INE}{SCHEMA}\.(\w+)", re.I)
+SEQ_RE = re.compile(rf"CREATE\s+SEQUENCE\s+{_INE}{SCHEMA}\.(\w+)", re.I)
+INDEX_RE = re.compile(rf"CREATE\s+(?:UNIQUE\s+)?INDEX\s+{_INE}(\w+)\s+ON\s+(?:ONLY\s+)?{SCHEMA}\.", re.I)
 VIEW_RE = re.compile(rf"CREATE\s+(?:OR\s+REPLACE\s+)?VIEW\s+{SCHEMA}\.(\w+)", re.I)
 TABLE_GRANT_RE = re.compile(
     rf"GRANT\s+([A-Z, ]+?)\s*(\([^)]*\))?\s+ON\s+(?:TABLE\s+)?((?:{SCHEMA}\.\w+\s*,\s*)*{SCHEMA}\.\w+)"

@@ -91,10 +91,8 @@ def test_verify_checks_real_things(installs: tuple[str, str]) -> None:
          "verify/V0001__core_schema.sql"),
         ("REVOKE SELECT ON switchboard.task_runs FROM switchboard_app",
          "GRANT SELECT ON switchboard.task_runs TO switchboard_app", "verify/V0001__core_schema.sql"),
-        (f"COMMENT ON FUNCTION {sig} IS NULL", None, "verify/functions.sql"),
     ]
     with psycopg.connect(sq, autocommit=True) as c:
-        comment = c.execute("SELECT obj_description(%s::regprocedure, 'pg_proc')", (sig,)).fetchone()[0]
         for brk, fix, script in breakages:
             c.execute(brk)
             try:
@@ -102,10 +100,7 @@ def test_verify_checks_real_things(installs: tuple[str, str]) -> None:
                 assert p.returncode != 0, f"verify passed after: {brk}"
                 assert script in p.stdout + p.stderr, p.stdout + p.stderr
             finally:
-                if fix:
-                    c.execute(fix)
-                else:
-                    c.execute(f"COMMENT ON FUNCTION {sig} IS %s" % psycopg.sql.quote(comment))
+                c.execute(fix)
     _ok(sqitch("verify", url=sq))
 
 
@@ -218,5 +213,4 @@ def test_revert_uninstalls_completely_and_deploy_again_works(cluster: ThrowawayP
     # and a deploy from scratch (roles included) works again
     _ok(sqitch("deploy", url=url))
     assert _roles(url) == sorted(ROLES)
-    p = pg_prove(url, verbose=False)
-    assert p.returncode == 0, p.stdout
+    _ok(sqitch("verify", url=url))
