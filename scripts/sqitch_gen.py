@@ -206,9 +206,22 @@ COMMIT;
 """
 
 
+# A verify script is one DO block of checks in a rolled-back transaction; a
+# failed check names what is missing (SQLSTATE P0004) and prints nothing else.
+def _expect(cond: str, what: str) -> str:
+    msg = ("switchboard verify: expected " + what).replace("'", "''").replace("%", "%%")
+    return f"    IF ({cond}) IS NOT TRUE THEN\n        RAISE EXCEPTION '{msg}' USING ERRCODE = 'P0004';\n    END IF;"
+
+
+def _verify_script(comment: str, checks: list[str]) -> str:
+    body = "\n".join(c if c.startswith("    ") else "    " + c for c in checks)
+    return (HEADER + comment + "BEGIN;\nDO $verify$\nBEGIN\n" + body + "\nEND\n$verify$;\nROLLBACK;\n")
+
+
 def verify_schema() -> str:
-    body = [f"SELECT 1 / count(*) FROM pg_catalog.pg_namespace WHERE nspname = '{SCHEMA}';"]
-    return HEADER + "BEGIN;\n" + "\n".join(body) + "\nROLLBACK;\n"
+    return _verify_script("-- The schema exists.\n", [
+        _expect(f"EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = '{SCHEMA}')",
+                f"schema {SCHEMA}")])
 
 
 def deploy_migration(name: str) -> str:
@@ -272,33 +285,41 @@ def _dropped_later(name: str) -> set[str]:
 def verify_migration(name: str) -> str:
     sql = _strip_comments((DB / "migrations" / name).read_text())
     dropped = _dropped_later(name)
-    checks = []
+    checks: list[tuple[str, str]] = []  # (object name it concerns, check)
+
+    def rel(obj: str, kind: str) -> None:
+        checks.append((obj, _expect(f"to_regclass('{SCHEMA}.{obj}') IS NOT NULL", f"{kind} {SCHEMA}.{obj}")))
+
     for r in ROLE_RE.findall(sql):
-        checks.append(f"SELECT 1 / count(*) FROM pg_catalog.pg_roles WHERE rolname = '{r}';")
-    if re.search(rf"GRANT\s+USAGE\s+ON\s+SCHEMA\s+{SCHEMA}\s+TO\s+(\w+)", sql, re.I):
-        for r in re.findall(rf"GRANT\s+USAGE\s+ON\s+SCHEMA\s+{SCHEMA}\s+TO\s+(\w+)", sql, re.I):
-            checks.append(f"SELECT 1 / has_schema_privilege('{r}', '{SCHEMA}', 'USAGE')::int;")
-    for t in TABLE_RE.findall(sql) + SEQ_RE.findall(sql):
-        checks.append(f"SELECT '{SCHEMA}.{t}'::regclass;")
+        checks.append((r, _expect(f"EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = '{r}')",
+                                  f"role {r}")))
+    for r in re.findall(rf"GRANT\s+USAGE\s+ON\s+SCHEMA\s+{SCHEMA}\s+TO\s+(\w+)", sql, re.I):
+        checks.append((r, _expect(f"has_schema_privilege('{r}', '{SCHEMA}', 'USAGE')",
+                                  f"{r} has USAGE on schema {SCHEMA}")))
+    for t in TABLE_RE.findall(sql):
+        rel(t, "table")
+    for t in SEQ_RE.findall(sql):
+        rel(t, "sequence")
     for i in INDEX_RE.findall(sql):
-        checks.append(f"SELECT '{SCHEMA}.{i}'::regclass;")
+        rel(i, "index")
     for privs, cols, tables, role in TABLE_GRANT_RE.findall(sql):
         for table in re.split(r"\s*,\s*", tables.strip()):
-            if table.split(".")[1] in PGMIGRATE_BOOKKEEPING:
+            obj = table.split(".")[1]
+            if obj in PGMIGRATE_BOOKKEEPING:
                 continue
-            for priv in re.split(r"\s*,\s*", privs.strip()):
+            for priv in re.split(r"\s*,\s*", privs.strip().upper()):
                 if cols:
                     for col in re.split(r"\s*,\s*", cols.strip("() ")):
-                        checks.append(f"SELECT 1 / has_column_privilege('{role}', '{table}', "
-                                      f"'{col}', '{priv.upper()}')::int;")
+                        checks.append((obj, _expect(
+                            f"has_column_privilege('{role}', '{table}', '{col}', '{priv}')",
+                            f"{role} has {priv} on {table}({col})")))
                 else:
-                    checks.append(f"SELECT 1 / has_table_privilege('{role}', '{table}', "
-                                  f"'{priv.upper()}')::int;")
-    checks = [c for c in checks if not any(f"'{SCHEMA}.{d}'" in c or f"'{d}'" in c for d in dropped)]
-    if not checks:
-        checks.append("SELECT 1;  -- the version creates nothing that can be checked by name")
-    return (HEADER + f"-- What {name} created, and the privileges it granted.\n"
-            "BEGIN;\n" + "\n".join(checks) + "\nROLLBACK;\n")
+                    checks.append((obj, _expect(f"has_table_privilege('{role}', '{table}', '{priv}')",
+                                                f"{role} has {priv} on {table}")))
+    kept = [c for obj, c in checks if obj.lower() not in dropped]
+    if not kept:
+        kept.append("-- the version creates nothing that can be checked by name")
+    return _verify_script(f"-- What {name} created, and the privileges it granted.\n", kept)
 
 
 def functions_verify_checks(texts: list[str]) -> list[str]:
@@ -306,31 +327,36 @@ def functions_verify_checks(texts: list[str]) -> list[str]:
     n_created = len(FUNC_CREATE_RE.findall(sql))
     checks = [
         "-- exactly the functions the files define: no left-over overload of an older release",
-        f"SELECT 1 / (count(*) = {n_created})::int FROM pg_catalog.pg_proc "
-        f"WHERE pronamespace = '{SCHEMA}'::regnamespace;",
+        _expect(f"(SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = '{SCHEMA}'::regnamespace)"
+                f" = {n_created}",
+                f"exactly {n_created} functions in schema {SCHEMA} (an overload no file defines? "
+                f"DROP it in a migration)"),
     ]
     seen: set[str] = set()
     for kind, sig, role in FUNC_ACL_RE.findall(sql):
         if sig not in seen:
             seen.add(sig)
-            checks.append(f"SELECT '{sig}'::regprocedure;")
+            checks.append(_expect(f"to_regprocedure('{sig}') IS NOT NULL", f"function {sig}"))
         if kind.upper().startswith("REVOKE") and role.upper() == "PUBLIC":
-            checks.append(
-                "SELECT 1 / (p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a "
-                "WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'))::int "
-                f"FROM pg_catalog.pg_proc p WHERE p.oid = '{sig}'::regprocedure;")
+            checks.append(_expect(
+                "(SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a "
+                "WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') "
+                f"FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('{sig}'))",
+                f"PUBLIC may not execute {sig}"))
         elif kind.upper().startswith("GRANT"):
-            checks.append(f"SELECT 1 / has_function_privilege('{role}', '{sig}', 'EXECUTE')::int;")
+            checks.append(_expect(f"has_function_privilege('{role}', '{sig}', 'EXECUTE')",
+                                  f"{role} may execute {sig}"))
     for sig in COMMENT_RE.findall(sql):
-        checks.append(f"SELECT 1 / (obj_description('{sig}'::regprocedure, 'pg_proc') IS NOT NULL)::int;")
+        checks.append(_expect(f"obj_description(to_regprocedure('{sig}'), 'pg_proc') IS NOT NULL",
+                              f"a COMMENT on {sig}"))
     for v in VIEW_RE.findall(sql):
-        checks.append(f"SELECT '{SCHEMA}.{v}'::regclass;")
+        checks.append(_expect(f"to_regclass('{SCHEMA}.{v}') IS NOT NULL", f"view {SCHEMA}.{v}"))
     return checks
 
 
 def verify_functions(texts: list[str], what: str) -> str:
-    return (HEADER + f"-- {what}: every function exists with its privileges and COMMENT.\n"
-            "BEGIN;\n" + "\n".join(functions_verify_checks(texts)) + "\nROLLBACK;\n")
+    return _verify_script(f"-- {what}: every function exists with its privileges and COMMENT.\n",
+                          functions_verify_checks(texts))
 
 
 def deploy_functions_head() -> str:
@@ -348,12 +374,13 @@ def frozen_functions(files: dict[str, str], tag: str) -> dict[str, str]:
     body = "".join(f"\n-- db/functions/{n}\n{files[n]}" for n in sorted(files))
     return {
         f"deploy/functions@{tag}.sql": head + "BEGIN;\n" + _advisory_lock() + body + "\nCOMMIT;\n",
-        f"verify/functions@{tag}.sql": head
-        + "-- Superseded: once deployed, a later release's `functions` change (a sqitch\n"
-        "-- rework) replaces this set, and `sqitch verify` runs every deployed change's\n"
-        "-- verify against today's database. The newest verify/functions.sql checks the\n"
-        "-- current set exactly; this one only checks that the functions are there.\n"
-        f"SELECT 1 / (count(*) > 0)::int FROM pg_catalog.pg_proc WHERE pronamespace = '{SCHEMA}'::regnamespace;\n",
+        f"verify/functions@{tag}.sql": _verify_script(
+            head + "-- Superseded: once deployed, a later release's `functions` change (a sqitch\n"
+            "-- rework) replaces this set, and `sqitch verify` runs every deployed change's\n"
+            "-- verify against today's database. The newest verify/functions.sql checks the\n"
+            "-- current set exactly; this one only checks that the functions are there.\n",
+            [_expect(f"EXISTS (SELECT 1 FROM pg_catalog.pg_proc WHERE pronamespace = '{SCHEMA}'::regnamespace)",
+                     f"functions in schema {SCHEMA}")])[len(HEADER):],
         f"revert/functions@{tag}.sql": head + revert_noop(f"functions as of {tag}")[len(HEADER):],
     }
 

@@ -103,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         for rel, text in gen.frozen_functions({n: b.decode() for n, b in files.items()},
                                               args.release).items():
             p = gen.DB / rel
+            if rel.startswith("deploy/") and p.exists() and p.read_text() != text:
+                print(f"db/{rel} exists with other content: a released deploy script is never "
+                      "rewritten (databases recorded its hash)", file=sys.stderr)
+                return 1
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(text)
             print(f"froze db/{rel}")

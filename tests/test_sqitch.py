@@ -83,22 +83,26 @@ def test_verify_checks_real_things(installs: tuple[str, str]) -> None:
     sig = "switchboard.create_task(text, text, text, jsonb, text, integer)"
     breakages = [
         (f"REVOKE EXECUTE ON FUNCTION {sig} FROM switchboard_app",
-         f"GRANT EXECUTE ON FUNCTION {sig} TO switchboard_app", "verify/functions.sql"),
+         f"GRANT EXECUTE ON FUNCTION {sig} TO switchboard_app", "verify/functions.sql",
+         "expected switchboard_app may execute switchboard.create_task("),
         ("CREATE FUNCTION switchboard.create_task(name text) RETURNS void LANGUAGE sql AS ''",
-         "DROP FUNCTION switchboard.create_task(text)", "verify/functions.sql"),
+         "DROP FUNCTION switchboard.create_task(text)", "verify/functions.sql",
+         "expected exactly"),
         ("DROP INDEX switchboard.tasks_due",
          "CREATE INDEX tasks_due ON switchboard.tasks (next_run_at) WHERE is_active AND next_run_at IS NOT NULL",
-         "verify/V0001__core_schema.sql"),
+         "verify/V0001__core_schema.sql", "expected index switchboard.tasks_due"),
         ("REVOKE SELECT ON switchboard.task_runs FROM switchboard_app",
-         "GRANT SELECT ON switchboard.task_runs TO switchboard_app", "verify/V0001__core_schema.sql"),
+         "GRANT SELECT ON switchboard.task_runs TO switchboard_app", "verify/V0001__core_schema.sql",
+         "expected switchboard_app has SELECT on switchboard.task_runs"),
     ]
     with psycopg.connect(sq, autocommit=True) as c:
-        for brk, fix, script in breakages:
+        for brk, fix, script, message in breakages:
             c.execute(brk)
             try:
                 p = sqitch("verify", url=sq)
                 assert p.returncode != 0, f"verify passed after: {brk}"
-                assert script in p.stdout + p.stderr, p.stdout + p.stderr
+                out = p.stdout + p.stderr
+                assert script in out and message in out, out
             finally:
                 c.execute(fix)
     _ok(sqitch("verify", url=sq))

@@ -4,4 +4,12 @@
 -- rework) replaces this set, and `sqitch verify` runs every deployed change's
 -- verify against today's database. The newest verify/functions.sql checks the
 -- current set exactly; this one only checks that the functions are there.
-SELECT 1 / (count(*) > 0)::int FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace;
+BEGIN;
+DO $verify$
+BEGIN
+    IF (EXISTS (SELECT 1 FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace)) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected functions in schema switchboard' USING ERRCODE = 'P0004';
+    END IF;
+END
+$verify$;
+ROLLBACK;
