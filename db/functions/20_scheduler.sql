@@ -392,6 +392,21 @@ END
 $$;
 REVOKE ALL ON FUNCTION switchboard._claim_tick(text, interval, timestamptz) FROM PUBLIC;
 
+-- How many tasks are parked (see _claim_tick), for status(). PL/pgSQL so that
+-- its body is not resolved when it is created: the function files are applied
+-- at HEAD even when pgmigrate targets an older version (-t 1), whose schema
+-- has no last_error column; a LANGUAGE sql status() naming it would fail there.
+CREATE OR REPLACE FUNCTION switchboard._tasks_broken()
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN (SELECT count(*) FROM switchboard.tasks WHERE last_error IS NOT NULL);
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._tasks_broken() FROM PUBLIC;
+
 -- claim_due_task: one unit of work per call, oldest due first across queued
 -- runs and due ticks (a backlog of jobs cannot starve cron ticks, and vice
 -- versa). Rows are taken with FOR UPDATE SKIP LOCKED, so N workers never

@@ -7,7 +7,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT 'tasks_due', count(*) FROM switchboard.tasks WHERE is_active AND next_run_at <= now()
     UNION ALL SELECT 'tasks_active', count(*) FROM switchboard.tasks WHERE is_active
-    UNION ALL SELECT 'tasks_broken', count(*) FROM switchboard.tasks WHERE last_error IS NOT NULL
+    UNION ALL SELECT 'tasks_broken', switchboard._tasks_broken()
     UNION ALL SELECT 'runs_' || s, (SELECT count(*) FROM switchboard.task_runs r WHERE r.status = s)
       FROM unnest(ARRAY['queued', 'running', 'succeeded', 'failed', 'abandoned']) AS s
     UNION ALL SELECT 'runs_due', count(*) FROM switchboard.task_runs WHERE status = 'queued' AND run_at <= now()

@@ -4,8 +4,8 @@ BEGIN;
 DO $verify$
 BEGIN
     -- exactly the functions the files define: no left-over overload of an older release
-    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 72) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected exactly 72 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
+    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 75) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected exactly 75 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.cron_next(text, timestamptz, text)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.cron_next(text, timestamptz, text)' USING ERRCODE = 'P0004';
@@ -129,6 +129,18 @@ BEGIN
     END IF;
     IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._rescue_expired_runs(integer)'))) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._rescue_expired_runs(integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard._claim_tick(text, interval, timestamptz)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard._claim_tick(text, interval, timestamptz)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._claim_tick(text, interval, timestamptz)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._claim_tick(text, interval, timestamptz)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard._tasks_broken()') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard._tasks_broken()' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._tasks_broken()'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._tasks_broken()' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.claim_due_task(text, interval)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.claim_due_task(text, interval)' USING ERRCODE = 'P0004';
@@ -363,6 +375,15 @@ BEGIN
     END IF;
     IF (has_function_privilege('switchboard_app', 'switchboard.publish_client_event(uuid, text, text, jsonb)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.publish_client_event(uuid, text, text, jsonb)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard._relay_catch_up(uuid[], text[], bigint, integer)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard._relay_catch_up(uuid[], text[], bigint, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._relay_catch_up(uuid[], text[], bigint, integer)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._relay_catch_up(uuid[], text[], bigint, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard._relay_catch_up(uuid[], text[], bigint, integer)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard._relay_catch_up(uuid[], text[], bigint, integer)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard._announce(jsonb)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard._announce(jsonb)' USING ERRCODE = 'P0004';
@@ -705,6 +726,9 @@ BEGIN
     END IF;
     IF (obj_description(to_regprocedure('switchboard.publish_client_event(uuid, text, text, jsonb)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.publish_client_event(uuid, text, text, jsonb)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (obj_description(to_regprocedure('switchboard._relay_catch_up(uuid[], text[], bigint, integer)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard._relay_catch_up(uuid[], text[], bigint, integer)' USING ERRCODE = 'P0004';
     END IF;
     IF (obj_description(to_regprocedure('switchboard.create_user(text, text, text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.create_user(text, text, text)' USING ERRCODE = 'P0004';
