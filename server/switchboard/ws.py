@@ -300,17 +300,18 @@ class WebSocketResource:
                 replayed += len(rows)
                 if rows:
                     cursor = rows[-1]["id"]
-                if len(rows) < REPLAY_PAGE:
-                    if not client.refetch:
-                        break
-                    client.refetch = False      # live events were dropped: look once more
-            # The buffered live events, oldest first; new arrivals keep going to the buffer
-            # until it is empty, so nothing live can overtake them.
-            while client.buffer:
-                client.buffer.sort(key=lambda f: (f.get("id") is None, f.get("id") or 0))
-                f = client.buffer.pop(0)
-                if not await client.offer_wait(f, stall, replay=True):
-                    return
+                if len(rows) == REPLAY_PAGE:
+                    continue
+                # The buffered live events, oldest first; new arrivals keep going to the
+                # buffer until it is empty, so nothing live can overtake them.
+                while client.buffer:
+                    client.buffer.sort(key=lambda f: (f.get("id") is None, f.get("id") or 0))
+                    f = client.buffer.pop(0)
+                    if not await client.offer_wait(f, stall, replay=True):
+                        return
+                if not client.refetch:
+                    break
+                client.refetch = False          # live events were dropped: look once more
         except BaseException:
             buffered, client.buffer, client.resuming = client.buffer, [], False
             for f in buffered:
