@@ -68,6 +68,7 @@ class Scheduler:
         self._claims: set[asyncio.Future[list[dict]]] = set()   # claim round trips in flight
         self._lease_until: dict[int, float] = {}    # run id -> local time its lease is proven until
         self._lost: set[int] = set()                # runs whose lease was lost (handler cancelled)
+        self._handbacks: set[asyncio.Task] = set()   # release_run() after a lost lease, retried
 
     def wake(self) -> None:
         self._wake.set()
@@ -210,21 +211,36 @@ class Scheduler:
             await asyncio.sleep(left)
 
     async def _after_lease_lost(self, run_id: int) -> None:
-        """Hand the run back (fenced: a no-op if it was rescued meanwhile); never record its outcome."""
-        try:
+        """Free the slot, then hand the run back in the background (never record its outcome).
+
+        release_run() is fenced: once the run was rescued it answers false and changes
+        nothing. While the database is unreachable it is retried (every second, for up to
+        2 x lease + 10 s), so the answer is seen once the link heals: true if the lease had
+        not yet expired in the database (the run is queued again at once), false if it was
+        rescued meanwhile."""
+        self._forget(run_id)
+        self._wake.set()
+        task = asyncio.create_task(self._hand_back_lost(run_id), name=f"hand-back-{run_id}")
+        self._handbacks.add(task)
+        task.add_done_callback(self._handbacks.discard)
+
+    async def _hand_back_lost(self, run_id: int) -> None:
+        deadline = time.monotonic() + 2 * self.cfg.lease_seconds + 10
+        while True:
             try:
                 released = await self.db.release_run(run_id, self.worker)
+                break
             except Exception as exc:
-                LOG.warning("run %s: hand-back after lease loss failed (%s); the lease expires and the "
-                            "run is rescued", run_id, exc)
-                return
-            if released:
-                LOG.info("run %s: handed back after its lease could not be renewed", run_id)
-            else:
-                LOG.info("run %s: already rescued by another worker; late outcome discarded (fenced)", run_id)
-        finally:
-            self._forget(run_id)
-            self._wake.set()
+                if time.monotonic() >= deadline:
+                    LOG.warning("run %s: hand-back after lease loss failed (%s); the lease expires "
+                                "and the run is rescued", run_id, exc)
+                    return
+                await asyncio.sleep(1.0)
+        if released:
+            LOG.info("run %s: handed back after its lease could not be renewed", run_id)
+        else:
+            LOG.info("run %s: already rescued by another worker; late hand-back fenced "
+                     "(returned false, changed nothing)", run_id)
 
     async def _finish_ok(self, run_id: int, result: Any) -> bool:
         """Successes are recorded in batches: while one finish_runs() call is in flight,
@@ -285,6 +301,8 @@ class Scheduler:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
         await self._hand_back_inflight_claims(max(grace, 5.0))
+        for t in list(self._handbacks):
+            t.cancel()              # the lease expires; the run is rescued
         if self._running:
             LOG.info("waiting up to %.1fs for %d running run(s)", grace, len(self._running))
             await asyncio.wait(list(self._running.values()), timeout=grace)

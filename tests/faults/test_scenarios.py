@@ -192,6 +192,10 @@ def test_full_partition_longer_than_the_lease(fault_cluster) -> None:  # type: i
     assert cut and all(e.how in ("cancelled", "lease-lost") for e in cut), cut
     # its socket was closed (or told to reconnect) rather than left deaf
     assert iso_tab.close_codes and iso_tab.close_codes[0] in (1011, 1012, 1013), iso_tab.close_codes
+    # after the heal, its late hand-back of a rescued run was fenced (false, nothing changed)
+    log = iso.server.log_path.read_text(errors="replace")
+    assert any(f"run {r}: already rescued by another worker; late hand-back fenced" in log for r in held), \
+        [ln for ln in log.splitlines() if "run " in ln and "scheduler" in ln][-10:]
 
 
 # -- 3. LISTEN connection only -------------------------------------------------------------------------
