@@ -253,8 +253,14 @@ class Database:
         return bool(await self.scalar("SELECT EXISTS (SELECT 1 FROM switchboard.rooms WHERE name = %s)", (room,)))
 
     # -- replicas, presence, tools ------------------------------------------------------
-    async def replica_heartbeat(self, replica_id: str, info: dict) -> None:
-        await self.fetchone("SELECT switchboard.replica_heartbeat(%s, %s)", (replica_id, Jsonb(info)))
+    async def replica_heartbeat(self, replica_id: str, info: dict, handlers: list[str],
+                                interval: float, version: str) -> None:
+        await self.fetchone("SELECT switchboard.replica_heartbeat(%s, %s, %s::text[], %s, %s)",
+                            (replica_id, Jsonb(info), handlers, timedelta(seconds=interval), version))
+
+    async def known_handlers(self, version: str) -> list[str]:
+        rows = await self.fetchall("SELECT h FROM switchboard.known_handlers(%s) AS h", (version,))
+        return [r["h"] for r in rows]
 
     async def replica_stop(self, replica_id: str) -> None:
         await self.fetchone("SELECT switchboard.replica_stop(%s)", (replica_id,))

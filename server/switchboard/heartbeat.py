@@ -1,7 +1,9 @@
 """The replica heartbeat: this replica is alive, and these users have sockets here.
 
 Every ``heartbeat_interval`` seconds: replica_heartbeat() (the replicas row
-other replicas and status() read), presence_sync() (repairs any presence row a
+other replicas and status() read: with the handler names this replica's
+scheduler runs, the interval its liveness window is derived from, and the
+server version), presence_sync() (repairs any presence row a
 failed presence_set left wrong), and a prune of the auth cache.
 """
 
@@ -22,8 +24,10 @@ LOG = logging.getLogger("switchboard.heartbeat")
 
 class ReplicaHeartbeat:
     def __init__(self, db: Database, registry: Registry, auth: AuthState, replica: ReplicaState,
-                 interval: float) -> None:
+                 interval: float, handlers: list[str], version: str) -> None:
         self.db = db
+        self.handlers = handlers
+        self.version = version
         self.registry = registry
         self.auth = auth
         self.replica = replica
@@ -47,7 +51,7 @@ class ReplicaHeartbeat:
         users = list(self.registry.by_user.keys())
         counts = [len(self.registry.by_user[u]) for u in users]
         info = {"host": socket.gethostname(), "pid": os.getpid(), "sockets": self.registry.count}
-        await self.db.replica_heartbeat(rid, info)
+        await self.db.replica_heartbeat(rid, info, self.handlers, self.interval, self.version)
         await self.db.presence_sync(rid, users, counts)
         self.auth.prune()
 

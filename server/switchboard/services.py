@@ -5,10 +5,11 @@ and nothing is patched in afterwards:
 
     config -> db, metrics, auth, registry, replica state
            -> handlers (built-ins + entry points + SWITCHBOARD_HANDLERS)
-           -> tools(db), limiter(db, metrics), scheduler(db, metrics, config, handlers)
+           -> catalog(db, handlers), tools(db), limiter(db, metrics),
+              scheduler(db, metrics, config, handlers)
            -> relay(db, auth, registry, metrics, config, on_run_wake=scheduler.wake,
                     on_tool_result=tools.resolve)
-           -> heartbeat(db, registry, auth)
+           -> heartbeat(db, registry, auth, handler names)
 
 Only app.py (create_app) imports this module; components never do.
 """
@@ -17,8 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import __version__
 from .auth import AuthState
 from .builtin_handlers import builtin_handlers
+from .catalog import HandlerCatalog
 from .config import Config
 from .db import Database
 from .handlers import HandlerRegistry, load_handlers
@@ -40,6 +43,7 @@ class Services:
     registry: Registry
     replica: ReplicaState
     handlers: HandlerRegistry
+    catalog: HandlerCatalog
     tools: ToolBridge
     limiter: RateLimiter
     scheduler: Scheduler
@@ -54,12 +58,14 @@ def build_services(config: Config) -> Services:
     registry = Registry()
     replica = ReplicaState()
     handlers = load_handlers(config.handler_modules, builtin_handlers(db, config))
+    served = handlers.names() if config.scheduler_enabled else []
+    catalog = HandlerCatalog(db, handlers, __version__, config.scheduler_enabled)
     tools = ToolBridge(db, replica.replica_id)
     limiter = RateLimiter(db, metrics, config.ratelimit_timeout)
     scheduler = Scheduler(db, metrics, config, handlers, replica)
     relay = Relay(db, auth, registry, metrics, config, replica.replica_id,
                   on_run_wake=scheduler.wake, on_tool_result=tools.resolve)
-    heartbeat = ReplicaHeartbeat(db, registry, auth, replica, config.heartbeat_interval)
+    heartbeat = ReplicaHeartbeat(db, registry, auth, replica, config.heartbeat_interval, served, __version__)
 
     metrics.gauge("switchboard_websockets_open", "Open WebSockets on this replica", lambda: registry.count)
     metrics.gauge("switchboard_listen_connected", "1 while the LISTEN connection is up",
@@ -72,5 +78,5 @@ def build_services(config: Config) -> Services:
     metrics.gauge("switchboard_pool_waiting", "Requests waiting for a connection",
                   lambda: db.pool.get_stats().get("requests_waiting", 0))
     return Services(config=config, db=db, metrics=metrics, auth=auth, registry=registry, replica=replica,
-                    handlers=handlers, tools=tools, limiter=limiter, scheduler=scheduler, relay=relay,
+                    handlers=handlers, catalog=catalog, tools=tools, limiter=limiter, scheduler=scheduler, relay=relay,
                     heartbeat=heartbeat)
