@@ -111,11 +111,6 @@ class Database:
     async def login_lookup(self, username: str) -> dict | None:
         return await self.fetchone("SELECT * FROM switchboard.login_lookup(%s)", (username,))
 
-    async def create_user(self, username: str, password_hash: str, role: str) -> UUID:
-        return await self.scalar("SELECT switchboard.create_user(%s, %s, %s)", (username, password_hash, role))
-
-    async def find_user(self, username: str) -> dict | None:
-        return await self.fetchone("SELECT * FROM switchboard.find_user(%s)", (username,))
 
     async def get_user(self, user_id: UUID) -> dict | None:
         return await self.fetchone(
@@ -146,8 +141,6 @@ class Database:
     async def get_task(self, task_id: UUID) -> dict | None:
         return await self.fetchone(f"SELECT {TASK_COLUMNS} FROM switchboard.tasks WHERE id = %s", (task_id,))
 
-    async def get_task_by_name(self, name: str) -> dict | None:
-        return await self.fetchone(f"SELECT {TASK_COLUMNS} FROM switchboard.tasks WHERE name = %s", (name,))
 
     async def create_task(self, name: str, schedule: str | None, handler: str, args: dict,
                           timezone: str, max_attempts: int) -> dict:
@@ -177,9 +170,6 @@ class Database:
             (task_id, limit))
 
     # -- scheduler --------------------------------------------------------------
-    async def claim(self, worker: str, lease: float) -> dict | None:
-        return await self.fetchone(f"SELECT {RUN_COLUMNS} FROM switchboard.claim_due_task(%s, %s)",
-                                   (worker, timedelta(seconds=lease)))
 
     async def claim_many(self, worker: str, lease: float, max_runs: int) -> list[dict]:
         return await self.fetchall(f"SELECT {RUN_COLUMNS} FROM switchboard.claim_due_tasks(%s, %s, %s)",
