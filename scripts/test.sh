@@ -23,8 +23,9 @@ if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
 fi
 command -v git >/dev/null 2>&1 || apt_install git
 
-# Python packages (the project and its test extras).
-python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+# Python packages: the project with its dev extra (testing.postgresql: the suite's
+# throwaway PostgreSQL and `switchboard dev`) and its test extra.
+python3 -m pip install -q --disable-pip-version-check -e '.[dev,test]'
 
 # Debian's Chromium for the browser test (never a downloaded browser).
 if [ -f tests/browser/install.sh ]; then bash tests/browser/install.sh; fi

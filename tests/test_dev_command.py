@@ -59,3 +59,37 @@ def test_dev_from_a_fresh_clone(tmp_path) -> None:  # type: ignore[no-untyped-de
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+# Runs the CLI with testing.postgresql made unimportable (the shared environment
+# has it, and setuptools' namespace .pth files defeat a PYTHONPATH shadow).
+WITHOUT_DEV_EXTRA = """
+import runpy, sys
+class NoDevExtra:
+    def find_spec(self, name, path=None, target=None):
+        if name == "testing.postgresql" or name.startswith("testing.postgresql."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, NoDevExtra())
+sys.argv = ["switchboard", *sys.argv[1:]]
+if sys.argv[1] == "--imports":
+    import switchboard.app, switchboard.cli, switchboard.services  # noqa
+    sys.exit(0)
+runpy.run_module("switchboard.cli", run_name="__main__")
+"""
+
+
+def test_dev_without_the_dev_extra_says_how_to_install_it() -> None:
+    """testing.postgresql is a dev/test extra, not a runtime dependency: without it
+    `switchboard dev` prints one line naming the extra and exits 2 (no traceback),
+    and the server itself imports fine."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "SWITCHBOARD_"))}
+    env["PYTHONPATH"] = str(ROOT / "server")
+    p = subprocess.run([sys.executable, "-c", WITHOUT_DEV_EXTRA, "dev"], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2, p
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "testing.postgresql" in lines[0] and "pip install -e '.[dev]'" in lines[0], p
+    p = subprocess.run([sys.executable, "-c", WITHOUT_DEV_EXTRA, "--imports"], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr

@@ -105,12 +105,21 @@ def _serve_gunicorn(args: argparse.Namespace, config: Any) -> int:
 
 
 # -- dev ------------------------------------------------------------------------------------
-def cmd_dev(args: argparse.Namespace) -> int:
-    from .pgtest import ThrowawayPostgres
+DEV_EXTRA_HINT = ("switchboard dev: the throwaway PostgreSQL needs testing.postgresql, which is not installed; "
+                  "install the dev extra (pip install -e '.[dev]') or set DATABASE_URL to use your own database")
 
+
+def cmd_dev(args: argparse.Namespace) -> int:
     pg = None
     url = os.environ.get("DATABASE_URL")
     if not url:
+        try:
+            from .pgtest import ThrowawayPostgres
+        except ModuleNotFoundError as exc:
+            if not (exc.name or "").startswith("testing"):
+                raise
+            print(DEV_EXTRA_HINT, file=sys.stderr)
+            return 2
         print("switchboard dev: starting a throwaway PostgreSQL ...", flush=True)
         pg = ThrowawayPostgres()
         import psycopg
