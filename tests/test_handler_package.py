@@ -104,3 +104,30 @@ def test_lost_lease_is_seen_by_the_handler(db: str, server_factory, example_site
         assert row == ("running", "someone-else")  # the fenced finish did not touch it
     finally:
         ws.close()
+
+
+def test_deadline_moves_to_the_end_of_the_shutdown_grace(db: str, server_factory, example_site: Path) -> None:  # type: ignore[no-untyped-def]
+    """On SIGTERM a running handler's ctx.deadline becomes the end of the shutdown grace
+    (not the lease expiry, 30 s away): the example's report handler sees seconds_left()
+    run out and fails cleanly inside the grace, so its outcome is recorded, not handed back."""
+    make_user(db, "admin", role="admin")
+    uid = make_user(db, "alice")
+    srv = server_factory(env={"PYTHONPATH": f"{ROOT / 'server'}:{example_site}",
+                              "SWITCHBOARD_LEASE_SECONDS": "30", "SWITCHBOARD_SHUTDOWN_GRACE_SECONDS": "2"})
+    h = auth(srv.login("admin"))
+    ws = srv.ws(srv.login("alice"))
+    try:
+        tid = httpx.post(srv.base + "/tasks", headers=h, timeout=10, json={
+            "name": "report", "handler": "example.report", "max_attempts": 1,
+            "args": {"user_id": uid, "chunks": 500, "chunk_seconds": 0.1}}).json()["id"]
+        assert httpx.post(f"{srv.base}/tasks/{tid}/trigger", headers=h, timeout=10).status_code == 202
+        ws.recv_until(lambda f: f["event"] == "report.progress", timeout=10)
+        t0 = time.time()
+        assert srv.terminate(timeout=30) == 0
+        assert time.time() - t0 < 6
+    finally:
+        ws.close()
+    with psycopg.connect(db, autocommit=True) as c:
+        status, error = c.execute("SELECT status, error FROM switchboard.task_runs WHERE task_id = %s",
+                                  (tid,)).fetchone()
+    assert status == "failed" and error.startswith("out of time after "), (status, error)
