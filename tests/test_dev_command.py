@@ -83,6 +83,11 @@ def test_dev_without_the_dev_extra_says_how_to_install_it() -> None:
     """testing.postgresql is a dev/test extra, not a runtime dependency: without it
     `switchboard dev` prints one line naming the extra and exits 2 (no traceback),
     and the server itself imports fine."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert not [d for d in project["dependencies"] if d.startswith("testing.postgresql")]  # not in the image
+    assert [d for d in project["optional-dependencies"]["dev"] if d.startswith("testing.postgresql")]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "SWITCHBOARD_"))}
     env["PYTHONPATH"] = str(ROOT / "server")
     p = subprocess.run([sys.executable, "-c", WITHOUT_DEV_EXTRA, "dev"], env=env, capture_output=True,
