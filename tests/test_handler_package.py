@@ -131,3 +131,32 @@ def test_deadline_moves_to_the_end_of_the_shutdown_grace(db: str, server_factory
         status, error = c.execute("SELECT status, error FROM switchboard.task_runs WHERE task_id = %s",
                                   (tid,)).fetchone()
     assert status == "failed" and error.startswith("out of time after "), (status, error)
+
+
+def test_a_broken_handler_source_stops_the_replica_with_one_line(db: str, tmp_path: Path) -> None:
+    """A replica that cannot load a declared handler refuses to start (exit 2, one line
+    naming the entry point and its distribution, or the module) instead of running
+    without it and failing every run of that handler."""
+    import os
+
+    from harness import JWT_SECRET, app_url_for, free_port
+
+    site = tmp_path / "site"
+    info = site / "broken_handlers-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-handlers\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[switchboard.handlers]\nbroken.one = sb_no_such_module:run\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
+    base.update({"DATABASE_URL": app_url_for(db), "SWITCHBOARD_JWT_SECRET": JWT_SECRET})
+    cmd = [sys.executable, "-m", "switchboard.cli", "serve", "--no-migrate", "--host", "127.0.0.1",
+           "--port", str(free_port())]
+    for env, needle in (
+        ({"PYTHONPATH": f"{ROOT / 'server'}:{site}"},
+         "handler entry point broken.one = sb_no_such_module:run (distribution broken-handlers) failed to load"),
+        ({"PYTHONPATH": str(ROOT / "server"), "SWITCHBOARD_HANDLERS": "sb_no_such_module"},
+         "SWITCHBOARD_HANDLERS: cannot import 'sb_no_such_module'"),
+    ):
+        p = subprocess.run(cmd, env=base | env, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2, p
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], p.stderr

@@ -159,7 +159,7 @@ def test_the_handler_context_exposes_no_internals() -> None:
 
 def test_load_handlers_merges_builtins_entry_points_and_modules(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from switchboard.handlers import HandlerRegistry, load_handlers
+    from switchboard.handlers import HandlerLoadError, HandlerRegistry, load_handlers
 
     (tmp_path / "sb_test_handlers_mod.py").write_text(
         "from switchboard.handlers import registry\n"
@@ -177,7 +177,7 @@ def test_load_handlers_merges_builtins_entry_points_and_modules(tmp_path: Path,
     reg = load_handlers(["sb_test_handlers_mod"], builtins)
     assert {"mod.one", "noop"} <= set(reg.names())
     assert reg.get("noop").__name__ == "my_noop"  # type: ignore[union-attr]  # later source wins
-    with pytest.raises(ModuleNotFoundError):
+    with pytest.raises(HandlerLoadError, match="SWITCHBOARD_HANDLERS: cannot import 'sb_no_such_module_here'"):
         load_handlers(["sb_no_such_module_here"], builtins)
 
 

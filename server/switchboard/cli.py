@@ -64,8 +64,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .app import create_app
+    from .handlers import HandlerLoadError
 
-    app = create_app(config)
+    try:
+        app = create_app(config)
+    except HandlerLoadError as exc:
+        _die(str(exc))
     uconf = uvicorn.Config(
         app, host=args.host, port=args.port, lifespan="on", proxy_headers=False,
         forwarded_allow_ips="", access_log=False, ws_max_size=2 * 1024 * 1024,
