@@ -6,9 +6,11 @@ retries. This loop only decides *when to ask*: at once when the relay hears
 switchboard_runs (a triggered run starts within milliseconds), otherwise
 every poll interval (with jitter, so replicas do not poll in lockstep), and
 never more than ``concurrency`` runs at a time. While a handler runs, its
-lease is extended every lease/3. On shutdown it stops claiming, lets running
-handlers finish within the grace period and hands the rest back with
-release_run() so another replica takes them at once.
+lease is extended every lease/3 (pushing ``ctx.deadline`` forward); when the
+database says the lease is gone, ``ctx.lease_lost`` is set. On shutdown it
+stops claiming, caps every running handler's deadline at the end of the grace
+period, lets them finish within it and hands the rest back with release_run()
+so another replica takes them at once.
 """
 
 from __future__ import annotations
