@@ -83,7 +83,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _serve_gunicorn(args: argparse.Namespace, config: Any) -> int:
+    import shutil
+    import tempfile
+
+    # Each worker is a replica of its own, and any of them may answer a scrape:
+    # prometheus-client's multiprocess mode writes every worker's values to files
+    # in one directory and /metrics sums them. It must be set before a worker
+    # imports prometheus_client, and fresh for every start (old files would add
+    # a previous run's counts).
+    metrics_dir = tempfile.mkdtemp(prefix="switchboard-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+
     from gunicorn.app.base import BaseApplication
+
+    def child_exit(server: Any, worker: Any) -> None:
+        from .metrics import mark_process_dead
+
+        mark_process_dead(worker.pid)
 
     class _App(BaseApplication):
         def load_config(self) -> None:
@@ -94,13 +110,17 @@ def _serve_gunicorn(args: argparse.Namespace, config: Any) -> int:
             self.cfg.set("forwarded_allow_ips", "")
             self.cfg.set("accesslog", None)
             self.cfg.set("loglevel", config.log_level.lower())
+            self.cfg.set("child_exit", child_exit)
 
         def load(self) -> Any:
             from .asgi import app
 
             return app
 
-    _App().run()
+    try:
+        _App().run()
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
 
 
