@@ -113,8 +113,8 @@ def test_prometheus_rule_is_the_rule_file_scoped_to_the_release(tmp_path: Path) 
 
 def test_rules_and_dashboard_are_off_by_default() -> None:
     paths = rendered({"secrets": {"existingSecret": "switchboard-db"}})
-    assert paths["switchboard/templates/prometheusrule.yaml"] == [None]
-    assert paths["switchboard/templates/dashboard.yaml"] == [None]
+    assert [d for d in paths["switchboard/templates/prometheusrule.yaml"] if d] == []
+    assert [d for d in paths["switchboard/templates/dashboard.yaml"] if d] == []
 
 
 def test_dashboard_configmap_for_the_grafana_sidecar() -> None:

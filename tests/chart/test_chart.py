@@ -6,10 +6,10 @@ in `helm install`), and every rendered object is validated against the
 Kubernetes OpenAPI schemas in strict mode (unknown fields are errors) for the
 oldest Kubernetes the chart supports and the newest the validator ships.
 
-The Dockerfile cannot be built here (no Docker engine); it is parsed and its
-claims are checked against the repository: the console script it runs, the
-files it copies, the user it runs as, and the absence of build tools in the
-final stage.
+The Dockerfile is parsed here and its claims are checked against the
+repository: the console script it runs, the files it copies, the user it runs
+as, and the absence of build tools in the final stage. tests/image/ builds it
+(buildah) and runs it and the chart's rendered pods (podman).
 """
 
 from __future__ import annotations
