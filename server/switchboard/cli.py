@@ -126,13 +126,21 @@ def _serve_gunicorn(args: argparse.Namespace, config: Any) -> int:
 
 # -- dev ------------------------------------------------------------------------------------
 def cmd_dev(args: argparse.Namespace) -> int:
+    """Throwaway PostgreSQL + N replicas. Output is what a person needs (URLs,
+    login, problems): INFO logs only with SWITCHBOARD_LOG_LEVEL / --log-level.
+    Ctrl-C reaches the whole foreground process group, so PostgreSQL and the
+    replicas run in sessions of their own and dev stops them in order: the
+    replicas drain first (while the database still answers), then PostgreSQL."""
     from .pgtest import ThrowawayPostgres
 
+    verbose = "SWITCHBOARD_LOG_LEVEL" in os.environ or args.log_level.upper() != "INFO"
+    if not verbose:
+        logging.getLogger().setLevel(logging.WARNING)
     pg = None
     url = os.environ.get("DATABASE_URL")
     if not url:
         print("switchboard dev: starting a throwaway PostgreSQL ...", flush=True)
-        pg = ThrowawayPostgres()
+        pg = ThrowawayPostgres(own_session=True)
         import psycopg
 
         with psycopg.connect(pg.url(), autocommit=True) as c:
@@ -147,8 +155,11 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGHUP, _stop)  # the terminal closed: the children no longer hear it
     try:
-        _migrate(url)
+        applied = _migrate(url)
+        print(f"switchboard dev: migrated ({'versions ' + ', '.join(map(str, applied)) if applied else 'already at head'})",
+              flush=True)
         password = os.environ.get("SWITCHBOARD_DEV_PASSWORD") or secrets.token_urlsafe(9)
         _ensure_user(url, "admin", "admin", password)
         env = dict(os.environ)
@@ -158,11 +169,14 @@ def cmd_dev(args: argparse.Namespace) -> int:
             "SWITCHBOARD_DEV": "1",
             "SWITCHBOARD_ALLOWED_ORIGINS": os.environ.get("SWITCHBOARD_ALLOWED_ORIGINS", "*"),
         })
+        if not verbose:
+            env["SWITCHBOARD_LOG_LEVEL"] = "WARNING"
         ports = [args.port + i for i in range(args.replicas)]
+        print(f"switchboard dev: starting {len(ports)} replicas ...", flush=True)
         for port in ports:
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "switchboard.cli", "serve", "--host", args.host, "--port", str(port),
-                 "--no-migrate"], env=env))
+                 "--no-migrate"], env=env, start_new_session=True))
         _wait_ready(ports, args.host, procs, lambda: stopping)
         if not stopping:
             shown = "127.0.0.1" if args.host in ("0.0.0.0", "") else args.host
@@ -178,6 +192,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
                 break
             time.sleep(0.2)
     finally:
+        if procs:
+            print("switchboard dev: stopping the replicas ...", flush=True)
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -186,7 +202,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
-        if pg is not None:
+        if pg is not None:  # only now: the replicas needed it to drain
             pg.stop()
         print("switchboard dev: stopped", flush=True)
     return 0
