@@ -760,6 +760,12 @@ def test_inconsistent_values_refuse_to_render(
         ({"topologySpread": {"whenUnsatisfiable": "Never"}}, "/topologySpread/whenUnsatisfiable"),
         ({"serviceMonitor": {"interval": "soon"}}, "/serviceMonitor/interval"),
         ({"ingress": {"hosts": ["switchboard.example.com"]}}, "/ingress/hosts/0"),
+        ({"ingress": {"paths": [{"path": "metrics", "pathType": "Prefix"}]}}, "/ingress/paths/0/path"),
+        ({"ingress": {"paths": []}}, "/ingress/paths"),
+        ({"migrationJob": {"backoffLimit": -1}}, "/migrationJob/backoffLimit"),
+        ({"migrationJob": {"enabled": "yes"}}, "/migrationJob/enabled"),
+        ({"database": {"appRole": "Robert'); DROP"}}, "/database/appRole"),
+        ({"prometheusRule": {"labels": {"release": 1}}}, "/prometheusRule/labels/release"),
     ],
 )
 def test_schema_rejects_bad_values(chart: Any, values: dict[str, Any], where: str) -> None:
