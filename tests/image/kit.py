@@ -174,7 +174,8 @@ class Kit:
         except ImageToolError as overlay_error:
             # Kernel overlay is unavailable where /tmp itself is an overlay (some
             # container-based CI): vfs always works as root, at the cost of disk.
-            self.storage[self.storage.index("overlay")] = "vfs"
+            self.storage = ["--root", str(self.dir / "storage-vfs"), "--runroot",
+                            str(self.dir / "run-vfs"), "--storage-driver", "vfs"]
             try:
                 ctr = self.buildah("from", "scratch", what="buildah from scratch (vfs)").strip()
             except ImageToolError as vfs_error:
