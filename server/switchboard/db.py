@@ -107,6 +107,11 @@ class Database:
                 await conn.execute("SELECT 1")
         await asyncio.wait_for(_ping(), timeout)
 
+    async def metrics_snapshot(self, timeout: float = 2.0) -> dict[str, float]:
+        rows = await self.fetchall("SELECT item, value FROM switchboard.metrics_snapshot()",
+                                   timeout=timeout)
+        return {r["item"]: r["value"] for r in rows}
+
     # -- users & auth -------------------------------------------------------
     async def login_lookup(self, username: str) -> dict | None:
         return await self.fetchone("SELECT * FROM switchboard.login_lookup(%s)", (username,))

@@ -34,7 +34,14 @@ class ReplicaHeartbeat:
         self.interval = interval
         self._task: asyncio.Task | None = None
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        """Register before serving: the first beat runs before start() returns
+        (bounded), so a replica that answers ready is already in the registry,
+        and status()/metrics never count a ready replica as absent."""
+        try:
+            await asyncio.wait_for(self.beat(), 5)
+        except Exception as exc:  # Postgres down at start: the loop keeps trying
+            LOG.debug("first heartbeat failed: %s", exc)
         self._task = asyncio.create_task(self._loop(), name="heartbeat")
 
     async def stop(self) -> None:
@@ -57,8 +64,8 @@ class ReplicaHeartbeat:
 
     async def _loop(self) -> None:
         while True:
+            await asyncio.sleep(self.interval)
             try:
                 await self.beat()
             except Exception as exc:
                 LOG.debug("heartbeat failed: %s", exc)
-            await asyncio.sleep(self.interval)

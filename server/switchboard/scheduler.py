@@ -85,6 +85,9 @@ class Scheduler:
             runs = await self.db.claim_many(self.worker, self.cfg.lease_seconds, free)
             for run in runs:
                 self.metrics.inc("switchboard_claims_total", handler=run["handler"])
+                if run.get("started_at") and run.get("run_at"):  # both on the database clock
+                    self.metrics.observe("switchboard_claim_latency_seconds",
+                                         (run["started_at"] - run["run_at"]).total_seconds())
                 self._running[run["id"]] = asyncio.create_task(self._execute(run), name=f"run-{run['id']}")
             if len(runs) < free:
                 return  # nothing more is due right now
