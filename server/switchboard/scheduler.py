@@ -6,9 +6,10 @@ retries. This loop only decides *when to ask*: at once when the relay hears
 switchboard_runs (a triggered run starts within milliseconds), otherwise
 every poll interval (with jitter, so replicas do not poll in lockstep), and
 never more than ``concurrency`` runs at a time. While a handler runs, its
-lease is extended every lease/3. On shutdown it stops claiming, lets running
-handlers finish within the grace period and hands the rest back with
-release_run() so another replica takes them at once.
+lease is extended every lease/3 (pushing ``ctx.deadline`` forward). On shutdown it
+stops claiming, caps every running handler's deadline at the end of the grace
+period, lets them finish within it and hands the rest back with release_run()
+so another replica takes them at once.
 
 Lease loss. The lease is only as good as the last heartbeat that reached
 Postgres: a heartbeat sent at local time t (and acknowledged) moved the
@@ -119,6 +120,9 @@ class Scheduler:
             for run in runs:
                 self.metrics.inc("switchboard_claims_total", handler=run["handler"])
                 self._lease_until[run["id"]] = sent + self.cfg.lease_seconds
+                if run.get("started_at") and run.get("run_at"):  # both on the database clock
+                    self.metrics.observe("switchboard_claim_latency_seconds",
+                                         (run["started_at"] - run["run_at"]).total_seconds())
                 self._running[run["id"]] = asyncio.create_task(self._execute(run), name=f"run-{run['id']}")
             if len(runs) < free:
                 return  # nothing more is due right now
