@@ -55,6 +55,9 @@ _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
         "Rate-limit checks that failed or timed out and let the request through", ("policy",)),
     "switchboard_ws_closed_total": ("WebSockets closed by the server, by code", ("code",)),
     "switchboard_listen_reconnects_total": ("LISTEN connection (re)connects", ()),
+    "switchboard_leases_lost_total": (
+        "Runs whose lease this replica could no longer prove or was told it lost (handler told, then cancelled)",
+        ()),
     "switchboard_metrics_snapshot_errors_total": (
         "Failed reads of switchboard.metrics_snapshot() (database gauges keep their last value)", ()),
 }

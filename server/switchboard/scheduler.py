@@ -18,8 +18,9 @@ When no heartbeat has been acknowledged by ``t + lease - margin`` (margin =
 20 % of the lease, 0.2 s to 5 s), the run can no longer be proven ours -- the
 database may be unreachable, or slow -- so the handler is told
 (``ctx.lease_lost``) and, margin/2 later, cancelled: before another replica
-can rescue the run. The same happens when a heartbeat answers that the run
-was rescued. The run is then handed back with release_run(), which is fenced: it
+can rescue the run. When a heartbeat answers that the run was already
+rescued, the handler is told at once and cancelled one heartbeat interval (at
+least 1 s) later, time for a cooperative handler to stop and say so. The run is then handed back with release_run(), which is fenced: it
 changes nothing if the run was rescued meanwhile (and the late outcome of
 the cancelled handler is never recorded). So "runs never overlap" holds for
 a handler's side effects, not only for rows, as long as the handler stops
@@ -186,19 +187,22 @@ class Scheduler:
         self._lease_until.pop(run_id, None)
         self._lost.discard(run_id)
 
-    def _lose_lease(self, ctx: HandlerContext, htask: asyncio.Task | None, why: str) -> None:
-        """Tell the handler (ctx.lease_lost) and cancel it: its run may be rescued elsewhere."""
+    def _lose_lease(self, ctx: HandlerContext, htask: asyncio.Task | None, why: str,
+                    grace: float | None = None) -> None:
+        """Tell the handler (ctx.lease_lost) and cancel it ``grace`` s later (default
+        margin/2): its run may be rescued elsewhere."""
         if ctx.run_id in self._lost:
             return
         LOG.warning("run %s: lease lost (%s); cancelling its handler", ctx.run_id, why)
-        self.metrics.inc("switchboard_leases_lost_total")
         self._lost.add(ctx.run_id)
         ctx.lease_lost.set()
+        self.metrics.inc("switchboard_leases_lost_total")
         if htask is not None and not htask.done():
             # A handler that watches ctx.lease_lost gets half the margin to stop by itself
             # (and, say, tell its user); then it is cancelled -- still before the lease can
             # expire in the database.
-            asyncio.get_running_loop().call_later(self._margin() / 2, htask.cancel)
+            asyncio.get_running_loop().call_later(self._margin() / 2 if grace is None else grace,
+                                                  htask.cancel)
 
     def _margin(self) -> float:
         return min(max(self.cfg.lease_seconds * 0.2, 0.2), 5.0)
@@ -285,7 +289,10 @@ class Scheduler:
             try:
                 sent = time.time()
                 if not await self.db.heartbeat_run(run_id, self.worker, self.cfg.lease_seconds):
-                    self._lose_lease(ctx, htask, "the run was rescued by another worker")
+                    # Already rescued: no deadline left to meet, so a cooperative handler gets
+                    # one heartbeat interval (at least 1 s) to stop by itself and say so.
+                    self._lose_lease(ctx, htask, "the run was rescued by another worker",
+                                     grace=max(interval, 1.0))
                     return
                 if run_id in self._lease_until:
                     self._lease_until[run_id] = max(self._lease_until[run_id], sent + self.cfg.lease_seconds)
