@@ -17,6 +17,7 @@ and prints its figures: duration, time to 503, time to rescue, time to recover.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -150,7 +151,17 @@ def test_full_partition_longer_than_the_lease(fault_cluster) -> None:  # type: i
             "SELECT id FROM switchboard.task_runs WHERE status = 'running' AND worker LIKE %s "
             "AND (args->>'s')::float >= 8", (worker_like,))]
         return bool(held)
-    assert wait_until(holds_long, 20), "the isolated replica never took a long job"
+    for attempt in range(4):
+        # a burst of long jobs, so that one lands on the isolated replica (claims are spread
+        # by whoever asks first; 3 replicas x 8 slots)
+        for i in range(6):
+            key = f"long{attempt}-{i}"
+            fc.sql("SELECT switchboard.enqueue('faults.work', %s, now(), NULL, 10)",
+                   (json.dumps({"k": key, "s": 8.0}),))
+            load.jobs.keys.append(key)
+        if wait_until(holds_long, 8):
+            break
+    assert held, "the isolated replica never took a long job"
     t0 = time.monotonic()
     iso.partition("drop")
     part_s = 3 * lease + 2
