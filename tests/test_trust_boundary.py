@@ -108,12 +108,12 @@ def test_a_second_database_on_the_cluster_is_refused_unless_shared_roles_is_on(e
     from switchboard.migrate import MigrationError, migrate
 
     with pytest.raises(MigrationError) as e:
-        migrate(empty_db)
+        migrate(empty_db + "?options=-c%20switchboard.shared_roles%3Doff")  # overrides conftest's PGOPTIONS
     msg = str(e.value)
     assert "switchboard_app" in msg and "sb_template" in msg and "shared_roles" in msg
     with psycopg.connect(empty_db) as c:
         assert c.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'switchboard'").fetchone()[0] == 0
-    assert migrate(empty_db + "?options=-c%20switchboard.shared_roles%3Don")
+    assert migrate(empty_db)  # PGOPTIONS='-c switchboard.shared_roles=on' (conftest)
 
 
 # -- forged notifications against a real replica -------------------------------------------
