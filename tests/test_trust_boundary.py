@@ -262,7 +262,7 @@ def test_typing_reaches_the_room_but_cannot_be_forged(server_factory, db: str,  
 def test_sql_tasks_leave_no_session_state_and_need_a_timeout(server_factory, db: str) -> None:  # type: ignore[no-untyped-def]
     make_user(db, "admin", role="admin")
     uid = make_user(db, "una")
-    s = server_factory(env={"SWITCHBOARD_POOL_MAX_SIZE": "3"})
+    s = server_factory(env={"SWITCHBOARD_POOL_SIZE": "3"})
     h = auth(s.login("admin"))
 
     def run(name: str, args: dict) -> dict:

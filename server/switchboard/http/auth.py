@@ -35,7 +35,8 @@ class Login:
         row = await self.db.login_lookup(username)  # type: ignore[arg-type]
         ok = await verify_password(row["password_hash"] if row else None, password)  # type: ignore[arg-type]
         if ok and row and not row["disabled"]:
-            token, ttl = self.auth.issue(row["user_id"], username, row["role"])  # type: ignore[arg-type]
+            token, ttl = self.auth.issue(row["user_id"], username, row["role"],  # type: ignore[arg-type]
+                                         row["token_epoch"])
             resp.set_headers(d_ip.headers())
             resp.media = {"access_token": token, "token_type": "bearer", "expires_in": ttl,
                           "user_id": str(row["user_id"]), "role": row["role"]}
