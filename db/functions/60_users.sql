@@ -224,14 +224,19 @@ GRANT EXECUTE ON FUNCTION switchboard.revoke_token(text, uuid, timestamptz) TO s
 -- needs no entry: every token issued before that change has expired.
 CREATE OR REPLACE FUNCTION switchboard.auth_snapshot(since interval DEFAULT '1 day')
 RETURNS TABLE (kind text, id text, user_id uuid, role text, disabled boolean, token_epoch integer)
-LANGUAGE sql STABLE SECURITY DEFINER
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT 'revoke', r.jti, r.user_id, NULL::text, NULL::boolean, NULL::integer
+-- PL/pgSQL (bound at first call, not at CREATE): the function files are also
+-- applied on top of an older schema (pgmigrate -t N), before token_epoch exists.
+BEGIN
+    RETURN QUERY
+    SELECT 'revoke'::text, r.jti, r.user_id, NULL::text, NULL::boolean, NULL::integer
       FROM switchboard.revoked_tokens r WHERE r.expires_at > now()
     UNION ALL
-    SELECT 'user', u.id::text, u.id, u.role, u.disabled, u.token_epoch
-      FROM switchboard.users u WHERE u.disabled OR u.updated_at > now() - since
+    SELECT 'user'::text, u.id::text, u.id, u.role, u.disabled, u.token_epoch
+      FROM switchboard.users u WHERE u.disabled OR u.updated_at > now() - auth_snapshot.since;
+END
 $$;
 COMMENT ON FUNCTION switchboard.auth_snapshot(interval) IS
     'Revoked tokens still valid, and users disabled or changed within since (with their token_epoch): what a replica reloads after its LISTEN connection reconnects.';
