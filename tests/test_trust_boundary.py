@@ -331,3 +331,32 @@ def test_members_see_no_task_definitions_and_role_or_password_changes_revoke_tok
         c.execute("SELECT switchboard.set_user_password_hash(%s, password_hash) FROM switchboard.users "
                   "WHERE id = %s", (uid, uid))
     assert _wait(lambda: httpx.get(s.base + "/me", headers=h).status_code == 401, 3)
+
+
+# -- login throttling -------------------------------------------------------------------------
+def test_login_guesses_are_throttled_per_username_before_verifying_but_known_devices_get_in(  # type: ignore[no-untyped-def]
+        server_factory, db: str) -> None:
+    make_user(db, "vic")
+    s = server_factory(env={"SWITCHBOARD_TRUSTED_PROXIES": "127.0.0.1/32", "SWITCHBOARD_LOGIN_IP_BURST": "3",
+                            "SWITCHBOARD_LOGIN_IP_RATE": "0.01", "SWITCHBOARD_LOGIN_USER_BURST": "3",
+                            "SWITCHBOARD_LOGIN_USER_RATE": "0.01"})
+    pw = "pw-" + "s" * 12
+
+    def attempt(user: str, password: str, ip: str, cookies: httpx.Cookies | None = None) -> int:
+        return httpx.post(s.base + "/auth/login", json={"username": user, "password": password},
+                          headers={"X-Forwarded-For": ip}, cookies=cookies, timeout=30).status_code
+
+    s.login("vic")  # the real user, from her laptop: it keeps a device cookie
+    # a guesser spread over many addresses: the username bucket (3, one spent above) runs dry
+    assert [attempt("vic", f"guess{i}", f"203.0.113.{i}") for i in range(4)] == [401, 401, 429, 429]
+    # now even the right password from an unknown device is refused before it is checked
+    assert attempt("vic", pw, "203.0.113.99") == 429
+    # a forged device cookie is no key
+    forged = httpx.Cookies({name: "eyJ1IjoidmljIn0.AAAA" for name in s.cookies.keys()})
+    assert attempt("vic", pw, "203.0.113.98", forged) == 429
+    # the laptop is exempt: the attacker cannot lock the real user out
+    s.login("vic")
+    # IPv6 clients share one bucket per /64 (3 attempts), another /64 has its own
+    v6 = [attempt(f"nobody{i}", "x", f"2001:db8:0:7::{i + 1:x}") for i in range(4)]
+    assert v6 == [401, 401, 401, 429]
+    assert attempt("nobody9", "x", "2001:db8:0:8::1") == 401
