@@ -69,8 +69,9 @@ class CheckIfIdle:
 
 class Database:
     def __init__(self, url: str, min_size: int = 2, max_size: int = 10, timeout: float = 10.0,
-                 name: str = "switchboard") -> None:
+                 name: str = "switchboard", job_url: str | None = None) -> None:
         self.url = url
+        self.job_url = job_url or url
         self.timeout = timeout
         kwargs = {"autocommit": True, "row_factory": dict_row, **conninfo_with_keepalives(),
                   "application_name": name}
@@ -326,7 +327,7 @@ class Database:
         timeout_s == 0 means no statement_timeout (the handler allows it only
         when the operator did)."""
         conn = await psycopg.AsyncConnection.connect(
-            self.url, row_factory=dict_row, application_name="switchboard-sql-job",
+            self.job_url, row_factory=dict_row, application_name="switchboard-sql-job",
             **conninfo_with_keepalives())
         try:
             async with conn.transaction():

@@ -364,6 +364,8 @@ class Relay:
                     if isinstance(room, str) and 0 < len(room) <= 128:
                         Hints.add(h.members, (room, uuid.UUID(str(msg["user_id"]))))
                 elif kind == "tool_result":
+                    if msg.get("replica_id") != self.replica_id:
+                        return  # another replica's waiter (or noise)
                     Hints.add(h.tools, uuid.UUID(str(msg["call_id"])))
                 else:
                     return
