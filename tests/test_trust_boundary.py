@@ -360,3 +360,30 @@ def test_login_guesses_are_throttled_per_username_before_verifying_but_known_dev
     v6 = [attempt(f"nobody{i}", "x", f"2001:db8:0:7::{i + 1:x}") for i in range(4)]
     assert v6 == [401, 401, 401, 429]
     assert attempt("nobody9", "x", "2001:db8:0:8::1") == 401
+
+
+def test_tool_call_collect_takes_only_answered_calls_and_ephemeral_reads_are_bounded(
+        conn: psycopg.Connection) -> None:
+    u = conn.execute("SELECT switchboard.create_user('tc_user', '$argon2id$x')").fetchone()[0]
+    conn.execute("SELECT switchboard.presence_set('r1', %s, 1)", (u,))
+    call = conn.execute("SELECT switchboard.tool_call_send(%s, 'r1', 'ask', '{\"q\": 1}')", (u,)).fetchone()[0]
+    # the call travels as an ephemeral row, read by id; never in the events stream
+    ((eph_id, event, payload),) = conn.execute(
+        "SELECT id, event, payload FROM switchboard.ephemeral_events WHERE user_id = %s", (u,)).fetchall()
+    assert (event, payload) == (f"tool.call.{call}", {"name": "ask", "args": {"q": 1}})
+    head = conn.execute("SELECT switchboard.event_head()").fetchone()[0]
+    assert conn.execute("SELECT ephemeral, event FROM switchboard.relay_read(%s, ARRAY[%s::bigint])",
+                        (head, eph_id)).fetchall() == [(True, f"tool.call.{call}")]
+    conn.execute("UPDATE switchboard.ephemeral_events SET created_at = now() - interval '31 seconds' "
+                 "WHERE id = %s", (eph_id,))
+    assert conn.execute("SELECT * FROM switchboard.relay_read(%s, ARRAY[%s::bigint])",
+                        (head, eph_id)).fetchall() == []  # a replayed old id delivers nothing
+    # a wake-up that was not an answer changes nothing
+    assert conn.execute("SELECT * FROM switchboard.tool_call_collect(%s)", (call,)).fetchall() == []
+    assert conn.execute("SELECT switchboard.tool_call_answer(%s, %s, '{\"a\": 2}')", (call, u)).fetchone()[0]
+    assert conn.execute("SELECT * FROM switchboard.tool_call_collect(%s)", (call,)).fetchall() == [(True, {"a": 2})]
+    assert conn.execute("SELECT * FROM switchboard.tool_call_collect(%s, true)", (call,)).fetchall() == []
+    late = conn.execute("SELECT switchboard.tool_call_send(%s, 'r1', 'slow')", (u,)).fetchone()[0]
+    assert conn.execute("SELECT * FROM switchboard.tool_call_collect(%s, true)", (late,)).fetchall() == [(False, None)]
+    throws_ok(conn, "SELECT * FROM switchboard.relay_read(-1)", "22023")
+    throws_ok(conn, "SELECT * FROM switchboard.relay_read(0, '{}', 0)", "22023")
