@@ -32,15 +32,16 @@ def test_create_user_and_login_lookup(conn: psycopg.Connection) -> None:
     a = new_user(conn, "ada.lovelace@example")
     b = conn.execute("SELECT switchboard.create_user('bob_2', %s, 'admin')", (BCRYPT,)).fetchone()[0]
     assert conn.execute("SELECT * FROM switchboard.login_lookup('ada.lovelace@example')").fetchone() == (
-        a, ARGON, "member", False, 0)
-    assert conn.execute("SELECT * FROM switchboard.login_lookup('bob_2')").fetchone() == (b, BCRYPT, "admin", False, 0)
+        a, ARGON, "member", False)
+    assert conn.execute("SELECT * FROM switchboard.login_lookup_v2('bob_2')").fetchone() == (
+        b, BCRYPT, "admin", False, 0)
     assert conn.execute("SELECT * FROM switchboard.login_lookup('nobody')").fetchall() == []
     assert conn.execute("SELECT * FROM switchboard.find_user('bob_2')").fetchone() == (b, "bob_2", "admin", False)
     throws_ok(conn, "SELECT switchboard.create_user('bob_2', %s)", "23505", (ARGON,), match="bob_2")
     throws_ok(conn, "SELECT switchboard.create_user('carl', %s, 'root')", "22023", (ARGON,), match="root")
     conn.execute("SELECT switchboard.set_user_password_hash(%s, %s)", (a, BCRYPT))
     # a password change revokes the user's tokens: its token epoch moves on
-    assert conn.execute("SELECT password_hash, token_epoch FROM switchboard.login_lookup('ada.lovelace@example')"
+    assert conn.execute("SELECT password_hash, token_epoch FROM switchboard.login_lookup_v2('ada.lovelace@example')"
                         ).fetchone() == (BCRYPT, 1)
     throws_ok(conn, "SELECT switchboard.set_user_password_hash(%s, 'plain')", "22023", (a,))
     throws_ok(conn, "SELECT switchboard.set_user_password_hash(gen_random_uuid(), %s)", "P0002", (ARGON,))
@@ -65,7 +66,7 @@ def test_disable_user_and_role_change_are_announced_at_commit(db: str) -> None:
             assert note.channel == CONTROL
             # ids only: a replica reads the state itself (user_states)
             assert json.loads(note.payload) == {"kind": "user", "user_id": str(uid)}
-            assert c.execute("SELECT disabled, token_epoch FROM switchboard.login_lookup('mallory')"
+            assert c.execute("SELECT disabled, token_epoch FROM switchboard.login_lookup_v2('mallory')"
                              ).fetchone() == (True, 1)
 
             c.execute("SELECT switchboard.set_user_role(%s, 'admin')", (uid,))

@@ -93,19 +93,37 @@ GRANT EXECUTE ON FUNCTION switchboard.find_user(text) TO switchboard_app;
 -- PL/pgSQL rather than LANGUAGE sql: a SQL function with a SET clause is never
 -- inlined and is re-planned on every call; PL/pgSQL caches its plan.
 CREATE OR REPLACE FUNCTION switchboard.login_lookup(username text)
+RETURNS TABLE (user_id uuid, password_hash text, role text, disabled boolean)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT u.id, u.password_hash, u.role, u.disabled
+                   FROM switchboard.users u WHERE u.username = login_lookup.username;
+END
+$$;
+COMMENT ON FUNCTION switchboard.login_lookup(text) IS
+    'The one way the application reads a password hash: for verifying a login. No row if the user is unknown.';
+REVOKE ALL ON FUNCTION switchboard.login_lookup(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.login_lookup(text) TO switchboard_app;
+
+-- login_lookup_v2 adds token_epoch (what the issued token carries as "gen").
+-- Beside login_lookup, not instead of it: a previous-release server keeps
+-- calling the old one during a rolling update (drop it a release later).
+CREATE OR REPLACE FUNCTION switchboard.login_lookup_v2(username text)
 RETURNS TABLE (user_id uuid, password_hash text, role text, disabled boolean, token_epoch integer)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     RETURN QUERY SELECT u.id, u.password_hash, u.role, u.disabled, u.token_epoch
-                   FROM switchboard.users u WHERE u.username = login_lookup.username;
+                   FROM switchboard.users u WHERE u.username = login_lookup_v2.username;
 END
 $$;
-COMMENT ON FUNCTION switchboard.login_lookup(text) IS
-    'The one way the application reads a password hash: for verifying a login. No row if the user is unknown. token_epoch goes into the issued token.';
-REVOKE ALL ON FUNCTION switchboard.login_lookup(text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION switchboard.login_lookup(text) TO switchboard_app;
+COMMENT ON FUNCTION switchboard.login_lookup_v2(text) IS
+    'login_lookup plus the user''s token_epoch, which the issued token carries (a role or password change, or disabling, moves it on and so revokes older tokens). No row if the user is unknown.';
+REVOKE ALL ON FUNCTION switchboard.login_lookup_v2(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.login_lookup_v2(text) TO switchboard_app;
 
 CREATE OR REPLACE FUNCTION switchboard._user_changed(user_id uuid)
 RETURNS void
@@ -223,6 +241,24 @@ GRANT EXECUTE ON FUNCTION switchboard.revoke_token(text, uuid, timestamptz) TO s
 -- announcements. A user whose last change is older than the token lifetime
 -- needs no entry: every token issued before that change has expired.
 CREATE OR REPLACE FUNCTION switchboard.auth_snapshot(since interval DEFAULT '1 day')
+RETURNS TABLE (kind text, id text, user_id uuid, role text, disabled boolean)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT 'revoke', r.jti, r.user_id, NULL::text, NULL::boolean
+      FROM switchboard.revoked_tokens r WHERE r.expires_at > now()
+    UNION ALL
+    SELECT 'user', u.id::text, u.id, u.role, u.disabled
+      FROM switchboard.users u WHERE u.disabled OR u.updated_at > now() - since
+$$;
+COMMENT ON FUNCTION switchboard.auth_snapshot(interval) IS
+    'Revoked tokens still valid, and users disabled or changed within since: what a replica reloads after its LISTEN connection reconnects.';
+REVOKE ALL ON FUNCTION switchboard.auth_snapshot(interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.auth_snapshot(interval) TO switchboard_app;
+
+-- auth_snapshot_v2 adds token_epoch; auth_snapshot stays for a previous-release
+-- server during a rolling update.
+CREATE OR REPLACE FUNCTION switchboard.auth_snapshot_v2(since interval DEFAULT '1 day')
 RETURNS TABLE (kind text, id text, user_id uuid, role text, disabled boolean, token_epoch integer)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -235,13 +271,13 @@ BEGIN
       FROM switchboard.revoked_tokens r WHERE r.expires_at > now()
     UNION ALL
     SELECT 'user'::text, u.id::text, u.id, u.role, u.disabled, u.token_epoch
-      FROM switchboard.users u WHERE u.disabled OR u.updated_at > now() - auth_snapshot.since;
+      FROM switchboard.users u WHERE u.disabled OR u.updated_at > now() - auth_snapshot_v2.since;
 END
 $$;
-COMMENT ON FUNCTION switchboard.auth_snapshot(interval) IS
-    'Revoked tokens still valid, and users disabled or changed within since (with their token_epoch): what a replica reloads after its LISTEN connection reconnects.';
-REVOKE ALL ON FUNCTION switchboard.auth_snapshot(interval) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION switchboard.auth_snapshot(interval) TO switchboard_app;
+COMMENT ON FUNCTION switchboard.auth_snapshot_v2(interval) IS
+    'auth_snapshot plus each user''s token_epoch: revoked tokens still valid, and users disabled or changed within since. What a replica reloads after its LISTEN connection reconnects.';
+REVOKE ALL ON FUNCTION switchboard.auth_snapshot_v2(interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.auth_snapshot_v2(interval) TO switchboard_app;
 
 -- The replica's own read behind a "user" hint: batched (one call per LISTEN
 -- wake-up for every user named since the last one). A user that does not

@@ -40,9 +40,3 @@ REVOKE ALL ON TABLE switchboard.ephemeral_events FROM PUBLIC;
 -- A role change, a password change and disabling a user revoke every token
 -- issued before: tokens carry the epoch they were issued in ("gen").
 ALTER TABLE switchboard.users ADD COLUMN token_epoch integer NOT NULL DEFAULT 0;
-
--- Return types change (token_epoch added): CREATE OR REPLACE cannot do that.
--- Callers read these by column name, so a previous-release server keeps
--- working during a rolling update.
-DROP FUNCTION IF EXISTS switchboard.auth_snapshot(interval);
-DROP FUNCTION IF EXISTS switchboard.login_lookup(text);

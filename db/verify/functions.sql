@@ -4,8 +4,8 @@ BEGIN;
 DO $verify$
 BEGIN
     -- exactly the functions the files define: no left-over overload of an older release
-    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 80) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected exactly 80 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
+    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 82) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected exactly 82 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.cron_next(text, timestamptz, text)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.cron_next(text, timestamptz, text)' USING ERRCODE = 'P0004';
@@ -457,6 +457,15 @@ BEGIN
     IF (has_function_privilege('switchboard_app', 'switchboard.login_lookup(text)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.login_lookup(text)' USING ERRCODE = 'P0004';
     END IF;
+    IF (to_regprocedure('switchboard.login_lookup_v2(text)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.login_lookup_v2(text)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.login_lookup_v2(text)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.login_lookup_v2(text)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard.login_lookup_v2(text)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.login_lookup_v2(text)' USING ERRCODE = 'P0004';
+    END IF;
     IF (to_regprocedure('switchboard._user_changed(uuid)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard._user_changed(uuid)' USING ERRCODE = 'P0004';
     END IF;
@@ -516,6 +525,15 @@ BEGIN
     END IF;
     IF (has_function_privilege('switchboard_app', 'switchboard.auth_snapshot(interval)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.auth_snapshot(interval)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard.auth_snapshot_v2(interval)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.auth_snapshot_v2(interval)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.auth_snapshot_v2(interval)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.auth_snapshot_v2(interval)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard.auth_snapshot_v2(interval)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.auth_snapshot_v2(interval)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.user_states(uuid[])') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.user_states(uuid[])' USING ERRCODE = 'P0004';
@@ -793,6 +811,9 @@ BEGIN
     IF (obj_description(to_regprocedure('switchboard.login_lookup(text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.login_lookup(text)' USING ERRCODE = 'P0004';
     END IF;
+    IF (obj_description(to_regprocedure('switchboard.login_lookup_v2(text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.login_lookup_v2(text)' USING ERRCODE = 'P0004';
+    END IF;
     IF (obj_description(to_regprocedure('switchboard.set_user_role(uuid, text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.set_user_role(uuid, text)' USING ERRCODE = 'P0004';
     END IF;
@@ -810,6 +831,9 @@ BEGIN
     END IF;
     IF (obj_description(to_regprocedure('switchboard.auth_snapshot(interval)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.auth_snapshot(interval)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (obj_description(to_regprocedure('switchboard.auth_snapshot_v2(interval)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.auth_snapshot_v2(interval)' USING ERRCODE = 'P0004';
     END IF;
     IF (obj_description(to_regprocedure('switchboard.user_states(uuid[])'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.user_states(uuid[])' USING ERRCODE = 'P0004';

@@ -110,7 +110,7 @@ class Database:
 
     # -- users & auth -------------------------------------------------------
     async def login_lookup(self, username: str) -> dict | None:
-        return await self.fetchone("SELECT * FROM switchboard.login_lookup(%s)", (username,))
+        return await self.fetchone("SELECT * FROM switchboard.login_lookup_v2(%s)", (username,))
 
     async def create_user(self, username: str, password_hash: str, role: str) -> UUID:
         return await self.scalar("SELECT switchboard.create_user(%s, %s, %s)", (username, password_hash, role))
@@ -126,7 +126,7 @@ class Database:
         await self.fetchone("SELECT switchboard.revoke_token(%s, %s, %s)", (jti, user_id, expires_at))
 
     async def auth_snapshot(self, since_seconds: int) -> list[dict]:
-        return await self.fetchall("SELECT * FROM switchboard.auth_snapshot(%s)",
+        return await self.fetchall("SELECT * FROM switchboard.auth_snapshot_v2(%s)",
                                    (timedelta(seconds=since_seconds),))
 
     async def issue_ticket(self, user_id: UUID, ttl: int) -> str:

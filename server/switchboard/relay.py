@@ -310,7 +310,7 @@ class Relay:
         rconn = self._reader
         assert rconn is not None
         try:
-            cur = await rconn.execute("SELECT * FROM switchboard.auth_snapshot(%s)",
+            cur = await rconn.execute("SELECT * FROM switchboard.auth_snapshot_v2(%s)",
                                       (timedelta(seconds=self.cfg.jwt_ttl + 60),))
             self.auth.load_snapshot(await cur.fetchall())
             for c in self.registry.clients():
