@@ -125,10 +125,6 @@ class Database:
     async def revoke_token(self, jti: str, user_id: UUID, expires_at: Any) -> None:
         await self.fetchone("SELECT switchboard.revoke_token(%s, %s, %s)", (jti, user_id, expires_at))
 
-    async def auth_snapshot(self, since_seconds: int) -> list[dict]:
-        return await self.fetchall("SELECT * FROM switchboard.auth_snapshot_v2(%s)",
-                                   (timedelta(seconds=since_seconds),))
-
     async def issue_ticket(self, user_id: UUID, ttl: int) -> str:
         return await self.scalar("SELECT switchboard.issue_ticket(%s, %s)", (user_id, timedelta(seconds=ttl)))
 
@@ -238,6 +234,11 @@ class Database:
         cur = await conn.execute(
             "SELECT id, ephemeral, user_id, room, event, sender, payload, ts "
             "FROM switchboard.relay_read(%s, %s, %s)", (after_id, ephemeral_ids, max_rows))
+        return await cur.fetchall()
+
+    @staticmethod
+    async def auth_snapshot(conn: psycopg.AsyncConnection, since_seconds: int) -> list[dict]:
+        cur = await conn.execute("SELECT * FROM switchboard.auth_snapshot_v2(%s)", (timedelta(seconds=since_seconds),))
         return await cur.fetchall()
 
     @staticmethod

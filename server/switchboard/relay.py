@@ -32,7 +32,6 @@ import logging
 import random
 import time
 import uuid
-from datetime import timedelta
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -310,9 +309,7 @@ class Relay:
         rconn = self._reader
         assert rconn is not None
         try:
-            cur = await rconn.execute("SELECT * FROM switchboard.auth_snapshot_v2(%s)",
-                                      (timedelta(seconds=self.cfg.jwt_ttl + 60),))
-            self.auth.load_snapshot(await cur.fetchall())
+            self.auth.load_snapshot(await self.db.auth_snapshot(rconn, self.cfg.jwt_ttl + 60))
             for c in self.registry.clients():
                 if self.auth.is_disabled(c.user_id):
                     self.close_client(c, 1008, "user disabled")
