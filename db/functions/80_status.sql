@@ -21,9 +21,10 @@ AS $$
     UNION ALL SELECT 'live_replicas', count(*) FROM switchboard.replicas
     UNION ALL SELECT 'users_online', count(DISTINCT user_id) FROM switchboard.presence
     UNION ALL SELECT 'sockets_open', coalesce(sum(sockets), 0)::bigint FROM switchboard.presence
+    UNION ALL SELECT 'handlers_unserved', count(*) FROM switchboard.handlers WHERE NOT served
 $$;
 COMMENT ON FUNCTION switchboard.status() IS
-    'One look at the system: due tasks, runs by status, expired leases, live tickets, rate-limit keys, event backlog, live replicas, sockets.';
+    'One look at the system: due tasks, runs by status, expired leases, live tickets, rate-limit keys, event backlog, live replicas, sockets, handlers that active tasks or pending runs need but no live replica serves (see the switchboard.handlers view).';
 REVOKE ALL ON FUNCTION switchboard.status() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.status() TO switchboard_app;
 

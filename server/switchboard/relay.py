@@ -463,6 +463,8 @@ class Relay:
             c.offer(f, text)
             n += 1
         self.metrics.inc("switchboard_events_relayed_total", n)
+        # Commit (the event's database timestamp) to frame offered, once per event.
+        self.metrics.observe("switchboard_delivery_latency_seconds", time.time() - f["ts"] / 1000)
 
     # -- closing ----------------------------------------------------------------------
     def close_client(self, c: Client, code: int, reason: str) -> None:
