@@ -11,7 +11,6 @@ SELECT pg_advisory_xact_lock(hashtext('switchboard.migrate'));
 \ir ../functions/30_tickets.sql
 \ir ../functions/40_ratelimit.sql
 \ir ../functions/50_events.sql
-\ir ../functions/55_replay.sql
 \ir ../functions/60_users.sql
 \ir ../functions/70_replicas.sql
 \ir ../functions/75_presence_sync.sql

@@ -2,8 +2,7 @@
 --
 -- Functions changed with this version (applied by afterAll): claim_due_task
 -- and its new tick helper _claim_tick (20_scheduler.sql), status() gains
--- tasks_broken (80_status.sql), and the relay's batched catch-up
--- _relay_catch_up() (55_replay.sql).
+-- tasks_broken (80_status.sql, counted by _tasks_broken()).
 --
 -- One bad task row cannot stop the scheduler.
 --

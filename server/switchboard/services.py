@@ -54,7 +54,10 @@ class Services:
 
 
 def build_services(config: Config) -> Services:
-    db = Database(config.database_url, config.pool_min, config.pool_size, config.pool_timeout)
+    # sql jobs get a connection of their own; through the direct (session-mode) URL when
+    # there is one, since a transaction-mode pooler would hand their session state on.
+    db = Database(config.database_url, config.pool_min, config.pool_size, config.pool_timeout,
+                  job_url=config.listen_database_url)
     metrics = Metrics()
     auth = AuthState(config.jwt_secret, config.jwt_ttl)
     registry = Registry()
