@@ -55,14 +55,14 @@ def _patch_scheduler() -> None:
     """Inside a replica: replace the claim loop and the per-run finish."""
     from switchboard import scheduler as sched
     from switchboard.db import RUN_COLUMNS
-    from switchboard.handlers import HandlerContext, registry
+    from switchboard.handlers import HandlerContext
 
     async def _claim_available(self: Any) -> None:
-        while not self._stopping and not self.svc.draining:
+        while not self._stopping and not self.replica.draining:
             free = self.cfg.scheduler_concurrency - len(self._running)
             if free <= 0:
                 return
-            rows = await self.svc.db.fetchall(
+            rows = await self.db.fetchall(
                 f"SELECT {RUN_COLUMNS} FROM switchboard.claim_queued_batch(%s, %s, %s)",
                 (self.worker, timedelta(seconds=self.cfg.lease_seconds), free))
             if not rows:
@@ -71,9 +71,9 @@ def _patch_scheduler() -> None:
                 self._running[run["id"]] = asyncio.create_task(self._execute(run))
 
     async def _execute(self: Any, run: dict) -> None:
-        handler = registry.get(run["handler"])
+        handler = self.handlers.get(run["handler"])
         if handler is not None:
-            await handler(HandlerContext(self.svc, run))
+            await handler(HandlerContext(run, self.db, lease_seconds=self.cfg.lease_seconds))
         if not hasattr(self, "_done"):
             self._done, self._done_ev = [], asyncio.Event()
             asyncio.create_task(_finisher(self))
@@ -86,7 +86,7 @@ def _patch_scheduler() -> None:
             self._done_ev.clear()
             ids, self._done = self._done, []
             if ids:
-                await self.svc.db.fetchone("SELECT switchboard.finish_runs_ok(%s, %s)", (ids, self.worker))
+                await self.db.fetchone("SELECT switchboard.finish_runs_ok(%s, %s)", (ids, self.worker))
                 for i in ids:
                     self._running.pop(i, None)
                 self._wake.set()

@@ -202,9 +202,10 @@ class Database:
     async def release_run(self, run_id: int, worker: str) -> bool:
         return await self.scalar("SELECT switchboard.release_run(%s, %s)", (run_id, worker))
 
-    async def enqueue(self, handler: str, args: dict) -> dict | None:
-        return await self.fetchone(f"SELECT {RUN_COLUMNS} FROM switchboard.enqueue(%s, %s)",
-                                   (handler, Jsonb(args)))
+    async def enqueue(self, handler: str, args: dict, run_at: Any = None, queueing_lock: str | None = None,
+                      max_attempts: int = 3) -> dict | None:
+        return await self.fetchone(f"SELECT {RUN_COLUMNS} FROM switchboard.enqueue(%s, %s, %s, %s, %s)",
+                                   (handler, Jsonb(args), run_at, queueing_lock, max_attempts))
 
     async def maintenance(self, keep_events: int, replica_stale: float) -> dict:
         return await self.scalar(

@@ -1,42 +1,145 @@
-"""Task handlers: a registry plus the built-ins.
+"""The public handler API: what a task handler sees, and how it is found.
 
 A handler is ``async def handler(ctx: HandlerContext) -> result`` where the
-result is JSON-serialisable (stored in task_runs.result). Register your own:
+result is JSON-serialisable (stored in task_runs.result). Raise
+``HandlerError("message")`` to fail the run with a clean message (it is
+retried while attempts remain).
 
-    from switchboard.handlers import registry
+Handlers are found three ways, all merged into one ``HandlerRegistry`` when a
+replica starts (``load_handlers``):
 
-    @registry.register("myapp.send_digest")
-    async def send_digest(ctx):
-        ...
+* the built-ins (noop, sleep, fail, sql, notify, maintenance);
+* the ``switchboard.handlers`` entry-point group of installed distributions --
+  the packaging convention; the entry point's name is the handler name::
 
-and point SWITCHBOARD_HANDLERS at the module(s) that do so.
+      [project.entry-points."switchboard.handlers"]
+      "myapp.send_digest" = "myapp.jobs:send_digest"
+
+* modules named in ``SWITCHBOARD_HANDLERS`` that register with the decorator::
+
+      from switchboard.handlers import registry
+
+      @registry.register("myapp.send_digest")
+      async def send_digest(ctx): ...
+
+This module is the stable surface for handler authors: ``HandlerContext``,
+``HandlerError``, ``registry``. It imports nothing of the server's internals
+but the data layer it wraps; the server's components are never reachable from
+a context.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
-import uuid
+import logging
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from datetime import datetime, timezone
+from importlib.metadata import entry_points
+from types import ModuleType
+from typing import Any
+from uuid import UUID
 
-if TYPE_CHECKING:
-    from .app import Services
+from .db import Database
+
+ENTRY_POINT_GROUP = "switchboard.handlers"
+LOG = logging.getLogger("switchboard.handlers")
 
 
 class HandlerError(Exception):
     """Raised by a handler to fail a run with a clean message."""
 
 
-@dataclass
 class HandlerContext:
-    svc: "Services"
-    run: dict
+    """What a running handler may know and do. Stable public API.
 
+    The run:
+      ``run_id``, ``attempt`` (1 on the first try), ``max_attempts``, ``args``
+      (the run's JSON arguments, a dict), ``task_id`` (None for an enqueued
+      one-off job), ``handler`` (the name it was started under), ``trigger``
+      ('schedule', 'api', 'enqueue', 'retry', ...), ``scheduled_for``.
+    A logger: ``logger`` (``switchboard.handler.<name>``, records carry the run id).
+    Side effects, each committed in its OWN short transaction the moment it is
+    called (not in the run's transaction: the run's outcome is recorded later
+    by the scheduler). An event sent before the handler fails is therefore
+    delivered; retried runs may send it again, so make events idempotent for
+    the client (or send them last):
+      ``await ctx.notify_user(user_id, event, payload)`` -> event id
+      ``await ctx.notify_room(room, event, payload)``    -> event id
+      ``await ctx.enqueue(handler, args, run_at=None, queueing_lock=None,
+      max_attempts=3)`` -> the new job's run id, or None when queueing_lock is
+      already held by a queued or running job.
+    Time:
+      ``deadline`` (aware UTC datetime): after it the run's result may no
+      longer count -- the current lease expiry (pushed forward by every
+      successful lease heartbeat) or, once the replica drains, the end of the
+      shutdown grace, whichever is first. ``seconds_left()`` is the same as a
+      number.
+      ``lease_lost`` (asyncio.Event): set when the lease heartbeat finds that
+      this worker no longer owns the run (it was rescued by another replica
+      after a stall). The result will be discarded; stop work and return.
+      ``await ctx.wait_lease_lost(timeout)`` waits for it.
+    """
+
+    __slots__ = ("run_id", "attempt", "max_attempts", "args", "task_id", "handler", "trigger",
+                 "scheduled_for", "logger", "lease_lost", "_db", "_deadline")
+
+    def __init__(self, run: dict, db: Database, *, lease_seconds: float,
+                 lease_lost: asyncio.Event | None = None) -> None:
+        self.run_id: int = run["id"]
+        self.attempt: int = run.get("attempt") or 1
+        self.max_attempts: int = run.get("max_attempts") or 1
+        self.args: dict = run.get("args") or {}
+        self.task_id: UUID | None = run.get("task_id")
+        self.handler: str = run["handler"]
+        self.trigger: str | None = run.get("trigger")
+        self.scheduled_for: datetime | None = run.get("scheduled_for")
+        self.logger = logging.LoggerAdapter(logging.getLogger(f"switchboard.handler.{self.handler}"),
+                                            {"run_id": self.run_id})
+        self.lease_lost = lease_lost if lease_lost is not None else asyncio.Event()
+        self._db = db
+        self._deadline = time.time() + lease_seconds
+
+    # -- time -------------------------------------------------------------------
     @property
-    def args(self) -> dict:
-        return self.run.get("args") or {}
+    def deadline(self) -> datetime:
+        return datetime.fromtimestamp(self._deadline, tz=timezone.utc)
+
+    def seconds_left(self) -> float:
+        return max(0.0, self._deadline - time.time())
+
+    async def wait_lease_lost(self, timeout: float | None = None) -> bool:
+        """True once the lease is lost; False if ``timeout`` passed first."""
+        try:
+            await asyncio.wait_for(self.lease_lost.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    # -- side effects ---------------------------------------------------------------
+    async def notify_user(self, user_id: UUID | str, event: str, payload: Any = None) -> int:
+        return await self._db.notify_user(UUID(str(user_id)), event, {} if payload is None else payload)
+
+    async def notify_room(self, room: str, event: str, payload: Any = None) -> int:
+        return await self._db.notify_room(room, event, {} if payload is None else payload)
+
+    async def enqueue(self, handler: str, args: dict | None = None, *, run_at: datetime | None = None,
+                      queueing_lock: str | None = None, max_attempts: int = 3) -> int | None:
+        row = await self._db.enqueue(handler, args or {}, run_at, queueing_lock, max_attempts)
+        return None if row is None else row["id"]
+
+    def __repr__(self) -> str:
+        return f"<HandlerContext run={self.run_id} handler={self.handler!r} attempt={self.attempt}>"
+
+
+# -- scheduler side (not for handler authors) ---------------------------------------------
+def _extend_deadline(ctx: HandlerContext, until: float) -> None:
+    ctx._deadline = until
+
+
+def _cap_deadline(ctx: HandlerContext, until: float) -> None:
+    ctx._deadline = min(ctx._deadline, until)
 
 
 Handler = Callable[[HandlerContext], Awaitable[Any]]
@@ -52,63 +155,51 @@ class HandlerRegistry:
             return fn
         return deco
 
+    def add(self, name: str, fn: Handler) -> None:
+        self._handlers[name] = fn
+
     def get(self, name: str) -> Handler | None:
         return self._handlers.get(name)
 
     def names(self) -> list[str]:
         return sorted(self._handlers)
 
+    def update(self, other: "HandlerRegistry") -> None:
+        self._handlers.update(other._handlers)
+
     def load_modules(self, modules: list[str]) -> None:
         for m in modules:
             importlib.import_module(m)
 
 
+# Decorator target for SWITCHBOARD_HANDLERS modules (public API).
 registry = HandlerRegistry()
 
 
-@registry.register("noop")
-async def noop(ctx: HandlerContext) -> Any:
-    return None
+def discover_entry_points(into: HandlerRegistry, group: str = ENTRY_POINT_GROUP) -> list[str]:
+    """Load the ``switchboard.handlers`` entry points. An entry point naming a callable
+    registers it under the entry point's name; one naming a module imports it (the
+    module registers itself with the decorator). Returns the names added."""
+    added = []
+    for ep in entry_points(group=group):
+        obj = ep.load()
+        if isinstance(obj, ModuleType):
+            continue
+        if not callable(obj):
+            raise TypeError(f"entry point {ep.name} = {ep.value} in group {group} is not callable")
+        into.add(ep.name, obj)
+        added.append(ep.name)
+    return added
 
 
-@registry.register("sleep")
-async def sleep(ctx: HandlerContext) -> Any:
-    seconds = float(ctx.args.get("seconds", 1))
-    await asyncio.sleep(min(max(seconds, 0), 3600))
-    return {"slept": seconds}
+def load_handlers(modules: list[str], builtins: HandlerRegistry) -> HandlerRegistry:
+    """One registry for this replica: built-ins, then entry points, then the
+    decorator-registered handlers of SWITCHBOARD_HANDLERS modules (later wins)."""
+    out = HandlerRegistry()
+    out.update(builtins)
+    discover_entry_points(out)
+    registry.load_modules(modules)
+    out.update(registry)
+    LOG.debug("handlers: %s", ", ".join(out.names()))
+    return out
 
-
-@registry.register("fail")
-async def fail(ctx: HandlerContext) -> Any:
-    raise HandlerError(str(ctx.args.get("message", "failed on purpose")))
-
-
-@registry.register("sql")
-async def sql(ctx: HandlerContext) -> Any:
-    """Run args.sql as the restricted role switchboard_job (tasks only, never one-off jobs:
-    tasks are created by admins or DBAs, jobs by application code)."""
-    if ctx.run.get("task_id") is None:
-        raise HandlerError("the sql handler runs only for tasks (admin-created), not enqueued jobs")
-    statement = ctx.args.get("sql")
-    if not isinstance(statement, str) or not statement.strip():
-        raise HandlerError('args.sql must be a SQL statement, e.g. {"sql": "SELECT 1"}')
-    timeout = float(ctx.args.get("timeout_seconds", ctx.svc.config.lease_seconds))
-    return await ctx.svc.db.run_job_sql(statement, timeout)
-
-
-@registry.register("notify")
-async def notify(ctx: HandlerContext) -> Any:
-    a = ctx.args
-    event = a.get("event")
-    payload = a.get("payload", {})
-    if a.get("user_id"):
-        return {"event_id": await ctx.svc.db.notify_user(uuid.UUID(str(a["user_id"])), event, payload)}
-    if a.get("room"):
-        return {"event_id": await ctx.svc.db.notify_room(str(a["room"]), event, payload)}
-    raise HandlerError('notify needs args {"user_id" or "room", "event", "payload"}')
-
-
-@registry.register("maintenance")
-async def maintenance(ctx: HandlerContext) -> Any:
-    cfg = ctx.svc.config
-    return await ctx.svc.db.maintenance(cfg.event_retention_seconds, cfg.replica_stale_seconds)

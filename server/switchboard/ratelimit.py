@@ -13,12 +13,10 @@ import ipaddress
 import logging
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import falcon
 
-if TYPE_CHECKING:
-    from .app import Services
+from .db import Database
+from .metrics import Metrics
 
 LOG = logging.getLogger("switchboard.ratelimit")
 
@@ -46,23 +44,25 @@ class Decision:
 
 
 class RateLimiter:
-    def __init__(self, svc: "Services") -> None:
-        self.svc = svc
+    def __init__(self, db: Database, metrics: Metrics, timeout: float) -> None:
+        self.db = db
+        self.metrics = metrics
+        self.timeout = timeout
 
     async def check(self, policy: str, key: str, rate: float, burst: int) -> Decision:
         window = max(1, math.ceil(burst / rate))
-        timeout = self.svc.config.ratelimit_timeout
+        timeout = self.timeout
         try:
             row = await asyncio.wait_for(
-                self.svc.db.rate_check(f"{policy}:{key}", rate, burst, 1, timeout=timeout), timeout)
+                self.db.rate_check(f"{policy}:{key}", rate, burst, 1, timeout=timeout), timeout)
         except Exception as exc:  # timeout, pool exhausted, database down
-            self.svc.metrics.inc("switchboard_ratelimit_fail_open_total", policy=policy)
+            self.metrics.inc("switchboard_ratelimit_fail_open_total", policy=policy)
             LOG.warning("rate limit %s failed open: %s", policy, str(exc).strip() or type(exc).__name__)
             return Decision(True, burst, 0, 0, policy, burst, window, failed_open=True)
         d = Decision(row["allowed"], row["remaining"], row["retry_after_ms"], row["reset_after_ms"],
                      policy, burst, window)
         if not d.allowed:
-            self.svc.metrics.inc("switchboard_ratelimit_denied_total", policy=policy)
+            self.metrics.inc("switchboard_ratelimit_denied_total", policy=policy)
         return d
 
 

@@ -27,14 +27,14 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 
-from .db import conninfo_with_keepalives
-
-if TYPE_CHECKING:
-    from .app import Services
+from .auth import AuthState
+from .config import Config
+from .db import Database, conninfo_with_keepalives
+from .metrics import Metrics
 
 LOG = logging.getLogger("switchboard.relay")
 CHANNELS = ("switchboard_events", "switchboard_control", "switchboard_runs")
@@ -156,18 +156,31 @@ class Registry:
 
 
 class Relay:
-    def __init__(self, svc: "Services") -> None:
-        self.svc = svc
-        self.cfg = svc.config
+    """Hears the three channels and acts on this replica's sockets.
+
+    ``on_run_wake`` is called when a run was queued (the scheduler claims at once);
+    ``on_tool_result(call_id)`` when a browser answered a tool call this replica
+    waits for. Both are plain callbacks, so the relay knows neither component.
+    """
+
+    def __init__(self, db: Database, auth: AuthState, registry: Registry, metrics: Metrics,
+                 config: Config, replica_id: str, *, on_run_wake: Callable[[], None],
+                 on_tool_result: Callable[[uuid.UUID], None]) -> None:
+        self.db = db
+        self.auth = auth
+        self.metrics = metrics
+        self.cfg = config
+        self.replica_id = replica_id
         self.url = self.cfg.listen_database_url or self.cfg.database_url
-        self.registry = svc.registry
+        self.registry = registry
+        self.on_run_wake = on_run_wake
+        self.on_tool_result = on_tool_result
         self.connected = False
         self.last_error: str | None = "not connected yet"
         self.last_seen_id = 0
         self._stop = asyncio.Event()
         self._conn: psycopg.AsyncConnection | None = None
         self._tasks: list[asyncio.Task] = []
-        self.on_run_wake: Callable[[], None] = lambda: None
 
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> None:
@@ -222,7 +235,7 @@ class Relay:
         self._conn = conn
         for ch in CHANNELS:
             await conn.execute(f"LISTEN {ch}")
-        self.svc.metrics.inc("switchboard_listen_reconnects_total")
+        self.metrics.inc("switchboard_listen_reconnects_total")
         # Anything announced or published while we were not listening:
         await self._after_connect()
         self.connected = True
@@ -240,12 +253,12 @@ class Relay:
                 await asyncio.wait_for(conn.execute("SELECT 1"), timeout=max(interval, 1.0))
 
     async def _after_connect(self) -> None:
-        db = self.svc.db
+        db = self.db
         try:
             rows = await db.auth_snapshot(self.cfg.jwt_ttl + 60)
-            self.svc.auth.load_snapshot(rows)
+            self.auth.load_snapshot(rows)
             for c in self.registry.clients():
-                known = self.svc.auth.users.get(c.user_id)
+                known = self.auth.users.get(c.user_id)
                 if known is not None and known[1]:
                     self.close_client(c, 1008, "user disabled")
         except Exception as exc:
@@ -257,14 +270,14 @@ class Relay:
             await self._catch_up(c)
 
     async def _catch_up(self, c: Client) -> None:
-        rows = await self.svc.db.events_since(c.user_id, c.cursor, sorted(c.rooms), 10000)
+        rows = await self.db.events_since(c.user_id, c.cursor, sorted(c.rooms), 10000)
         for r in rows:
             c.offer(frame_from_row(r))
 
 
     # -- dispatch -------------------------------------------------------------------
     async def _dispatch(self, channel: str, payload: str) -> None:
-        m = self.svc.metrics
+        m = self.metrics
         m.inc("switchboard_notifications_total", channel=channel)
         try:
             if channel == "switchboard_runs":
@@ -281,7 +294,7 @@ class Relay:
         if eid is not None and eid > self.last_seen_id:
             self.last_seen_id = eid
         if msg.get("truncated"):
-            row = await self.svc.db.fetch_event(eid)
+            row = await self.db.fetch_event(eid)
             if row is None:
                 return
             msg["payload"] = row["payload"]
@@ -301,13 +314,13 @@ class Relay:
             c.offer(f, text)
             n += 1
         if n:
-            self.svc.metrics.inc("switchboard_events_relayed_total", n)
+            self.metrics.inc("switchboard_events_relayed_total", n)
 
     def _on_control(self, msg: dict) -> None:
         kind = msg.get("kind")
         if kind == "user":
             uid = uuid.UUID(msg["user_id"])
-            self.svc.auth.apply_user(uid, msg["role"], bool(msg["disabled"]))
+            self.auth.apply_user(uid, msg["role"], bool(msg["disabled"]))
             for c in list(self.registry.by_user.get(uid, ())):
                 if msg["disabled"]:
                     self.close_client(c, 1008, "user disabled")
@@ -315,7 +328,7 @@ class Relay:
                     c.role = msg["role"]
                     c.offer(frame("session.updated", {"role": msg["role"]}))
         elif kind == "revoke":
-            self.svc.auth.apply_revoke(msg["jti"])
+            self.auth.apply_revoke(msg["jti"])
         elif kind == "member":
             if not msg.get("member"):
                 uid = uuid.UUID(msg["user_id"])
@@ -324,15 +337,15 @@ class Relay:
                         self.registry.leave(c, msg["room"])
                         c.offer(frame("left", {"reason": "removed"}, room=msg["room"]))
         elif kind == "tool_result":
-            if msg.get("replica_id") == self.svc.replica_id:
-                self.svc.tools.resolve(uuid.UUID(msg["call_id"]))
+            if msg.get("replica_id") == self.replica_id:
+                self.on_tool_result(uuid.UUID(msg["call_id"]))
 
     # -- closing ----------------------------------------------------------------------
     def close_client(self, c: Client, code: int, reason: str) -> None:
         if c.closing is not None:
             return
         c.closing = code
-        self.svc.metrics.inc("switchboard_ws_closed_total", code=str(code))
+        self.metrics.inc("switchboard_ws_closed_total", code=str(code))
         closer = getattr(c, "closer", None)
         if closer is not None:
             # Kept on the client: the socket's handler awaits it before returning, or the

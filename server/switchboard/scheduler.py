@@ -16,30 +16,30 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import random
-import secrets
-import socket
+import time
 import traceback
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .handlers import HandlerContext, HandlerError, registry
-
-if TYPE_CHECKING:
-    from .app import Services
+from .config import Config
+from .db import Database
+from .handlers import HandlerContext, HandlerError, HandlerRegistry, _cap_deadline, _extend_deadline
+from .metrics import Metrics
+from .replica import ReplicaState
 
 LOG = logging.getLogger("switchboard.scheduler")
 
 
-def worker_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
 class Scheduler:
-    def __init__(self, svc: "Services") -> None:
-        self.svc = svc
-        self.cfg = svc.config
-        self.worker = svc.replica_id
+    def __init__(self, db: Database, metrics: Metrics, config: Config, handlers: HandlerRegistry,
+                 replica: ReplicaState) -> None:
+        self.db = db
+        self.metrics = metrics
+        self.cfg = config
+        self.handlers = handlers
+        self.replica = replica
+        self.worker = replica.replica_id
+        self._contexts: dict[int, HandlerContext] = {}
         self._wake = asyncio.Event()
         self._stopping = False
         self._running: dict[int, asyncio.Task] = {}
@@ -76,28 +76,30 @@ class Scheduler:
 
     async def _claim_available(self) -> None:
         """Claim as many runs as there are free slots, in one round trip per batch."""
-        while not self._stopping and not self.svc.draining:
+        while not self._stopping and not self.replica.draining:
             free = self.cfg.scheduler_concurrency - len(self._running)
             if free <= 0:
                 return
-            runs = await self.svc.db.claim_many(self.worker, self.cfg.lease_seconds, free)
+            runs = await self.db.claim_many(self.worker, self.cfg.lease_seconds, free)
             for run in runs:
-                self.svc.metrics.inc("switchboard_claims_total", handler=run["handler"])
+                self.metrics.inc("switchboard_claims_total", handler=run["handler"])
                 self._running[run["id"]] = asyncio.create_task(self._execute(run), name=f"run-{run['id']}")
             if len(runs) < free:
                 return  # nothing more is due right now
 
     async def _execute(self, run: dict) -> None:
         run_id = run["id"]
-        hb = asyncio.create_task(self._heartbeat(run_id))
+        ctx = HandlerContext(run, self.db, lease_seconds=self.cfg.lease_seconds)
+        self._contexts[run_id] = ctx
+        hb = asyncio.create_task(self._heartbeat(ctx))
         ok, result, error = False, None, None
         try:
-            handler = registry.get(run["handler"])
+            handler = self.handlers.get(run["handler"])
             if handler is None:
-                error = f"unknown handler {run['handler']!r} (registered: {', '.join(registry.names())})"
+                error = f"unknown handler {run['handler']!r} (registered: {', '.join(self.handlers.names())})"
             else:
                 try:
-                    result = await handler(HandlerContext(self.svc, run))
+                    result = await handler(ctx)
                     ok = True
                 except asyncio.CancelledError:
                     raise
@@ -109,20 +111,22 @@ class Scheduler:
         except asyncio.CancelledError:
             hb.cancel()
             self._running.pop(run_id, None)
+            self._contexts.pop(run_id, None)
             raise
         hb.cancel()
         try:
             if ok:
                 finished = await self._finish_ok(run_id, _jsonable(result))
             else:
-                finished = await self.svc.db.finish_run(run_id, self.worker, False, None, error)
+                finished = await self.db.finish_run(run_id, self.worker, False, None, error)
             if not finished:
                 LOG.warning("run %s: lease lost before finish (another worker rescued it)", run_id)
-            self.svc.metrics.inc("switchboard_runs_finished_total", outcome="ok" if ok else "failed")
+            self.metrics.inc("switchboard_runs_finished_total", outcome="ok" if ok else "failed")
         except Exception as exc:
             LOG.warning("run %s: finish failed (%s); the lease will expire and it is retried", run_id, exc)
         finally:
             self._running.pop(run_id, None)
+            self._contexts.pop(run_id, None)
             self._wake.set()
 
     async def _finish_ok(self, run_id: int, result: Any) -> bool:
@@ -140,7 +144,7 @@ class Scheduler:
             while self._done:
                 batch, self._done = self._done, []
                 try:
-                    finished = await self.svc.db.finish_runs(self.worker, [b[0] for b in batch],
+                    finished = await self.db.finish_runs(self.worker, [b[0] for b in batch],
                                                              [b[1] for b in batch])
                 except Exception as exc:
                     for _, _, fut in batch:
@@ -153,14 +157,21 @@ class Scheduler:
         finally:
             self._flushing = False
 
-    async def _heartbeat(self, run_id: int) -> None:
+    async def _heartbeat(self, ctx: HandlerContext) -> None:
+        """Extend the lease every lease/3; when the database says this worker no longer
+        owns the run, tell the handler through ctx.lease_lost."""
+        run_id = ctx.run_id
         interval = max(self.cfg.lease_seconds / 3, 0.2)
         while True:
             await asyncio.sleep(interval)
             try:
-                if not await self.svc.db.heartbeat_run(run_id, self.worker, self.cfg.lease_seconds):
+                sent = time.time()
+                if not await self.db.heartbeat_run(run_id, self.worker, self.cfg.lease_seconds):
                     LOG.warning("run %s: lease lost", run_id)
+                    ctx.lease_lost.set()
                     return
+                if not self.replica.draining:
+                    _extend_deadline(ctx, sent + self.cfg.lease_seconds)
             except Exception as exc:
                 LOG.warning("run %s: heartbeat failed: %s", run_id, exc)
 
@@ -168,6 +179,9 @@ class Scheduler:
         """Stop claiming; wait up to grace for running handlers; hand back the rest."""
         self._stopping = True
         self._wake.set()
+        until = time.time() + grace
+        for ctx in self._contexts.values():
+            _cap_deadline(ctx, until)
         if self._loop_task:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
@@ -178,7 +192,7 @@ class Scheduler:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             try:
-                if await self.svc.db.release_run(run_id, self.worker):
+                if await self.db.release_run(run_id, self.worker):
                     LOG.info("run %s handed back", run_id)
             except Exception as exc:
                 LOG.warning("run %s: hand-back failed (%s); its lease will expire", run_id, exc)

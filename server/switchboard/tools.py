@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import falcon
 
-if TYPE_CHECKING:
-    from .app import Services
+from .db import Database
 
 
 class ToolBridge:
-    def __init__(self, svc: "Services") -> None:
-        self.svc = svc
+    def __init__(self, db: Database, replica_id: str) -> None:
+        self.db = db
+        self.replica_id = replica_id
         self._waiters: dict[uuid.UUID, asyncio.Future[None]] = {}
         self._early: set[uuid.UUID] = set()
 
@@ -35,9 +35,9 @@ class ToolBridge:
             fut.set_result(None)
 
     async def call(self, user_id: uuid.UUID, name: str, args: Any, timeout_ms: int) -> Any:
-        db = self.svc.db
+        db = self.db
         timeout = timeout_ms / 1000.0
-        call_id = await db.tool_call_start(user_id, self.svc.replica_id, name, args, timeout)
+        call_id = await db.tool_call_start(user_id, self.replica_id, name, args, timeout)
         if call_id is None:
             raise falcon.HTTPNotFound(title="Not Found",
                                       description=f"user {user_id} has no open socket on any replica")

@@ -15,17 +15,18 @@ import logging
 import re
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 import falcon
 import falcon.asgi
 import psycopg
 
-from .relay import Client, encode, frame, frame_from_row
+from .config import Config
+from .db import Database
+from .relay import Client, Registry, Relay, encode, frame, frame_from_row
+from .replica import ReplicaState
 
-if TYPE_CHECKING:
-    from .app import Services
 
 LOG = logging.getLogger("switchboard.ws")
 ROOM_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
@@ -66,9 +67,13 @@ def origin_allowed(origin: str | None, host: str | None, allowed: list[str]) -> 
 
 
 class WebSocketResource:
-    def __init__(self, svc: "Services") -> None:
-        self.svc = svc
-        self.cfg = svc.config
+    def __init__(self, db: Database, relay: Relay, registry: Registry, config: Config,
+                 replica: ReplicaState) -> None:
+        self.db = db
+        self.relay = relay
+        self.registry = registry
+        self.cfg = config
+        self.replica = replica
 
     async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         raise falcon.HTTPBadRequest(title="Bad Request",
@@ -76,8 +81,8 @@ class WebSocketResource:
                                                 "with ?ticket= (POST /ws/ticket issues one).")
 
     async def on_websocket(self, req: falcon.asgi.Request, ws: falcon.asgi.WebSocket) -> None:
-        svc = self.svc
-        if svc.draining:
+        db, relay, registry = self.db, self.relay, self.registry
+        if self.replica.draining:
             await ws.close(1012)
             return
         if not origin_allowed(req.get_header("Origin"), req.get_header("Host"), self.cfg.allowed_origins):
@@ -86,8 +91,8 @@ class WebSocketResource:
             return
         ticket = req.get_param("ticket") or ""
         try:
-            user_id = await svc.db.consume_ticket(ticket)
-            user = await svc.db.get_user(user_id) if user_id else None
+            user_id = await db.consume_ticket(ticket)
+            user = await db.get_user(user_id) if user_id else None
         except Exception as exc:  # database error, pool timeout, DB down
             LOG.warning("ticket check failed: %s", exc)
             await ws.close(1011)
@@ -95,7 +100,7 @@ class WebSocketResource:
         if user is None or user["disabled"]:
             await ws.close(1008)
             return
-        if svc.registry.sockets_of(user_id) >= self.cfg.ws_max_sockets_per_user:
+        if registry.sockets_of(user_id) >= self.cfg.ws_max_sockets_per_user:
             await ws.close(1008)
             return
         # Optional handshake-time resume: /ws?ticket=T&after=N&rooms=a,b joins the rooms
@@ -116,19 +121,19 @@ class WebSocketResource:
                 return
             try:
                 for r in wanted:
-                    (rooms if await svc.db.is_room_member(r, user_id) else refused).append(r)
+                    (rooms if await db.is_room_member(r, user_id) else refused).append(r)
             except Exception as exc:
                 LOG.warning("room check failed: %s", exc)
                 await ws.close(1011)
                 return
         await ws.accept()
         client = Client(user_id, user["username"], user["role"], self.cfg.ws_queue_size,
-                        svc.relay.last_seen_id, svc.relay.overflow)
+                        relay.last_seen_id, relay.overflow)
         if after is not None:
             client.resuming = True  # buffer live events from the moment the socket is registered
             client.buffer = []
         for r in rooms:
-            svc.registry.join(client, r)
+            registry.join(client, r)
 
         async def closer(code: int, reason: str) -> None:
             try:
@@ -139,9 +144,9 @@ class WebSocketResource:
         # hello is queued in the same step that registers the socket (no await between):
         # once registered, the relay may offer live events, and none may overtake hello
         # (a client that resumes from "the last id seen" would skip what it missed).
-        n = svc.registry.add(client)
+        n = registry.add(client)
         client.queue.put_nowait(encode(frame(
-            "hello", {"replica": svc.replica_id, "user_id": str(user_id), "username": user["username"],
+            "hello", {"replica": self.replica.replica_id, "user_id": str(user_id), "username": user["username"],
                       "role": user["role"], "last_id": client.cursor, "rooms": sorted(rooms)})))
         for r in refused:
             client.queue.put_nowait(encode(frame(
@@ -161,7 +166,7 @@ class WebSocketResource:
         finally:
             if client.close_task is not None:  # the close code we chose goes out, not 1000
                 await asyncio.gather(client.close_task, return_exceptions=True)
-            left = svc.registry.remove(client)
+            left = registry.remove(client)
             client.queue.put_nowait(None) if not client.queue.full() else None
             sender.cancel()
             try:
@@ -171,7 +176,7 @@ class WebSocketResource:
 
     async def _presence(self, user_id: uuid.UUID, n: int) -> None:
         try:
-            await self.svc.db.presence_set(self.svc.replica_id, user_id, n)
+            await self.db.presence_set(self.replica.replica_id, user_id, n)
         except Exception as exc:
             LOG.warning("presence update failed (heartbeat will repair): %s", exc)
 
@@ -197,16 +202,16 @@ class WebSocketResource:
             try:
                 text = await ws.receive_text()
             except falcon.errors.PayloadTypeError:
-                self.svc.relay.close_client(client, 1003, "binary frames are not supported")
+                self.relay.close_client(client, 1003, "binary frames are not supported")
                 return
             if len(text.encode()) > self.cfg.ws_max_frame_bytes:
-                self.svc.relay.close_client(client, 1009, "frame too large")
+                self.relay.close_client(client, 1009, "frame too large")
                 return
             if not bucket.take():
                 strikes += 1
                 self._error(client, "rate_limited", "too many frames; slow down")
                 if strikes >= 3 * self.cfg.ws_frame_burst:
-                    self.svc.relay.close_client(client, 1008, "frame rate exceeded")
+                    self.relay.close_client(client, 1008, "frame rate exceeded")
                     return
                 continue
             try:
@@ -238,15 +243,15 @@ class WebSocketResource:
             if not isinstance(room, str) or not ROOM_RE.match(room):
                 self._error(client, "bad_room", "room must be a room name", action="join")
                 return
-            if not await self.svc.db.is_room_member(room, client.user_id):
+            if not await self.db.is_room_member(room, client.user_id):
                 self._error(client, "forbidden", f"not a member of room {room}", action="join", room=room)
                 return
-            self.svc.registry.join(client, room)
+            self.registry.join(client, room)
             client.offer(frame("joined", {}, room=room))
         elif action == "leave":
             room = msg.get("room")
             if isinstance(room, str) and room in client.rooms:
-                self.svc.registry.leave(client, room)
+                self.registry.leave(client, room)
             client.offer(frame("left", {}, room=room if isinstance(room, str) else None))
         elif action == "resume":
             after = msg.get("after")
@@ -267,7 +272,7 @@ class WebSocketResource:
         de-duplicated by event id (ids follow commit order, so the query plus
         the buffer cover everything after `after`).
         """
-        db = self.svc.db
+        db = self.db
         if not client.resuming:  # (a handshake-time resume is already buffering)
             client.resuming = True
             client.buffer = []
@@ -302,7 +307,7 @@ class WebSocketResource:
             if not isinstance(room, str) or room not in client.rooms:
                 self._error(client, "forbidden", "typing goes to a room you have joined", event=event)
                 return
-            await self.svc.db.publish_client_event(client.user_id, room, "typing", payload)
+            await self.db.publish_client_event(client.user_id, room, "typing", payload)
             return
         m = TOOL_RESULT_RE.match(event)
         if m:
@@ -311,7 +316,7 @@ class WebSocketResource:
             except ValueError:
                 self._error(client, "bad_event", "bad tool call id")
                 return
-            ok = await self.svc.db.tool_call_answer(call_id, client.user_id, payload)
+            ok = await self.db.tool_call_answer(call_id, client.user_id, payload)
             if not ok:
                 self._error(client, "unknown_call", "no pending tool call with that id for you", event=event)
             return

@@ -1,0 +1,1 @@
+"""Example task handlers for Switchboard (see handlers.py)."""

@@ -1,0 +1,63 @@
+"""The built-in task handlers.
+
+They are ordinary handlers: what they need beyond the public HandlerContext
+(the job role's SQL runner, the maintenance sweep and their settings) is
+handed to ``builtin_handlers`` by the composition root and closed over, so the
+context stays the small public API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from .config import Config
+from .db import Database
+from .handlers import HandlerContext, HandlerError, HandlerRegistry
+
+
+def builtin_handlers(db: Database, config: Config) -> HandlerRegistry:
+    reg = HandlerRegistry()
+
+    @reg.register("noop")
+    async def noop(ctx: HandlerContext) -> Any:
+        return None
+
+    @reg.register("sleep")
+    async def sleep(ctx: HandlerContext) -> Any:
+        seconds = float(ctx.args.get("seconds", 1))
+        await asyncio.sleep(min(max(seconds, 0), 3600))
+        return {"slept": seconds}
+
+    @reg.register("fail")
+    async def fail(ctx: HandlerContext) -> Any:
+        raise HandlerError(str(ctx.args.get("message", "failed on purpose")))
+
+    @reg.register("sql")
+    async def sql(ctx: HandlerContext) -> Any:
+        """Run args.sql as the restricted role switchboard_job (tasks only, never one-off jobs:
+        tasks are created by admins or DBAs, jobs by application code)."""
+        if ctx.task_id is None:
+            raise HandlerError("the sql handler runs only for tasks (admin-created), not enqueued jobs")
+        statement = ctx.args.get("sql")
+        if not isinstance(statement, str) or not statement.strip():
+            raise HandlerError('args.sql must be a SQL statement, e.g. {"sql": "SELECT 1"}')
+        timeout = float(ctx.args.get("timeout_seconds", config.lease_seconds))
+        return await db.run_job_sql(statement, timeout)
+
+    @reg.register("notify")
+    async def notify(ctx: HandlerContext) -> Any:
+        a = ctx.args
+        event = a.get("event")
+        payload = a.get("payload", {})
+        if a.get("user_id"):
+            return {"event_id": await ctx.notify_user(str(a["user_id"]), event, payload)}  # type: ignore[arg-type]
+        if a.get("room"):
+            return {"event_id": await ctx.notify_room(str(a["room"]), event, payload)}  # type: ignore[arg-type]
+        raise HandlerError('notify needs args {"user_id" or "room", "event", "payload"}')
+
+    @reg.register("maintenance")
+    async def maintenance(ctx: HandlerContext) -> Any:
+        return await db.maintenance(config.event_retention_seconds, config.replica_stale_seconds)
+
+    return reg

@@ -1,0 +1,60 @@
+"""The replica heartbeat: this replica is alive, and these users have sockets here.
+
+Every ``heartbeat_interval`` seconds: replica_heartbeat() (the replicas row
+other replicas and status() read), presence_sync() (repairs any presence row a
+failed presence_set left wrong), and a prune of the auth cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+
+from .auth import AuthState
+from .db import Database
+from .relay import Registry
+from .replica import ReplicaState
+
+LOG = logging.getLogger("switchboard.heartbeat")
+
+
+class ReplicaHeartbeat:
+    def __init__(self, db: Database, registry: Registry, auth: AuthState, replica: ReplicaState,
+                 interval: float) -> None:
+        self.db = db
+        self.registry = registry
+        self.auth = auth
+        self.replica = replica
+        self.interval = interval
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="heartbeat")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        try:
+            await asyncio.wait_for(self.db.replica_stop(self.replica.replica_id), 3)
+        except Exception:
+            pass
+
+    async def beat(self) -> None:
+        rid = self.replica.replica_id
+        users = list(self.registry.by_user.keys())
+        counts = [len(self.registry.by_user[u]) for u in users]
+        info = {"host": socket.gethostname(), "pid": os.getpid(), "sockets": self.registry.count}
+        await self.db.replica_heartbeat(rid, info)
+        await self.db.presence_sync(rid, users, counts)
+        self.auth.prune()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.beat()
+            except Exception as exc:
+                LOG.debug("heartbeat failed: %s", exc)
+            await asyncio.sleep(self.interval)

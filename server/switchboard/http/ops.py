@@ -1,0 +1,70 @@
+"""Health, metrics, the OpenAPI document and the demo page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import falcon
+
+from ..db import Database
+from ..metrics import Metrics
+from ..openapi import openapi_document
+from ..relay import Relay
+from ..replica import ReplicaState
+
+STATIC = Path(__file__).resolve().parent.parent / "static"
+
+
+class Live:
+    async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.media = {"status": "ok"}
+
+
+class Ready:
+    def __init__(self, replica: ReplicaState, relay: Relay, db: Database) -> None:
+        self.replica = replica
+        self.relay = relay
+        self.db = db
+
+    async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        reasons = []
+        if self.replica.draining:
+            reasons.append("shutting down")
+        if not self.relay.connected:
+            reasons.append(self.relay.last_error or "LISTEN connection down")
+        try:
+            await self.db.ping(timeout=2.0)
+        except Exception as exc:
+            reasons.append(f"database unavailable: {str(exc).strip() or type(exc).__name__}")
+        rid = self.replica.replica_id
+        if reasons:
+            resp.status = falcon.HTTP_503
+            resp.media = {"status": "unavailable", "reasons": reasons, "replica": rid}
+        else:
+            resp.media = {"status": "ready", "replica": rid}
+
+
+class MetricsResource:
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.content_type = "text/plain; version=0.0.4; charset=utf-8"
+        resp.text = self.metrics.render()
+
+
+class OpenAPI:
+    def __init__(self) -> None:
+        self.doc = openapi_document()
+
+    async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.media = self.doc
+
+
+class Page:
+    def __init__(self) -> None:
+        self.html = (STATIC / "index.html").read_text()  # read once, not per request
+
+    async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.content_type = falcon.MEDIA_HTML
+        resp.text = self.html

@@ -1,0 +1,109 @@
+"""/tasks, /tasks/{id}, /tasks/{id}/trigger, /tasks/{id}/runs."""
+
+from __future__ import annotations
+
+import uuid
+
+import falcon
+
+from ..auth import AuthState
+from ..db import Database
+from .common import (authenticate, check_fields, field_str, jsonable_row, read_json, require_admin,
+                     unprocessable)
+
+TASK_FIELDS = {"name", "schedule", "handler", "args", "timezone", "max_attempts", "is_active"}
+
+
+def _not_found(task_id: uuid.UUID) -> falcon.HTTPError:
+    return falcon.HTTPNotFound(title="Not Found", description=f"task {task_id} does not exist")
+
+
+class Tasks:
+    def __init__(self, db: Database, auth: AuthState, max_body: int) -> None:
+        self.db = db
+        self.auth = auth
+        self.max_body = max_body
+
+    async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        authenticate(self.auth, req)
+        resp.media = {"tasks": [jsonable_row(t) for t in await self.db.list_tasks()]}
+
+    async def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        require_admin(self.auth, req)
+        body = await read_json(req, self.max_body)
+        check_fields(body, TASK_FIELDS - {"is_active"})
+        name = field_str(body, "name", max_len=200)
+        schedule = field_str(body, "schedule", required=False, nullable=True, max_len=200)
+        handler = field_str(body, "handler", max_len=128)
+        tz = field_str(body, "timezone", required=False, max_len=100) or "UTC"
+        args = body.get("args", {})
+        if not isinstance(args, dict):
+            raise unprocessable("'args' must be a JSON object")
+        attempts = body.get("max_attempts", 3)
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 100:
+            raise unprocessable("'max_attempts' must be an integer between 1 and 100")
+        task = await self.db.create_task(name, schedule, handler, args, tz, attempts)  # type: ignore[arg-type]
+        resp.status = falcon.HTTP_201
+        resp.media = jsonable_row(task)
+
+
+class Task:
+    def __init__(self, db: Database, auth: AuthState, max_body: int) -> None:
+        self.db = db
+        self.auth = auth
+        self.max_body = max_body
+
+    async def _get(self, task_id: uuid.UUID) -> dict:
+        t = await self.db.get_task(task_id)
+        if t is None:
+            raise _not_found(task_id)
+        return t
+
+    async def on_get(self, req: falcon.Request, resp: falcon.Response, task_id: uuid.UUID) -> None:
+        authenticate(self.auth, req)
+        resp.media = jsonable_row(await self._get(task_id))
+
+    async def on_patch(self, req: falcon.Request, resp: falcon.Response, task_id: uuid.UUID) -> None:
+        require_admin(self.auth, req)
+        body = await read_json(req, self.max_body)
+        check_fields(body, TASK_FIELDS)
+        if not body:
+            raise unprocessable("nothing to change")
+        resp.media = jsonable_row(await self.db.update_task(task_id, body))
+
+    async def on_delete(self, req: falcon.Request, resp: falcon.Response, task_id: uuid.UUID) -> None:
+        require_admin(self.auth, req)
+        if not await self.db.delete_task(task_id):
+            raise _not_found(task_id)
+        resp.status = falcon.HTTP_204
+
+
+class Trigger:
+    def __init__(self, db: Database, auth: AuthState) -> None:
+        self.db = db
+        self.auth = auth
+
+    async def on_post(self, req: falcon.Request, resp: falcon.Response, task_id: uuid.UUID) -> None:
+        require_admin(self.auth, req)
+        run = await self.db.create_run_exclusive(task_id, "api")
+        if run is None:
+            active = await self.db.active_run(task_id)
+            resp.status = falcon.HTTP_409
+            resp.media = {"title": "Conflict", "description": "the task already has a queued or running run",
+                          "active_run": jsonable_row(active) if active else None}
+            return
+        resp.status = falcon.HTTP_202
+        resp.media = {"run": jsonable_row(run)}
+
+
+class Runs:
+    def __init__(self, db: Database, auth: AuthState) -> None:
+        self.db = db
+        self.auth = auth
+
+    async def on_get(self, req: falcon.Request, resp: falcon.Response, task_id: uuid.UUID) -> None:
+        authenticate(self.auth, req)
+        limit = req.get_param_as_int("limit", min_value=1, max_value=1000, default=50)
+        if await self.db.get_task(task_id) is None:
+            raise _not_found(task_id)
+        resp.media = {"runs": [jsonable_row(r) for r in await self.db.task_runs(task_id, limit)]}
