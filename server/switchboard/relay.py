@@ -26,7 +26,7 @@ import random
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -160,12 +160,15 @@ class Relay:
 
     ``on_run_wake`` is called when a run was queued (the scheduler claims at once);
     ``on_tool_result(call_id)`` when a browser answered a tool call this replica
-    waits for. Both are plain callbacks, so the relay knows neither component.
+    waits for; ``on_connect()`` (async) first thing after every (re)connect -- the
+    failover watch uses it to notice a new primary. All plain callbacks, so the
+    relay knows none of those components.
     """
 
     def __init__(self, db: Database, auth: AuthState, registry: Registry, metrics: Metrics,
                  config: Config, replica_id: str, *, on_run_wake: Callable[[], None],
-                 on_tool_result: Callable[[uuid.UUID], None]) -> None:
+                 on_tool_result: Callable[[uuid.UUID], None],
+                 on_connect: Callable[[], Awaitable[None]] | None = None) -> None:
         self.db = db
         self.auth = auth
         self.metrics = metrics
@@ -175,6 +178,7 @@ class Relay:
         self.registry = registry
         self.on_run_wake = on_run_wake
         self.on_tool_result = on_tool_result
+        self.on_connect = on_connect
         self.connected = False
         self.last_error: str | None = "not connected yet"
         self.last_seen_id = 0
@@ -254,6 +258,8 @@ class Relay:
 
     async def _after_connect(self) -> None:
         db = self.db
+        if self.on_connect is not None:
+            await self.on_connect()
         try:
             rows = await db.auth_snapshot(self.cfg.jwt_ttl + 60)
             self.auth.load_snapshot(rows)

@@ -9,6 +9,8 @@ and nothing is patched in afterwards:
            -> relay(db, auth, registry, metrics, config, on_run_wake=scheduler.wake,
                     on_tool_result=tools.resolve)
            -> heartbeat(db, registry, auth)
+           -> failover watch(db, metrics, on reset: tools.database_reset, heartbeat.beat),
+              called by the relay on every (re)connect
 
 Only app.py (create_app) imports this module; components never do.
 """
@@ -21,6 +23,7 @@ from .auth import AuthState
 from .builtin_handlers import builtin_handlers
 from .config import Config
 from .db import Database
+from .failover import FailoverWatch
 from .handlers import HandlerRegistry, load_handlers
 from .heartbeat import ReplicaHeartbeat
 from .metrics import Metrics
@@ -45,10 +48,12 @@ class Services:
     scheduler: Scheduler
     relay: Relay
     heartbeat: ReplicaHeartbeat
+    failover: FailoverWatch
 
 
 def build_services(config: Config) -> Services:
-    db = Database(config.database_url, config.pool_min, config.pool_size, config.pool_timeout)
+    db = Database(config.database_url, config.pool_min, config.pool_size, config.pool_timeout,
+                  prepare_threshold=config.prepare_threshold)
     metrics = Metrics()
     auth = AuthState(config.jwt_secret, config.jwt_ttl)
     registry = Registry()
@@ -57,9 +62,10 @@ def build_services(config: Config) -> Services:
     tools = ToolBridge(db, replica.replica_id)
     limiter = RateLimiter(db, metrics, config.ratelimit_timeout)
     scheduler = Scheduler(db, metrics, config, handlers, replica)
-    relay = Relay(db, auth, registry, metrics, config, replica.replica_id,
-                  on_run_wake=scheduler.wake, on_tool_result=tools.resolve)
     heartbeat = ReplicaHeartbeat(db, registry, auth, replica, config.heartbeat_interval)
+    failover = FailoverWatch(db, metrics, on_unlogged_reset=[tools.database_reset, heartbeat.beat])
+    relay = Relay(db, auth, registry, metrics, config, replica.replica_id,
+                  on_run_wake=scheduler.wake, on_tool_result=tools.resolve, on_connect=failover.observe)
 
     metrics.gauge("switchboard_websockets_open", "Open WebSockets on this replica", lambda: registry.count)
     metrics.gauge("switchboard_listen_connected", "1 while the LISTEN connection is up",
@@ -73,4 +79,4 @@ def build_services(config: Config) -> Services:
                   lambda: db.pool.get_stats().get("requests_waiting", 0))
     return Services(config=config, db=db, metrics=metrics, auth=auth, registry=registry, replica=replica,
                     handlers=handlers, tools=tools, limiter=limiter, scheduler=scheduler, relay=relay,
-                    heartbeat=heartbeat)
+                    heartbeat=heartbeat, failover=failover)

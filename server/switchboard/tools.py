@@ -19,6 +19,10 @@ import falcon
 from .db import Database
 
 
+class ToolCallLost(Exception):
+    """The call's row vanished with PostgreSQL's UNLOGGED state (crash recovery or promotion)."""
+
+
 class ToolBridge:
     def __init__(self, db: Database, replica_id: str) -> None:
         self.db = db
@@ -33,6 +37,18 @@ class ToolBridge:
             return
         if not fut.done():
             fut.set_result(None)
+
+    def fail_all(self, reason: str) -> int:
+        """Fail every waiting call now (their rows are gone; they could only time out)."""
+        n = 0
+        for fut in self._waiters.values():
+            if not fut.done():
+                fut.set_exception(ToolCallLost(reason))
+                n += 1
+        return n
+
+    def database_reset(self) -> None:
+        self.fail_all("the database failed over or restarted and lost in-flight tool calls")
 
     async def call(self, user_id: uuid.UUID, name: str, args: Any, timeout_ms: int) -> Any:
         db = self.db
@@ -51,6 +67,10 @@ class ToolBridge:
                 await asyncio.wait_for(fut, timeout)
             except asyncio.TimeoutError:
                 pass
+            except ToolCallLost as exc:
+                raise falcon.HTTPServiceUnavailable(
+                    title="Service Unavailable", retry_after=1,
+                    description=f"tool call {call_id} was lost: {exc}; nothing was answered, call again") from None
             row = await db.tool_call_take(call_id)
         finally:
             self._waiters.pop(call_id, None)

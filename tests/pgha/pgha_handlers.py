@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
 from datetime import datetime, timezone
 
@@ -20,6 +21,7 @@ import psycopg
 from switchboard.handlers import HandlerContext, registry
 
 _conn: psycopg.AsyncConnection | None = None
+WORKER = f"{socket.gethostname()}:{os.getpid()}"   # one replica per process
 
 
 async def _record(n: int, run_id: int, worker: str, started: float, ended: float) -> None:
@@ -49,5 +51,5 @@ async def job(ctx: HandlerContext) -> dict:
     started = time.time()
     await asyncio.sleep(float(ctx.args.get("seconds", 0.3)))
     ended = time.time()
-    await _record(int(ctx.args["n"]), int(ctx.run["id"]), str(ctx.run["worker"]), started, ended)
+    await _record(int(ctx.args["n"]), ctx.run_id, WORKER, started, ended)
     return {"n": ctx.args["n"]}

@@ -132,7 +132,7 @@ class ReadyWatch(threading.Thread):
 
 def scenario(stack: Stack, name: str, fault: Callable[[], None], recovered: Callable[[], Node],
              tool_call: bool = False) -> dict:
-    trio, cluster = stack.trio, stack.cluster
+    trio = stack.trio
     log = HttpLog()
     label = name.replace(" ", "_")
     clients = [StreamClient(stack.tok, _pick_rr(trio), name=f"{label}-tab{i}") for i in range(3)]
