@@ -228,7 +228,11 @@ class Relay:
                 await asyncio.wait_for(self._stop.wait(), delay * (0.5 + random.random()))
             except asyncio.TimeoutError:
                 pass
-            delay = min(delay * 2, 5.0)
+            # Capped at 2 s (x0.5-1.5 jitter): after a PostgreSQL failover the relay is what
+            # keeps the replica unready, and a 5 s cap left replicas 503 for up to ~7 s after
+            # the new primary took writes (tests/pgha). One connect attempt per replica every
+            # 1-3 s during an outage costs the database nothing.
+            delay = min(delay * 2, 2.0)
 
     async def _session(self) -> None:
         conn = await asyncio.wait_for(
