@@ -22,6 +22,12 @@ if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
   useradd --system --no-create-home --shell /usr/sbin/nologin postgres
 fi
 command -v git >/dev/null 2>&1 || apt_install git
+# tests/pgha: a real Patroni cluster (etcd + Patroni) and a real PgBouncer.
+missing=()
+command -v patroni >/dev/null 2>&1 || missing+=(patroni)
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+{ command -v pgbouncer || [ -x /usr/sbin/pgbouncer ]; } >/dev/null 2>&1 || missing+=(pgbouncer)
+if [ "${#missing[@]}" -gt 0 ]; then apt_install "${missing[@]}"; fi
 
 # Python packages (the project and its test extras).
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'
