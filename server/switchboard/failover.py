@@ -43,6 +43,7 @@ class FailoverWatch:
         self.started_at: datetime | None = None
         self.unlogged_since: datetime | None = None
         self.last_change: float = 0.0            # epoch seconds of the last change observed
+        self._check: asyncio.Task | None = None
         metrics.describe("switchboard_db_failovers_total", "counter",
                          "PostgreSQL promotions observed (the server's WAL timeline changed)")
         metrics.describe("switchboard_db_restarts_total", "counter",
@@ -57,7 +58,14 @@ class FailoverWatch:
                       lambda: self.last_change)
 
     async def observe(self) -> None:
-        row = await self.db.db_instance()
+        """Never raises: the watch observes; a replica whose schema predates db_instance()
+        (started with --no-migrate during a rolling update) must still become ready."""
+        try:
+            row = await self.db.db_instance()
+        except Exception as exc:
+            LOG.warning("cannot tell whether PostgreSQL failed over (switchboard.db_instance(): %s)",
+                        str(exc).strip() or type(exc).__name__)
+            return
         if row is None:
             return
         tl, started, since = row["timeline"], row["started_at"], row["unlogged_since"]
@@ -91,4 +99,10 @@ class FailoverWatch:
             self.last_change = time.time()
             # connections opened to the old server are dead: weed them out now rather
             # than one failed request at a time
-            asyncio.get_running_loop().create_task(self.db.pool.check())
+            self._check = asyncio.get_running_loop().create_task(self._weed_pool())
+
+    async def _weed_pool(self) -> None:
+        try:
+            await self.db.pool.check()
+        except Exception as exc:  # the pool refills by itself; this only speeds it up
+            LOG.debug("pool check after a failover: %s", exc)
