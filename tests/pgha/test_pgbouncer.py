@@ -136,7 +136,7 @@ def test_throughput_through_pgbouncer_beside_direct(db: str, bouncer: PgBouncer,
             c.execute("SELECT switchboard.create_task(%s, '@daily', 'noop')", (f"bench.{i:02d}",))
     direct = app_url_for(db)
     quiet = {"SWITCHBOARD_LOG_LEVEL": "WARNING", "SWITCHBOARD_LOGIN_IP_BURST": "1000"}
-    conns, secs, rounds = 16, 2.0, 2
+    conns, secs, rounds = 16, 2.0, 3
     req: dict[str, list[float]] = {"direct": [], "pgbouncer": []}
     servers = {
         "direct": Server(direct, env={**quiet, "SWITCHBOARD_SCHEDULER": "off"}, log_dir=tmp_path, name="direct"),
