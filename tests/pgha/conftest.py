@@ -26,6 +26,19 @@ from patroni_kit import PatroniCluster  # noqa: E402
 from harness import APP_LOGIN  # noqa: E402
 
 
+def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
+    """The figures this run measured, whatever the output capture: failover and readiness
+    times (seconds from the fault) and PgBouncer vs direct throughput."""
+    from failover_load import FIGURES, dumps
+
+    if not FIGURES:
+        return
+    terminalreporter.section("tests/pgha: measured figures")
+    for name, figs in FIGURES.items():
+        keep = {k: v for k, v in figs.items() if k not in ("status",)}
+        terminalreporter.write_line(f"{name}: {dumps(keep)}")
+
+
 @pytest.fixture(scope="module")
 def patroni() -> Iterator[PatroniCluster]:
     cluster = PatroniCluster(3)

@@ -294,5 +294,10 @@ def frames_summary(clients: list[StreamClient]) -> str:
                      for c in clients)
 
 
+# Figures measured by this run (failover times, throughput), printed at the end of every
+# pytest run by tests/pgha/conftest.py (pytest_terminal_summary), captured output or not.
+FIGURES: dict[str, dict] = {}
+
+
 def dumps(d: dict) -> str:
     return json.dumps(d, sort_keys=True)

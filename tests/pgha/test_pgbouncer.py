@@ -26,6 +26,7 @@ import httpx
 import psycopg
 import pytest
 from harness import ROOT, Server, app_url_for, auth, make_user
+from failover_load import FIGURES
 from pgbouncer_kit import PgBouncer
 
 pytestmark = pytest.mark.pgha
@@ -173,6 +174,9 @@ def test_throughput_through_pgbouncer_beside_direct(db: str, bouncer: PgBouncer,
     print(f"jobs ({m} noop, 1 replica, concurrency 8): direct {jobs['direct']:.0f} jobs/s, "
           f"PgBouncer {jobs['pgbouncer']:.0f} jobs/s ({jobs['pgbouncer'] / jobs['direct']:.2f}x); "
           f"PgBouncer served {stats.get('total_xact_count')} transactions", flush=True)
+    FIGURES["pgbouncer vs direct"] = {
+        "get_tasks_req_per_s": {k: round(v) for k, v in best.items()},
+        "jobs_per_s": {k: round(v) for k, v in jobs.items()}}
     assert stats.get("total_xact_count", 0) > sum(req["pgbouncer"]) * secs, stats  # the traffic went through it
     # not a race between the two, but a guard against a pathology (e.g. a retry storm)
     assert best["pgbouncer"] > 0.3 * best["direct"] and jobs["pgbouncer"] > 0.3 * jobs["direct"], (best, jobs)

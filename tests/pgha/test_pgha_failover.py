@@ -31,6 +31,7 @@ from pathlib import Path
 import httpx
 import pytest
 from failover_load import (
+    FIGURES,
     EventPublisher,
     HttpLog,
     JobEnqueuer,
@@ -55,7 +56,6 @@ HERE = Path(__file__).resolve().parent
 # For "rejoin" no replica may become unready at all; its bound is the time until the old
 # primary streams again (pg_rewind + start as a replica: 6-15 s here).
 READY_BOUND = {"switchover": 15.0, "postmaster crash": 20.0, "node loss": 25.0, "rejoin": 45.0}
-FIGURES: dict[str, dict] = {}
 
 
 @dataclass
@@ -91,10 +91,6 @@ def stack(patroni: PatroniCluster, pgha_db: str, tmp_path_factory) -> Iterator[S
         yield Stack(patroni, trio, pgha_db, admin, uid, trio.login("ada"), r.json()["id"])
     finally:
         trio.stop_all()
-    if FIGURES:
-        print("\nPostgreSQL failover figures (seconds from the fault):", flush=True)
-        for k, v in FIGURES.items():
-            print(f"  {k}: {dumps(v)}", flush=True)
 
 
 def _pick_rr(trio: Trio) -> Callable[[StreamClient], object]:
