@@ -29,6 +29,18 @@ command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 { command -v pgbouncer || [ -x /usr/sbin/pgbouncer ]; } >/dev/null 2>&1 || missing+=(pgbouncer)
 if [ "${#missing[@]}" -gt 0 ]; then apt_install "${missing[@]}"; fi
 
+# sqitch (+ its PostgreSQL driver) and pgTAP (+ pg_prove) for the DBA tooling
+# tests (tests/test_sqitch.py, tests/test_pgtap.py). pgTAP must match the
+# server's major version: its extension files go into that version's share dir.
+pg_major=$(ls /usr/lib/postgresql 2>/dev/null | sort -n | tail -1)
+pg_major=${pg_major:-15}
+dba_pkgs=()
+command -v sqitch >/dev/null 2>&1 || dba_pkgs+=(sqitch)
+perl -MDBD::Pg -e1 >/dev/null 2>&1 || dba_pkgs+=(libdbd-pg-perl)
+[ -f "/usr/share/postgresql/$pg_major/extension/pgtap.control" ] || dba_pkgs+=("postgresql-$pg_major-pgtap")
+command -v pg_prove >/dev/null 2>&1 || dba_pkgs+=(libtap-parser-sourcehandler-pgtap-perl)
+if [ "${#dba_pkgs[@]}" -gt 0 ]; then apt_install "${dba_pkgs[@]}"; fi
+
 # Python packages (the project and its test extras).
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'
 

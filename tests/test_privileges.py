@@ -14,9 +14,10 @@ ARGON = "$argon2id$v=19$m=65536,t=3,p=4$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA"
 PINNED = "search_path=pg_catalog, pg_temp"
 # Helpers the application role may execute on purpose: the relay reads a
 # truncated event; cron_next/cron_validate run with the caller's rights and
-# call the _cron_* helpers and _every_interval. Anything else starting with
-# "_" stays private.
-APP_HELPERS = {"_relay_fetch_event", "_every_interval"}
+# call the _cron_* helpers, _every_interval and _check_timezone (the zone rule
+# cron_validate shares with create_task). Anything else starting with "_"
+# stays private.
+APP_HELPERS = {"_relay_fetch_event", "_every_interval", "_check_timezone"}
 
 
 def _app_may_execute(name: str) -> bool:

@@ -431,16 +431,18 @@ COMMENT ON FUNCTION switchboard.cron_next(text, timestamptz, text) IS
 REVOKE ALL ON FUNCTION switchboard.cron_next(text, timestamptz, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.cron_next(text, timestamptz, text) TO switchboard_app;
 
--- cron_validate: the gate create_task passes a schedule through, so bad input
--- is refused when it is stored, not when a worker first claims it. It may use
--- EXCEPTION blocks (it is not on the claim path) to turn PostgreSQL's own
--- errors for a bad zone or bad interval text into 22023 with a HINT.
-CREATE OR REPLACE FUNCTION switchboard.cron_validate(schedule text, timezone text DEFAULT 'UTC')
+-- _check_timezone: the one zone rule (create_task, update_task and
+-- cron_validate all use it). A zone is valid iff "AT TIME ZONE" accepts it,
+-- which is exactly what cron_next will do with it later: IANA names in any
+-- case (utc, europe/berlin), POSIX zones, abbreviations. PostgreSQL caches
+-- loaded zones, so this costs microseconds; the old check scanned
+-- pg_timezone_names (reads every zone file: ~30 ms per call) and, being
+-- case-sensitive, refused 'utc' although cron_validate accepted it.
+CREATE OR REPLACE FUNCTION switchboard._check_timezone(timezone text)
 RETURNS void
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
 AS $fn$
-DECLARE
-    iv interval;
 BEGIN
     IF timezone IS NULL THEN
         RAISE EXCEPTION 'time zone must not be NULL'
@@ -453,6 +455,23 @@ BEGIN
             USING ERRCODE = '22023',
                   HINT = 'Use an IANA name such as UTC or Europe/Berlin; see pg_timezone_names.';
     END;
+END
+$fn$;
+COMMENT ON FUNCTION switchboard._check_timezone(text) IS
+'Raises 22023 (with a HINT) unless `timezone` is a zone AT TIME ZONE accepts (case-insensitive IANA names, POSIX zones, abbreviations); NULL is refused.';
+
+-- cron_validate: the gate create_task passes a schedule through, so bad input
+-- is refused when it is stored, not when a worker first claims it. It may use
+-- EXCEPTION blocks (it is not on the claim path) to turn PostgreSQL's own
+-- errors for a bad zone or bad interval text into 22023 with a HINT.
+CREATE OR REPLACE FUNCTION switchboard.cron_validate(schedule text, timezone text DEFAULT 'UTC')
+RETURNS void
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE
+AS $fn$
+DECLARE
+    iv interval;
+BEGIN
+    PERFORM switchboard._check_timezone(timezone);
     IF schedule IS NULL THEN
         RETURN;                                 -- trigger-only task
     END IF;
@@ -487,3 +506,5 @@ REVOKE ALL ON FUNCTION switchboard._cron_parse(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard._cron_parse(text) TO switchboard_app;
 REVOKE ALL ON FUNCTION switchboard._every_interval(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard._every_interval(text) TO switchboard_app;
+REVOKE ALL ON FUNCTION switchboard._check_timezone(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard._check_timezone(text) TO switchboard_app;

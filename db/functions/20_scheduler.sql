@@ -37,20 +37,7 @@ END
 $$;
 REVOKE ALL ON FUNCTION switchboard._task_next_fire(text, text, timestamptz, timestamptz) FROM PUBLIC;
 
-CREATE OR REPLACE FUNCTION switchboard._check_timezone(timezone text)
-RETURNS void
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF timezone IS NULL OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_names WHERE name = timezone) THEN
-        RAISE EXCEPTION 'unknown time zone "%"', timezone
-            USING ERRCODE = '22023',
-                  HINT = 'Use an IANA name such as UTC or Europe/Berlin; see pg_timezone_names.';
-    END IF;
-END
-$$;
-REVOKE ALL ON FUNCTION switchboard._check_timezone(text) FROM PUBLIC;
+-- _check_timezone lives in 10_cron.sql: the zone rule is cron_validate's.
 
 CREATE OR REPLACE FUNCTION switchboard._check_handler(handler text)
 RETURNS void

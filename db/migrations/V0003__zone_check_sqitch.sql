@@ -1,0 +1,12 @@
+-- V0003: ships the db/functions changes of issue 15. No schema change.
+--
+-- _check_timezone (now in 10_cron.sql) validates a zone with AT TIME ZONE,
+-- exactly like cron_validate, instead of scanning pg_timezone_names: create_task
+-- goes from ~30 ms to microseconds per call and accepts 'utc' like cron_validate.
+-- Its signature is unchanged, so no overload is dropped; it is now also
+-- executable by switchboard_app (cron_validate, which the app may call, uses it).
+--
+-- The version also marks the start of release tracking: db/functions.lock
+-- records the hash of db/functions/ per version (scripts/stamp_functions.py),
+-- and db/sqitch.plan is generated from db/migrations + db/functions
+-- (scripts/sqitch_gen.py).

@@ -1,0 +1,77 @@
+"""The DBA's pgTAP suite (db/tests/*.sql) with the real pg_prove, on a fresh
+migrated database: every test passes, and the run leaves nothing behind -- no
+row, no NOTIFY delivered, no pgtap extension."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from dbtools import DB, SCHEMA, pg_prove, sqitch_gen
+
+
+def _planned() -> int:
+    return sum(int(m) for p in sorted((DB / "tests").glob("*.sql"))
+               for m in re.findall(r"SELECT plan\((\d+)\)", p.read_text()))
+
+
+def _contents(c: psycopg.Connection) -> dict[str, tuple[int, str | None]]:
+    """Every switchboard table: (row count, md5 of its rows)."""
+    tables = [r[0] for r in c.execute(
+        "SELECT relname FROM pg_class WHERE relnamespace = %s::regnamespace AND relkind = 'r' ORDER BY 1",
+        (SCHEMA,))]
+    out = {}
+    for t in tables:
+        out[t] = c.execute(psycopg.sql.SQL(
+            "SELECT count(*), md5(string_agg(x::text, ',' ORDER BY x::text)) FROM {}.{} x").format(
+                psycopg.sql.Identifier(SCHEMA), psycopg.sql.Identifier(t))).fetchone()
+    return out
+
+
+def _channels() -> list[str]:
+    text = "\n".join(p.read_text() for p in sqitch_gen.function_files())
+    return sorted(set(re.findall(r"pg_notify\('(\w+)'", text)))
+
+
+@pytest.fixture
+def listener(db: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(db, autocommit=True) as c:
+        for ch in _channels():
+            c.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(ch)))
+        yield c
+
+
+def test_pg_prove_passes_and_leaves_nothing(db: str, listener: psycopg.Connection) -> None:
+    assert len(_channels()) >= 3
+    with psycopg.connect(db) as c:
+        before = _contents(c)
+        seq_before = c.execute("SELECT last_value FROM switchboard.event_id_seq").fetchone()
+    p = pg_prove(db)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    assert "not ok" not in out
+    planned = _planned()
+    assert planned >= 120
+    assert len(re.findall(r"^ok \d+ ", p.stdout, re.M)) == planned, out[-2000:]
+    assert f"Tests={planned}" in out and "Result: PASS" in out
+
+    # a NOTIFY of a rolled-back transaction is never delivered
+    assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
+    with psycopg.connect(db) as c:
+        assert _contents(c) == before, "pg_prove left rows behind"
+        assert c.execute("SELECT count(*) FROM pg_extension WHERE extname = 'pgtap'").fetchone() == (0,)
+        # sequences are not transactional: the event ids the test took are a gap
+        assert c.execute("SELECT last_value FROM switchboard.event_id_seq").fetchone() >= seq_before
+    # the listener itself works: a committed notify_user arrives
+    with psycopg.connect(db) as c:
+        uid = c.execute("SELECT switchboard.create_user('pgtap-probe', '$2b$12$abcdefghijklmnopqrstuv')").fetchone()[0]
+        c.execute("SELECT switchboard.notify_user(%s, 'probe')", (uid,))
+    got = []
+    for n in listener.notifies(timeout=10):
+        got.append(n.channel)
+        if n.channel == "switchboard_events":
+            break
+    assert "switchboard_events" in got
