@@ -15,6 +15,20 @@ AS $$
 $$;
 REVOKE ALL ON FUNCTION switchboard._timeline() FROM PUBLIC;
 
+-- PL/pgSQL, so the table is looked up when called, not when the function is
+-- created: function files are also applied on top of older versions (pgmigrate
+-- -t N), where V0006's table does not exist yet.
+CREATE OR REPLACE FUNCTION switchboard._unlogged_since()
+RETURNS timestamptz
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN (SELECT e.since FROM switchboard.unlogged_epoch e);
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._unlogged_since() FROM PUBLIC;
+
 -- Which PostgreSQL a replica is talking to, and whether the UNLOGGED state it
 -- relied on survived. Called by every replica each time its LISTEN connection
 -- (re)connects: a new timeline means a promotion happened (the replica counts
@@ -33,7 +47,7 @@ BEGIN
         INSERT INTO switchboard.unlogged_epoch (singleton) VALUES (true) ON CONFLICT DO NOTHING;
     END IF;
     RETURN QUERY SELECT switchboard._timeline(), pg_is_in_recovery(), pg_postmaster_start_time(),
-                        (SELECT e.since FROM switchboard.unlogged_epoch e);
+                        switchboard._unlogged_since();
 END
 $$;
 COMMENT ON FUNCTION switchboard.db_instance() IS
@@ -65,7 +79,7 @@ AS $$
     UNION ALL SELECT 'db_in_recovery', pg_is_in_recovery()::int
     UNION ALL SELECT 'db_timeline', switchboard._timeline()
     UNION ALL SELECT 'db_started_at', extract(epoch FROM pg_postmaster_start_time())::bigint
-    UNION ALL SELECT 'unlogged_state_since', extract(epoch FROM (SELECT since FROM switchboard.unlogged_epoch))::bigint
+    UNION ALL SELECT 'unlogged_state_since', extract(epoch FROM switchboard._unlogged_since())::bigint
 $$;
 COMMENT ON FUNCTION switchboard.status() IS
     'One look at the system: due tasks, runs by status, expired leases, live tickets, rate-limit keys, event backlog, live replicas, sockets; and the server itself: db_in_recovery (0/1), db_timeline (goes up by one at every promotion), db_started_at and unlogged_state_since (epoch seconds; the latter moves when crash recovery or a promotion emptied the UNLOGGED tables).';
