@@ -84,6 +84,9 @@ def stack(patroni: PatroniCluster, pgha_db: str, tmp_path_factory) -> Iterator[S
         # refill during a scenario, so a fresh one after the fault means the state was reset
         "SWITCHBOARD_LOGIN_USER_BURST": "3",
         "SWITCHBOARD_LOGIN_USER_RATE": "0.001",
+        # a ticket issued before the fault is tried after it: it must not expire meanwhile
+        # (a rejoin can take 20 s on a loaded machine), so what decides is the UNLOGGED reset
+        "SWITCHBOARD_TICKET_TTL": "180",
     }
     trio = Trio(pgha_db, tmp_path_factory.mktemp("pgha"), env)
     trio.user("admin", "admin")
