@@ -66,7 +66,9 @@ class FailoverWatch:
             LOG.warning("cannot tell whether PostgreSQL failed over (switchboard.db_instance(): %s)",
                         str(exc).strip() or type(exc).__name__)
             return
-        if row is None:
+        if row is None or row["in_recovery"]:
+            # reached a standby (a Service that has not moved yet): nothing to compare,
+            # and its empty UNLOGGED tables say nothing about the primary's
             return
         tl, started, since = row["timeline"], row["started_at"], row["unlogged_since"]
         first = self.started_at is None
