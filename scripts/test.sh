@@ -6,12 +6,22 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SUDO=""
-if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
+# sudo only when it works without a password prompt, or when a person can answer one.
+if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1 && { sudo -n true 2>/dev/null || [ -t 0 ]; }; then SUDO="sudo"; fi
 apt_updated=0
+cannot_install=()
 apt_install() {
+  # Neither root nor sudo: remember what is missing and say so once, below,
+  # instead of failing inside apt-get ("Permission denied" on the lock file).
+  if [ "$(id -u)" != 0 ] && [ -z "$SUDO" ]; then
+    for pkg in "$@"; do case "$pkg" in -*) ;; *) cannot_install+=("$pkg") ;; esac; done
+    return 0
+  fi
   if [ "$apt_updated" = 0 ]; then $SUDO apt-get update -qq; apt_updated=1; fi
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@"
 }
+# A command, also where a non-root PATH lacks the sbin directories.
+have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]; }
 
 # PostgreSQL server binaries (15+), pgbench/psql for the benchmarks.
 if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && ! command -v postgres >/dev/null 2>&1; then
@@ -41,8 +51,44 @@ perl -MDBD::Pg -e1 >/dev/null 2>&1 || dba_pkgs+=(libdbd-pg-perl)
 command -v pg_prove >/dev/null 2>&1 || dba_pkgs+=(libtap-parser-sourcehandler-pgtap-perl)
 if [ "${#dba_pkgs[@]}" -gt 0 ]; then apt_install "${dba_pkgs[@]}"; fi
 
-# Python packages (the project and its test extras).
-python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+# The image tests (tests/image): a debootstrapped base, the Dockerfile built
+# with buildah and run with podman + runc in a slirp4netns network; promtool
+# (Debian package prometheus) checks and unit-tests the alert rules.
+image_pkgs=()
+for tool in debootstrap buildah podman runc slirp4netns; do have "$tool" || image_pkgs+=("$tool"); done
+have promtool || image_pkgs+=(prometheus)
+if [ "${#image_pkgs[@]}" -gt 0 ]; then apt_install --no-install-recommends "${image_pkgs[@]}"; fi
+
+if [ "${#cannot_install[@]}" -gt 0 ]; then
+  {
+    echo "scripts/test.sh: this machine lacks Debian packages the suite needs, and"
+    echo "$(id -un) can neither install them (not root) nor use sudo. Ask an administrator for:"
+    echo
+    echo "    apt-get install ${cannot_install[*]}"
+    echo
+    echo "then run scripts/test.sh again (or run it as root, as CI does)."
+  } >&2
+  exit 2
+fi
+if [ "$(id -u)" != 0 ]; then
+  echo "scripts/test.sh: note: tests/image builds and runs containers as root (buildah, podman);" \
+       "as $(id -un) they fail with that reason. Deselect them with: scripts/test.sh -m 'not image'" >&2
+fi
+
+# Python packages (the project and its test extras). A Debian python3 outside a
+# virtualenv refuses pip installs (PEP 668, externally-managed-environment).
+if [ "$(id -u)" != 0 ] && python3 -c 'import sys, sysconfig, os; sys.exit(not (sys.prefix == sys.base_prefix and os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED"))))'; then
+  {
+    echo "scripts/test.sh: python3 is Debian's system Python, which refuses pip installs (PEP 668)."
+    echo "Create and activate a virtualenv first, then run this script again:"
+    echo
+    echo "    python3 -m venv .venv && . .venv/bin/activate"
+  } >&2
+  exit 2
+fi
+# The project with its dev extra (testing.postgresql: the suite's throwaway
+# PostgreSQL and `switchboard dev`) and its test extra.
+python3 -m pip install -q --disable-pip-version-check -e '.[dev,test]'
 
 # Debian's Chromium for the browser test (never a downloaded browser).
 if [ -f tests/browser/install.sh ]; then bash tests/browser/install.sh; fi

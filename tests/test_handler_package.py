@@ -104,3 +104,59 @@ def test_lost_lease_is_seen_by_the_handler(db: str, server_factory, example_site
         assert row == ("running", "someone-else")  # the fenced finish did not touch it
     finally:
         ws.close()
+
+
+def test_deadline_moves_to_the_end_of_the_shutdown_grace(db: str, server_factory, example_site: Path) -> None:  # type: ignore[no-untyped-def]
+    """On SIGTERM a running handler's ctx.deadline becomes the end of the shutdown grace
+    (not the lease expiry, 30 s away): the example's report handler sees seconds_left()
+    run out and fails cleanly inside the grace, so its outcome is recorded, not handed back."""
+    make_user(db, "admin", role="admin")
+    uid = make_user(db, "alice")
+    srv = server_factory(env={"PYTHONPATH": f"{ROOT / 'server'}:{example_site}",
+                              "SWITCHBOARD_LEASE_SECONDS": "30", "SWITCHBOARD_SHUTDOWN_GRACE_SECONDS": "2"})
+    h = auth(srv.login("admin"))
+    ws = srv.ws(srv.login("alice"))
+    try:
+        tid = httpx.post(srv.base + "/tasks", headers=h, timeout=10, json={
+            "name": "report", "handler": "example.report", "max_attempts": 1,
+            "args": {"user_id": uid, "chunks": 500, "chunk_seconds": 0.1}}).json()["id"]
+        assert httpx.post(f"{srv.base}/tasks/{tid}/trigger", headers=h, timeout=10).status_code == 202
+        ws.recv_until(lambda f: f["event"] == "report.progress", timeout=10)
+        t0 = time.time()
+        assert srv.terminate(timeout=30) == 0
+        assert time.time() - t0 < 6
+    finally:
+        ws.close()
+    with psycopg.connect(db, autocommit=True) as c:
+        status, error = c.execute("SELECT status, error FROM switchboard.task_runs WHERE task_id = %s",
+                                  (tid,)).fetchone()
+    assert status == "failed" and error.startswith("out of time after "), (status, error)
+
+
+def test_a_broken_handler_source_stops_the_replica_with_one_line(db: str, tmp_path: Path) -> None:
+    """A replica that cannot load a declared handler refuses to start (exit 2, one line
+    naming the entry point and its distribution, or the module) instead of running
+    without it and failing every run of that handler."""
+    import os
+
+    from harness import JWT_SECRET, app_url_for, free_port
+
+    site = tmp_path / "site"
+    info = site / "broken_handlers-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-handlers\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[switchboard.handlers]\nbroken.one = sb_no_such_module:run\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
+    base.update({"DATABASE_URL": app_url_for(db), "SWITCHBOARD_JWT_SECRET": JWT_SECRET})
+    cmd = [sys.executable, "-m", "switchboard.cli", "serve", "--no-migrate", "--host", "127.0.0.1",
+           "--port", str(free_port())]
+    for env, needle in (
+        ({"PYTHONPATH": f"{ROOT / 'server'}:{site}"},
+         "handler entry point broken.one = sb_no_such_module:run (distribution broken-handlers) failed to load"),
+        ({"PYTHONPATH": str(ROOT / "server"), "SWITCHBOARD_HANDLERS": "sb_no_such_module"},
+         "SWITCHBOARD_HANDLERS: cannot import 'sb_no_such_module'"),
+    ):
+        p = subprocess.run(cmd, env=base | env, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2, p
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], p.stderr

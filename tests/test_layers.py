@@ -159,7 +159,7 @@ def test_the_handler_context_exposes_no_internals() -> None:
 
 def test_load_handlers_merges_builtins_entry_points_and_modules(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from switchboard.handlers import HandlerRegistry, load_handlers
+    from switchboard.handlers import HandlerLoadError, HandlerRegistry, load_handlers
 
     (tmp_path / "sb_test_handlers_mod.py").write_text(
         "from switchboard.handlers import registry\n"
@@ -177,5 +177,32 @@ def test_load_handlers_merges_builtins_entry_points_and_modules(tmp_path: Path,
     reg = load_handlers(["sb_test_handlers_mod"], builtins)
     assert {"mod.one", "noop"} <= set(reg.names())
     assert reg.get("noop").__name__ == "my_noop"  # type: ignore[union-attr]  # later source wins
-    with pytest.raises(ModuleNotFoundError):
+    with pytest.raises(HandlerLoadError, match="SWITCHBOARD_HANDLERS: cannot import 'sb_no_such_module_here'"):
         load_handlers(["sb_no_such_module_here"], builtins)
+
+
+# README "How it fits together": each module's row; imports go to the same row or below.
+LAYERS = [
+    {"switchboard.asgi", "switchboard.cli", "switchboard.gunicorn_worker"},
+    {"switchboard.app"},
+    {"switchboard.services"},
+    {"switchboard.http", "switchboard.ws", "switchboard.errors", "switchboard.openapi"},
+    {"switchboard.relay", "switchboard.scheduler", "switchboard.heartbeat", "switchboard.catalog",
+     "switchboard.tools", "switchboard.ratelimit", "switchboard.builtin_handlers", "switchboard.failover"},
+    {"switchboard.handlers"},
+    {"switchboard", "switchboard.db", "switchboard.auth", "switchboard.metrics", "switchboard.replica",
+     "switchboard.config", "switchboard.migrate", "switchboard.pgtest"},
+]
+
+
+def _layer(mod: str) -> int:
+    for i, names in enumerate(LAYERS):
+        if mod in names or any(mod.startswith(n + ".") for n in names if n != "switchboard"):
+            return i
+    raise AssertionError(f"{mod} is in no layer: add it to LAYERS and to the README diagram")
+
+
+def test_imports_only_point_down_the_layers() -> None:
+    g = import_graph()
+    upward = sorted((m, t) for m, ts in g.items() for t in ts if _layer(t) < _layer(m))
+    assert upward == []

@@ -154,6 +154,18 @@ def test_errors_are_json_with_the_right_status(one) -> None:  # type: ignore[no-
     assert httpx.post(base + "/tasks", headers=h, json={"name": "dup", "handler": "noop"}).status_code == 201
     r = httpx.post(base + "/tasks", headers=h, json={"name": "dup", "handler": "noop"})
     assert r.status_code == 409
+    r = httpx.get(base + "/no/such/route", headers=h)
+    assert r.status_code == 404 and r.headers["content-type"].startswith("application/json")
+    assert r.json()["title"] == "Not Found" and "/no/such/route" in r.json()["description"]
+    r = httpx.delete(base + "/tasks", headers=h)
+    assert r.status_code == 405 and "DELETE" in r.json()["description"]
+    assert set(r.headers["allow"].replace(" ", "").split(",")) >= {"GET", "POST"}
+    r = httpx.post(base + "/tasks", headers=h, json={"name": "y", "handler": "noop", "max_attempts": 0})
+    assert r.status_code == 422 and "max_attempts 0" in r.json()["description"]  # SQL's rule, mapped
+    r = httpx.post(base + "/tasks", headers=h, json={"name": "y", "handler": "noop", "args": [1]})
+    assert r.status_code == 422 and "array" in r.json()["description"]
+    r = httpx.post(base + "/tasks", headers=h, json={"name": "y", "handler": "noop", "max_attempts": "3"})
+    assert r.status_code == 422 and "integer" in r.json()["description"]
     assert httpx.get(base + "/openapi.json").json()["openapi"].startswith("3.")
     metrics = httpx.get(base + "/metrics").text
     assert "switchboard_http_requests_total" in metrics and "switchboard_websockets_open" in metrics
@@ -281,3 +293,21 @@ def test_handshake_resume_replays_before_any_live_frame(one, db) -> None:  # typ
     ids = [f["id"] for f in frames if f.get("id") is not None]
     assert ids == missed + [live], frames
     conn.close()
+
+
+def test_room_names_are_judged_by_sql_and_bounded_here(one) -> None:  # type: ignore[no-untyped-def]
+    """The naming rule lives in add_room_member (SQL); the socket only bounds what a
+    client can make it ask: a name breaking the rule can never be a member."""
+    h = auth(one.login("admin"))
+    r = httpx.put(one.base + "/rooms/bad%20room!/members/00000000-0000-0000-0000-000000000000", headers=h)
+    assert r.status_code == 422 and 'invalid room name "bad room!"' in r.json()["description"]
+    ws = one.ws(one.login("alice"))
+    try:
+        assert ws.join("bad room!")["payload"]["code"] == "forbidden"
+        assert ws.join("r" * 129)["payload"]["code"] == "bad_room"
+        ws.send({"action": "join", "room": 7})
+        assert ws.recv_until(lambda f: f["event"] == "error")["payload"]["code"] == "bad_room"
+        ws.send({"action": "join", "room": "a\x00b"})
+        assert ws.recv_until(lambda f: f["event"] == "error")["payload"]["code"] == "bad_room"
+    finally:
+        ws.close()

@@ -147,6 +147,9 @@ so `helm template` / `helm install` stop before anything is applied.
 {{- fail (printf "pdb.minAvailable (%d) must be smaller than the replica floor (%s): otherwise no pod can ever be evicted and node drains block" (.Values.pdb.minAvailable | int) (include "switchboard.minReplicas" .)) }}
 {{- end }}
 {{- end }}
+{{- if and .Values.migrationJob.enabled (not .Values.secrets.existingSecret) }}
+{{- fail "migrationJob.enabled needs secrets.existingSecret: the pre-install hook runs before the chart creates its own Secret, so the owner URL must already be in a Secret you created (key secrets.keys.migrationDatabaseUrl)" }}
+{{- end }}
 {{- if and .Values.ingress.enabled (not .Values.ingress.hosts) }}
 {{- fail "ingress.enabled needs at least one entry in ingress.hosts" }}
 {{- end }}

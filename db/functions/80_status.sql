@@ -76,13 +76,14 @@ AS $$
     UNION ALL SELECT 'live_replicas', count(*) FROM switchboard.replicas
     UNION ALL SELECT 'users_online', count(DISTINCT user_id) FROM switchboard.presence
     UNION ALL SELECT 'sockets_open', coalesce(sum(sockets), 0)::bigint FROM switchboard.presence
+    UNION ALL SELECT 'handlers_unserved', count(*) FROM switchboard.handlers WHERE NOT served
     UNION ALL SELECT 'db_in_recovery', pg_is_in_recovery()::int
     UNION ALL SELECT 'db_timeline', switchboard._timeline()
     UNION ALL SELECT 'db_started_at', extract(epoch FROM pg_postmaster_start_time())::bigint
     UNION ALL SELECT 'unlogged_state_since', extract(epoch FROM switchboard._unlogged_since())::bigint
 $$;
 COMMENT ON FUNCTION switchboard.status() IS
-    'One look at the system: due tasks, runs by status, expired leases, live tickets, rate-limit keys, event backlog, live replicas, sockets; and the server itself: db_in_recovery (0/1), db_timeline (goes up by one at every promotion), db_started_at and unlogged_state_since (epoch seconds; the latter moves when crash recovery or a promotion emptied the UNLOGGED tables).';
+    'One look at the system: due tasks, runs by status, expired leases, live tickets, rate-limit keys, event backlog, live replicas, sockets, handlers that active tasks or pending runs need but no live replica serves (see the switchboard.handlers view); and the server itself: db_in_recovery (0/1), db_timeline (goes up by one at every promotion), db_started_at and unlogged_state_since (epoch seconds; the latter moves when crash recovery or a promotion emptied the UNLOGGED tables).';
 REVOKE ALL ON FUNCTION switchboard.status() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.status() TO switchboard_app;
 

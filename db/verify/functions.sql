@@ -4,8 +4,8 @@ BEGIN;
 DO $verify$
 BEGIN
     -- exactly the functions the files define: no left-over overload of an older release
-    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 75) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected exactly 75 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
+    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 78) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected exactly 78 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.cron_next(text, timestamptz, text)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.cron_next(text, timestamptz, text)' USING ERRCODE = 'P0004';
@@ -496,6 +496,15 @@ BEGIN
     IF (has_function_privilege('switchboard_app', 'switchboard.is_room_member(text, uuid)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.is_room_member(text, uuid)' USING ERRCODE = 'P0004';
     END IF;
+    IF (to_regprocedure('switchboard.replica_heartbeat(text, jsonb, text[], interval, text)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.replica_heartbeat(text, jsonb, text[], interval, text)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.replica_heartbeat(text, jsonb, text[], interval, text)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.replica_heartbeat(text, jsonb, text[], interval, text)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard.replica_heartbeat(text, jsonb, text[], interval, text)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.replica_heartbeat(text, jsonb, text[], interval, text)' USING ERRCODE = 'P0004';
+    END IF;
     IF (to_regprocedure('switchboard.replica_heartbeat(text, jsonb)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.replica_heartbeat(text, jsonb)' USING ERRCODE = 'P0004';
     END IF;
@@ -549,6 +558,15 @@ BEGIN
     END IF;
     IF (has_function_privilege('switchboard_app', 'switchboard.room_members_online(text)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.room_members_online(text)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard.known_handlers(text)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.known_handlers(text)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.known_handlers(text)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.known_handlers(text)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard.known_handlers(text)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.known_handlers(text)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.tool_call_start(uuid, text, text, jsonb, interval)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.tool_call_start(uuid, text, text, jsonb, interval)' USING ERRCODE = 'P0004';
@@ -624,6 +642,15 @@ BEGIN
     END IF;
     IF (has_function_privilege('switchboard_app', 'switchboard.maintenance(interval, interval, interval, interval)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.maintenance(interval, interval, interval, interval)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard.metrics_snapshot()') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.metrics_snapshot()' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.metrics_snapshot()'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.metrics_snapshot()' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard.metrics_snapshot()', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.metrics_snapshot()' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.run_job_sql(text)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.run_job_sql(text)' USING ERRCODE = 'P0004';
@@ -763,6 +790,9 @@ BEGIN
     IF (obj_description(to_regprocedure('switchboard.is_room_member(text, uuid)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.is_room_member(text, uuid)' USING ERRCODE = 'P0004';
     END IF;
+    IF (obj_description(to_regprocedure('switchboard.replica_heartbeat(text, jsonb, text[], interval, text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.replica_heartbeat(text, jsonb, text[], interval, text)' USING ERRCODE = 'P0004';
+    END IF;
     IF (obj_description(to_regprocedure('switchboard.replica_heartbeat(text, jsonb)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.replica_heartbeat(text, jsonb)' USING ERRCODE = 'P0004';
     END IF;
@@ -780,6 +810,9 @@ BEGIN
     END IF;
     IF (obj_description(to_regprocedure('switchboard.room_members_online(text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.room_members_online(text)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (obj_description(to_regprocedure('switchboard.known_handlers(text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.known_handlers(text)' USING ERRCODE = 'P0004';
     END IF;
     IF (obj_description(to_regprocedure('switchboard.tool_call_start(uuid, text, text, jsonb, interval)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.tool_call_start(uuid, text, text, jsonb, interval)' USING ERRCODE = 'P0004';
@@ -802,6 +835,9 @@ BEGIN
     IF (obj_description(to_regprocedure('switchboard.maintenance(interval, interval, interval, interval)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.maintenance(interval, interval, interval, interval)' USING ERRCODE = 'P0004';
     END IF;
+    IF (obj_description(to_regprocedure('switchboard.metrics_snapshot()'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.metrics_snapshot()' USING ERRCODE = 'P0004';
+    END IF;
     IF (obj_description(to_regprocedure('switchboard.run_job_sql(text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.run_job_sql(text)' USING ERRCODE = 'P0004';
     END IF;
@@ -810,6 +846,9 @@ BEGIN
     END IF;
     IF (to_regclass('switchboard.presence') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected view switchboard.presence' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regclass('switchboard.handlers') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected view switchboard.handlers' USING ERRCODE = 'P0004';
     END IF;
 END
 $verify$;

@@ -41,7 +41,8 @@ class Lifecycle:
         svc.relay.start()
         if svc.config.scheduler_enabled:
             svc.scheduler.start()
-        svc.heartbeat.start()
+        await svc.heartbeat.start()
+        svc.sampler.start()
         self._install_drain_signal()
         LOG.info("replica %s started (scheduler %s)", svc.replica.replica_id,
                  "on" if svc.config.scheduler_enabled else "off")
@@ -75,6 +76,7 @@ class Lifecycle:
         for c in svc.registry.clients():
             svc.relay.close_client(c, 1012, "server restarting")
         await svc.heartbeat.stop()
+        await svc.sampler.stop()
         await svc.relay.stop()
         await svc.db.close()
 
@@ -106,8 +108,8 @@ def create_app(config: Config) -> SwitchboardApp:
     app.add_route("/me", auth.Me(au, svc.replica.replica_id))
     app.add_route("/ws/ticket", auth.Ticket(db, au, cfg.ticket_ttl))
     app.add_route("/ws", WebSocketResource(db, svc.relay, svc.registry, cfg, svc.replica))
-    app.add_route("/tasks", tasks.Tasks(db, au, body))
-    app.add_route("/tasks/{task_id:uuid}", tasks.Task(db, au, body))
+    app.add_route("/tasks", tasks.Tasks(db, au, body, svc.catalog))
+    app.add_route("/tasks/{task_id:uuid}", tasks.Task(db, au, body, svc.catalog))
     app.add_route("/tasks/{task_id:uuid}/trigger", tasks.Trigger(db, au))
     app.add_route("/tasks/{task_id:uuid}/runs", tasks.Runs(db, au))
     app.add_route("/events", events.Events(db, au, body))
@@ -116,7 +118,7 @@ def create_app(config: Config) -> SwitchboardApp:
     app.add_route("/tools/call", tools.ToolCall(svc.tools, au, body))
     app.add_route("/healthz/live", ops.Live())
     app.add_route("/healthz/ready", ops.Ready(svc.replica, svc.relay, db))
-    app.add_route("/metrics", ops.MetricsResource(svc.metrics))
+    app.add_route("/metrics", ops.MetricsResource(svc.metrics, svc.sampler))
     app.add_route("/openapi.json", ops.OpenAPI())
     app.services = svc
     return app

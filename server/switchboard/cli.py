@@ -64,8 +64,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .app import create_app
+    from .handlers import HandlerLoadError
 
-    app = create_app(config)
+    try:
+        app = create_app(config)
+    except HandlerLoadError as exc:
+        _die(str(exc))
     uconf = uvicorn.Config(
         app, host=args.host, port=args.port, lifespan="on", proxy_headers=False,
         forwarded_allow_ips="", access_log=False, ws_max_size=2 * 1024 * 1024,
@@ -83,7 +87,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _serve_gunicorn(args: argparse.Namespace, config: Any) -> int:
+    import shutil
+    import tempfile
+
+    # Each worker is a replica of its own, and any of them may answer a scrape:
+    # prometheus-client's multiprocess mode writes every worker's values to files
+    # in one directory and /metrics sums them. It must be set before a worker
+    # imports prometheus_client, and fresh for every start (old files would add
+    # a previous run's counts).
+    metrics_dir = tempfile.mkdtemp(prefix="switchboard-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+
     from gunicorn.app.base import BaseApplication
+
+    def child_exit(server: Any, worker: Any) -> None:
+        from .metrics import mark_process_dead
+
+        mark_process_dead(worker.pid)
 
     class _App(BaseApplication):
         def load_config(self) -> None:
@@ -94,25 +114,46 @@ def _serve_gunicorn(args: argparse.Namespace, config: Any) -> int:
             self.cfg.set("forwarded_allow_ips", "")
             self.cfg.set("accesslog", None)
             self.cfg.set("loglevel", config.log_level.lower())
+            self.cfg.set("child_exit", child_exit)
 
         def load(self) -> Any:
             from .asgi import app
 
             return app
 
-    _App().run()
+    try:
+        _App().run()
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
 
 
 # -- dev ------------------------------------------------------------------------------------
-def cmd_dev(args: argparse.Namespace) -> int:
-    from .pgtest import ThrowawayPostgres
+DEV_EXTRA_HINT = ("switchboard dev: the throwaway PostgreSQL needs testing.postgresql, which is not installed; "
+                  "install the dev extra (pip install -e '.[dev]') or set DATABASE_URL to use your own database")
 
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    """Throwaway PostgreSQL + N replicas. Output is what a person needs (URLs,
+    login, problems): INFO logs only with SWITCHBOARD_LOG_LEVEL / --log-level.
+    Ctrl-C reaches the whole foreground process group, so PostgreSQL and the
+    replicas run in sessions of their own and dev stops them in order: the
+    replicas drain first (while the database still answers), then PostgreSQL."""
+    verbose = "SWITCHBOARD_LOG_LEVEL" in os.environ or args.log_level.upper() != "INFO"
+    if not verbose:
+        logging.getLogger().setLevel(logging.WARNING)
     pg = None
     url = os.environ.get("DATABASE_URL")
     if not url:
+        try:
+            from .pgtest import ThrowawayPostgres
+        except ModuleNotFoundError as exc:
+            if not (exc.name or "").startswith("testing"):
+                raise
+            print(DEV_EXTRA_HINT, file=sys.stderr)
+            return 2
         print("switchboard dev: starting a throwaway PostgreSQL ...", flush=True)
-        pg = ThrowawayPostgres()
+        pg = ThrowawayPostgres(own_session=True)
         import psycopg
 
         with psycopg.connect(pg.url(), autocommit=True) as c:
@@ -127,8 +168,11 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGHUP, _stop)  # the terminal closed: the children no longer hear it
     try:
-        _migrate(url)
+        applied = _migrate(url)
+        print(f"switchboard dev: migrated ({'versions ' + ', '.join(map(str, applied)) if applied else 'already at head'})",
+              flush=True)
         password = os.environ.get("SWITCHBOARD_DEV_PASSWORD") or secrets.token_urlsafe(9)
         _ensure_user(url, "admin", "admin", password)
         env = dict(os.environ)
@@ -138,11 +182,14 @@ def cmd_dev(args: argparse.Namespace) -> int:
             "SWITCHBOARD_DEV": "1",
             "SWITCHBOARD_ALLOWED_ORIGINS": os.environ.get("SWITCHBOARD_ALLOWED_ORIGINS", "*"),
         })
+        if not verbose:
+            env["SWITCHBOARD_LOG_LEVEL"] = "WARNING"
         ports = [args.port + i for i in range(args.replicas)]
+        print(f"switchboard dev: starting {len(ports)} replicas ...", flush=True)
         for port in ports:
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "switchboard.cli", "serve", "--host", args.host, "--port", str(port),
-                 "--no-migrate"], env=env))
+                 "--no-migrate"], env=env, start_new_session=True))
         _wait_ready(ports, args.host, procs, lambda: stopping)
         if not stopping:
             shown = "127.0.0.1" if args.host in ("0.0.0.0", "") else args.host
@@ -158,6 +205,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
                 break
             time.sleep(0.2)
     finally:
+        if procs:
+            print("switchboard dev: stopping the replicas ...", flush=True)
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -166,7 +215,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
-        if pg is not None:
+        if pg is not None:  # only now: the replicas needed it to drain
             pg.stop()
         print("switchboard dev: stopped", flush=True)
     return 0

@@ -153,15 +153,15 @@ class Database:
         """Timeline, recovery state, start time and UNLOGGED-state epoch of the server."""
         return await self.fetchone("SELECT * FROM switchboard.db_instance()")
 
+    async def metrics_snapshot(self, timeout: float = 2.0) -> dict[str, float]:
+        rows = await self.fetchall("SELECT item, value FROM switchboard.metrics_snapshot()",
+                                   timeout=timeout)
+        return {r["item"]: r["value"] for r in rows}
+
     # -- users & auth -------------------------------------------------------
     async def login_lookup(self, username: str) -> dict | None:
         return await self.fetchone("SELECT * FROM switchboard.login_lookup(%s)", (username,))
 
-    async def create_user(self, username: str, password_hash: str, role: str) -> UUID:
-        return await self.scalar("SELECT switchboard.create_user(%s, %s, %s)", (username, password_hash, role))
-
-    async def find_user(self, username: str) -> dict | None:
-        return await self.fetchone("SELECT * FROM switchboard.find_user(%s)", (username,))
 
     async def get_user(self, user_id: UUID) -> dict | None:
         return await self.fetchone(
@@ -192,8 +192,6 @@ class Database:
     async def get_task(self, task_id: UUID) -> dict | None:
         return await self.fetchone(f"SELECT {TASK_COLUMNS} FROM switchboard.tasks WHERE id = %s", (task_id,))
 
-    async def get_task_by_name(self, name: str) -> dict | None:
-        return await self.fetchone(f"SELECT {TASK_COLUMNS} FROM switchboard.tasks WHERE name = %s", (name,))
 
     async def create_task(self, name: str, schedule: str | None, handler: str, args: dict,
                           timezone: str, max_attempts: int) -> dict:
@@ -223,9 +221,6 @@ class Database:
             (task_id, limit))
 
     # -- scheduler --------------------------------------------------------------
-    async def claim(self, worker: str, lease: float) -> dict | None:
-        return await self.fetchone(f"SELECT {RUN_COLUMNS} FROM switchboard.claim_due_task(%s, %s)",
-                                   (worker, timedelta(seconds=lease)))
 
     async def claim_many(self, worker: str, lease: float, max_runs: int) -> list[dict]:
         return await self.fetchall(f"SELECT {RUN_COLUMNS} FROM switchboard.claim_due_tasks(%s, %s, %s)",
@@ -299,8 +294,14 @@ class Database:
         return bool(await self.scalar("SELECT EXISTS (SELECT 1 FROM switchboard.rooms WHERE name = %s)", (room,)))
 
     # -- replicas, presence, tools ------------------------------------------------------
-    async def replica_heartbeat(self, replica_id: str, info: dict) -> None:
-        await self.fetchone("SELECT switchboard.replica_heartbeat(%s, %s)", (replica_id, Jsonb(info)))
+    async def replica_heartbeat(self, replica_id: str, info: dict, handlers: list[str],
+                                interval: float, version: str) -> None:
+        await self.fetchone("SELECT switchboard.replica_heartbeat(%s, %s, %s::text[], %s, %s)",
+                            (replica_id, Jsonb(info), handlers, timedelta(seconds=interval), version))
+
+    async def known_handlers(self, version: str) -> list[str]:
+        rows = await self.fetchall("SELECT h FROM switchboard.known_handlers(%s) AS h", (version,))
+        return [r["h"] for r in rows]
 
     async def replica_stop(self, replica_id: str) -> None:
         await self.fetchone("SELECT switchboard.replica_stop(%s)", (replica_id,))

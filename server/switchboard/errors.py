@@ -84,8 +84,26 @@ async def handle_unexpected(req: falcon.Request, resp: falcon.Response, exc: Exc
                                          description="An unexpected error occurred.")
 
 
+async def handle_route_not_found(req: falcon.Request, resp: falcon.Response, exc: Exception,
+                                 params: dict) -> None:
+    """Falcon answers an unknown path with {"title": "404 Not Found"} only; every other
+    error carries a description, so this one does too."""
+    raise falcon.HTTPNotFound(title="Not Found",
+                              description=f"no resource at {req.path[:200]}; the API is described at /openapi.json")
+
+
+async def handle_method_not_allowed(req: falcon.Request, resp: falcon.Response, exc: Exception,
+                                    params: dict) -> None:
+    allowed = (getattr(exc, "headers", None) or {}).get("Allow", "")
+    raise falcon.HTTPMethodNotAllowed(
+        [m.strip() for m in allowed.split(",") if m.strip()], title="Method Not Allowed",
+        description=f"{req.method} is not allowed on {req.path[:200]}; allowed: {allowed or 'none'}")
+
+
 def register(app: falcon.asgi.App) -> None:
     app.add_error_handler(Exception, handle_unexpected)
+    app.add_error_handler(falcon.HTTPRouteNotFound, handle_route_not_found)
+    app.add_error_handler(falcon.HTTPMethodNotAllowed, handle_method_not_allowed)
     app.add_error_handler(psycopg.Error, handle_db_error)
     app.add_error_handler(psycopg_pool.PoolTimeout, handle_pool_timeout)
     app.add_error_handler(psycopg_pool.PoolClosed, handle_pool_timeout)

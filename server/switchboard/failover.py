@@ -44,18 +44,7 @@ class FailoverWatch:
         self.unlogged_since: datetime | None = None
         self.last_change: float = 0.0            # epoch seconds of the last change observed
         self._check: asyncio.Task | None = None
-        metrics.describe("switchboard_db_failovers_total", "counter",
-                         "PostgreSQL promotions observed (the server's WAL timeline changed)")
-        metrics.describe("switchboard_db_restarts_total", "counter",
-                         "PostgreSQL restarts observed (postmaster start time changed)")
-        metrics.describe("switchboard_db_unlogged_resets_total", "counter",
-                         "Times the UNLOGGED state (tickets, rate buckets, registry, presence, tool calls) "
-                         "was found emptied by crash recovery or a promotion")
-        metrics.gauge("switchboard_db_timeline", "WAL timeline of the PostgreSQL primary this replica uses",
-                      lambda: float("nan") if self.timeline is None else self.timeline)
-        metrics.gauge("switchboard_db_last_change_timestamp_seconds",
-                      "When this replica last observed a failover, restart or UNLOGGED reset (0: never)",
-                      lambda: self.last_change)
+        metrics.set("switchboard_db_timeline", float("nan"))
 
     async def observe(self) -> None:
         """Never raises: the watch observes; a replica whose schema predates db_instance()
@@ -74,6 +63,8 @@ class FailoverWatch:
         first = self.started_at is None
         prev = (self.timeline, self.started_at, self.unlogged_since)
         self.timeline, self.started_at, self.unlogged_since = tl, started, since
+        if tl is not None:
+            self.metrics.set("switchboard_db_timeline", float(tl))
         if first:
             return
         changed = False
@@ -99,6 +90,7 @@ class FailoverWatch:
                     LOG.warning("after the UNLOGGED reset, %s failed: %s", getattr(cb, "__qualname__", cb), exc)
         if changed:
             self.last_change = time.time()
+            self.metrics.set("switchboard_db_last_change_timestamp_seconds", self.last_change)
             # connections opened to the old server are dead: weed them out now rather
             # than one failed request at a time
             self._check = asyncio.get_running_loop().create_task(self._weed_pool())

@@ -51,6 +51,11 @@ class HandlerError(Exception):
     """Raised by a handler to fail a run with a clean message."""
 
 
+class HandlerLoadError(RuntimeError):
+    """A handler source (SWITCHBOARD_HANDLERS module, entry point) could not be loaded:
+    the replica refuses to start, with one line naming it."""
+
+
 class HandlerContext:
     """What a running handler may know and do. Stable public API.
 
@@ -169,7 +174,11 @@ class HandlerRegistry:
 
     def load_modules(self, modules: list[str]) -> None:
         for m in modules:
-            importlib.import_module(m)
+            try:
+                importlib.import_module(m)
+            except Exception as exc:
+                raise HandlerLoadError(f"SWITCHBOARD_HANDLERS: cannot import {m!r}: "
+                                       f"{type(exc).__name__}: {exc}") from exc
 
 
 # Decorator target for SWITCHBOARD_HANDLERS modules (public API).
@@ -182,11 +191,16 @@ def discover_entry_points(into: HandlerRegistry, group: str = ENTRY_POINT_GROUP)
     module registers itself with the decorator). Returns the names added."""
     added = []
     for ep in entry_points(group=group):
-        obj = ep.load()
+        try:
+            obj = ep.load()
+        except Exception as exc:  # name the package: a replica must not die with a bare traceback
+            dist = getattr(ep.dist, "name", "?")
+            raise HandlerLoadError(f"handler entry point {ep.name} = {ep.value} (distribution {dist}) "
+                               f"failed to load: {type(exc).__name__}: {exc}") from exc
         if isinstance(obj, ModuleType):
             continue
         if not callable(obj):
-            raise TypeError(f"entry point {ep.name} = {ep.value} in group {group} is not callable")
+            raise HandlerLoadError(f"entry point {ep.name} = {ep.value} in group {group} is not callable")
         into.add(ep.name, obj)
         added.append(ep.name)
     return added

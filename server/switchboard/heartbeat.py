@@ -1,7 +1,9 @@
 """The replica heartbeat: this replica is alive, and these users have sockets here.
 
 Every ``heartbeat_interval`` seconds: replica_heartbeat() (the replicas row
-other replicas and status() read), presence_sync() (repairs any presence row a
+other replicas and status() read: with the handler names this replica's
+scheduler runs, the interval its liveness window is derived from, and the
+server version), presence_sync() (repairs any presence row a
 failed presence_set left wrong), and a prune of the auth cache.
 """
 
@@ -22,15 +24,24 @@ LOG = logging.getLogger("switchboard.heartbeat")
 
 class ReplicaHeartbeat:
     def __init__(self, db: Database, registry: Registry, auth: AuthState, replica: ReplicaState,
-                 interval: float) -> None:
+                 interval: float, handlers: list[str], version: str) -> None:
         self.db = db
+        self.handlers = handlers
+        self.version = version
         self.registry = registry
         self.auth = auth
         self.replica = replica
         self.interval = interval
         self._task: asyncio.Task | None = None
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        """Register before serving: the first beat runs before start() returns
+        (bounded), so a replica that answers ready is already in the registry,
+        and status()/metrics never count a ready replica as absent."""
+        try:
+            await asyncio.wait_for(self.beat(), 5)
+        except Exception as exc:  # Postgres down at start: the loop keeps trying
+            LOG.debug("first heartbeat failed: %s", exc)
         self._task = asyncio.create_task(self._loop(), name="heartbeat")
 
     async def stop(self) -> None:
@@ -47,14 +58,14 @@ class ReplicaHeartbeat:
         users = list(self.registry.by_user.keys())
         counts = [len(self.registry.by_user[u]) for u in users]
         info = {"host": socket.gethostname(), "pid": os.getpid(), "sockets": self.registry.count}
-        await self.db.replica_heartbeat(rid, info)
+        await self.db.replica_heartbeat(rid, info, self.handlers, self.interval, self.version)
         await self.db.presence_sync(rid, users, counts)
         self.auth.prune()
 
     async def _loop(self) -> None:
         while True:
+            await asyncio.sleep(self.interval)
             try:
                 await self.beat()
             except Exception as exc:
                 LOG.debug("heartbeat failed: %s", exc)
-            await asyncio.sleep(self.interval)

@@ -1,64 +1,225 @@
-"""A small Prometheus text-format registry (one per process = one per replica)."""
+"""The replica's Prometheus metrics, on prometheus-client.
+
+Every family is declared here, once, with its labels: counters, gauges and the
+three latency histograms (request duration, claim latency = due to claimed on
+the database clock, delivery latency = event commit to frame offered).
+Components record through ``inc`` / ``observe``; nothing else in the server
+knows prometheus-client.
+
+Gauges are values, not callbacks: prometheus-client's multiprocess mode (used
+by ``serve --workers N``, where each gunicorn worker is a replica of its own
+and any of them may answer a scrape) cannot call into another process. The
+``GaugeSampler`` sets them from the components every few seconds and just
+before a scrape is rendered; with several workers each gauge declares how the
+workers' values combine (sum of sockets, min of readiness, most recent
+database snapshot), so one scrape describes the whole pod and counters and
+histograms are summed over all workers.
+
+Multiprocess mode is on when ``PROMETHEUS_MULTIPROC_DIR`` is set before the
+process imports prometheus-client; ``switchboard serve --workers N`` sets it to
+a fresh directory under /tmp.
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import disable_created_metrics, multiprocess
+
+# No *_created series: they double the exposition and nothing here reads them.
+disable_created_metrics()
+
+LOG = logging.getLogger("switchboard.metrics")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+# Latency buckets in seconds: requests are short; claims and deliveries can lag
+# by minutes when something is wrong (the alerts compare them with minutes).
+REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+_COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "switchboard_http_requests_total": ("HTTP requests by route, method and status",
+                                        ("route", "method", "status")),
+    "switchboard_events_relayed_total": ("Event frames written to local sockets", ()),
+    "switchboard_notifications_total": ("NOTIFY messages received by the relay", ("channel",)),
+    "switchboard_claims_total": ("Runs claimed by this replica's scheduler", ("handler",)),
+    "switchboard_runs_finished_total": ("Runs finished by this replica, by outcome", ("outcome",)),
+    "switchboard_ratelimit_denied_total": ("Requests refused by rate limits", ("policy",)),
+    "switchboard_ratelimit_fail_open_total": (
+        "Rate-limit checks that failed or timed out and let the request through", ("policy",)),
+    "switchboard_ws_closed_total": ("WebSockets closed by the server, by code", ("code",)),
+    "switchboard_listen_reconnects_total": ("LISTEN connection (re)connects", ()),
+    "switchboard_metrics_snapshot_errors_total": (
+        "Failed reads of switchboard.metrics_snapshot() (database gauges keep their last value)", ()),
+    # failover.py: what this replica observed of its PostgreSQL on each LISTEN (re)connect
+    "switchboard_db_failovers_total": ("PostgreSQL promotions observed (the server's WAL timeline changed)", ()),
+    "switchboard_db_restarts_total": ("PostgreSQL restarts observed (postmaster start time changed)", ()),
+    "switchboard_db_unlogged_resets_total": (
+        "Times the UNLOGGED state (tickets, rate buckets, registry, presence, tool calls) was found emptied "
+        "by crash recovery or a promotion", ()),
+}
+
+_HISTOGRAMS: dict[str, tuple[str, tuple[str, ...], tuple[float, ...]]] = {
+    "switchboard_http_request_duration_seconds": (
+        "HTTP request duration, by route and method", ("route", "method"), REQUEST_BUCKETS),
+    "switchboard_claim_latency_seconds": (
+        "Seconds from a run being due (run_at) to its claim (database clock)", (), LAG_BUCKETS),
+    "switchboard_delivery_latency_seconds": (
+        "Seconds from an event's commit to its frame being offered to local sockets", (), LAG_BUCKETS),
+}
+
+# name: (help, how several workers of one pod combine)
+_GAUGES: dict[str, tuple[str, str]] = {
+    "switchboard_ready": ("1 while this replica is ready (database answers, LISTEN up, not draining)",
+                          "livemin"),
+    "switchboard_listen_connected": ("1 while the LISTEN connection is up", "livemin"),
+    "switchboard_websockets_open": ("Open WebSockets on this replica", "livesum"),
+    "switchboard_runs_running": ("Runs executing on this replica", "livesum"),
+    "switchboard_pool_size": ("Connections in the request pool", "livesum"),
+    "switchboard_pool_available": ("Idle connections in the request pool", "livesum"),
+    "switchboard_pool_waiting": ("Requests waiting for a connection", "livesum"),
+    "switchboard_event_retention_seconds": ("Configured event retention window", "livemax"),
+    # From switchboard.metrics_snapshot(): the same for every replica.
+    "switchboard_expired_leases": ("Running task runs whose lease has expired", "livemostrecent"),
+    "switchboard_runs_due": ("Queued task runs that are due", "livemostrecent"),
+    "switchboard_runs_due_age_seconds": ("Age of the oldest due queued run (0 when none)",
+                                         "livemostrecent"),
+    "switchboard_event_backlog_seconds": ("Age of the oldest stored event", "livemostrecent"),
+    "switchboard_live_replicas": ("Replica processes registered in the database", "livemostrecent"),
+    "switchboard_db_timeline": ("WAL timeline of the PostgreSQL primary this replica uses (NaN: not seen yet)",
+                                "livemax"),
+    "switchboard_db_last_change_timestamp_seconds": (
+        "When this replica last observed a failover, restart or UNLOGGED reset (0: never)", "livemax"),
+}
+SNAPSHOT_GAUGES = {
+    "expired_leases": "switchboard_expired_leases",
+    "runs_due": "switchboard_runs_due",
+    "runs_due_age_seconds": "switchboard_runs_due_age_seconds",
+    "event_backlog_seconds": "switchboard_event_backlog_seconds",
+    "live_replicas": "switchboard_live_replicas",
+}
 
 
-def _labels(labels: tuple[tuple[str, str], ...]) -> str:
-    if not labels:
-        return ""
-    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
-    return "{" + inner + "}"
-
-
-def _escape(v: str) -> str:
-    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+def multiprocess_dir() -> str | None:
+    return os.environ.get(MULTIPROC_ENV) or None
 
 
 class Metrics:
-    def __init__(self) -> None:
-        self._counters: dict[str, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
-        self._help: dict[str, tuple[str, str]] = {}
-        self._gauges: dict[str, Callable[[], float]] = {}
-        self.describe("switchboard_http_requests_total", "counter", "HTTP requests by route and status")
-        self.describe("switchboard_events_relayed_total", "counter", "Event frames written to local sockets")
-        self.describe("switchboard_notifications_total", "counter", "NOTIFY messages received by the relay")
-        self.describe("switchboard_claims_total", "counter", "Runs claimed by this replica's scheduler")
-        self.describe("switchboard_runs_finished_total", "counter", "Runs finished by this replica, by outcome")
-        self.describe("switchboard_ratelimit_denied_total", "counter", "Requests refused by rate limits")
-        self.describe("switchboard_ratelimit_fail_open_total", "counter",
-                      "Rate-limit checks that failed or timed out and let the request through")
-        self.describe("switchboard_ws_closed_total", "counter", "WebSockets closed by the server, by code")
-        self.describe("switchboard_listen_reconnects_total", "counter", "LISTEN connection (re)connects")
+    """One replica's metric families, in a registry of its own (several apps may
+    live in one test process)."""
 
-    def describe(self, name: str, kind: str, help_text: str) -> None:
-        self._help[name] = (kind, help_text)
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.multiprocess = multiprocess_dir() is not None
+        self._counters = {n: Counter(n.removesuffix("_total"), h, labels, registry=self.registry)
+                          for n, (h, labels) in _COUNTERS.items()}
+        self._histograms = {n: Histogram(n, h, labels, buckets=b, registry=self.registry)
+                            for n, (h, labels, b) in _HISTOGRAMS.items()}
+        self._gauges = {n: Gauge(n, h, registry=self.registry, multiprocess_mode=mode)
+                        for n, (h, mode) in _GAUGES.items()}
 
     def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
-        self._counters[name][tuple(sorted(labels.items()))] += value
+        c = self._counters[name]
+        (c.labels(**labels) if labels else c).inc(value)
 
-    def gauge(self, name: str, help_text: str, fn: Callable[[], float]) -> None:
-        self._help[name] = ("gauge", help_text)
-        self._gauges[name] = fn
+    def observe(self, name: str, seconds: float, **labels: str) -> None:
+        h = self._histograms[name]
+        (h.labels(**labels) if labels else h).observe(max(0.0, seconds))
+
+    def set(self, name: str, value: float) -> None:
+        self._gauges[name].set(value)
 
     def value(self, name: str, **labels: str) -> float:
-        return self._counters[name].get(tuple(sorted(labels.items())), 0.0)
+        """This process's value of a counter (tests)."""
+        c = self._counters[name]
+        return float((c.labels(**labels) if labels else c)._value.get())  # noqa: SLF001
 
-    def render(self) -> str:
-        out: list[str] = []
-        for name, (kind, help_text) in sorted(self._help.items()):
-            out.append(f"# HELP {name} {help_text}")
-            out.append(f"# TYPE {name} {kind}")
-            if kind == "gauge":
-                try:
-                    val = float(self._gauges[name]())
-                except Exception:  # a gauge must never break the scrape
-                    val = float("nan")
-                out.append(f"{name} {val}")
-                continue
-            series = self._counters.get(name) or {(): 0.0}
-            for labels, val in sorted(series.items()):
-                out.append(f"{name}{_labels(labels)} {val}")
-        return "\n".join(out) + "\n"
+    def render(self) -> bytes:
+        """The Prometheus text exposition; with several workers, all of them."""
+        if self.multiprocess:
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            return generate_latest(registry)
+        return generate_latest(self.registry)
+
+
+def mark_process_dead(pid: int) -> None:
+    """gunicorn child_exit hook: drop a dead worker's live gauges."""
+    if multiprocess_dir():
+        multiprocess.mark_process_dead(pid)
+
+
+class GaugeSampler:
+    """Keeps the gauges current: local values from the components, database
+    values from switchboard.metrics_snapshot() (rate-limited, bounded by a
+    timeout; a failure keeps the last values and counts an error)."""
+
+    def __init__(self, metrics: Metrics, local: dict[str, Callable[[], float]],
+                 snapshot: Callable[[], Awaitable[dict[str, float]]],
+                 ready: Callable[[bool], bool], interval: float = 10.0,
+                 timeout: float = 2.0) -> None:
+        self.metrics = metrics
+        self.local = local
+        self.snapshot = snapshot
+        self.ready = ready
+        self.interval = interval
+        self.timeout = timeout
+        self._db_ok = False
+        self._last_snapshot = 0.0
+        self._task: asyncio.Task | None = None
+
+    def sample_local(self) -> None:
+        for name, fn in self.local.items():
+            try:
+                self.metrics.set(name, float(fn()))
+            except Exception:  # a gauge must never break a scrape
+                LOG.debug("gauge %s failed", name, exc_info=True)
+        self.metrics.set("switchboard_ready", 1.0 if self.ready(self._db_ok) else 0.0)
+
+    async def refresh(self, max_age: float = 1.0) -> None:
+        """Re-read the database snapshot unless the last one is younger than
+        max_age seconds (a scraper hammering /metrics costs one query a second),
+        then sample the local gauges."""
+        now = time.monotonic()
+        if now - self._last_snapshot >= max_age:
+            self._last_snapshot = now
+            try:
+                values = await asyncio.wait_for(self.snapshot(), self.timeout)
+                for item, name in SNAPSHOT_GAUGES.items():
+                    if item in values:
+                        self.metrics.set(name, float(values[item]))
+                self._db_ok = True
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._db_ok = False
+                self.metrics.inc("switchboard_metrics_snapshot_errors_total")
+                LOG.debug("metrics snapshot failed: %s", exc)
+        self.sample_local()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="metrics-sampler")
+
+    async def _loop(self) -> None:
+        # Local gauges every second (cheap: no I/O), so another worker's scrape
+        # never reports this one's state older than that; the database snapshot
+        # every `interval` seconds.
+        while True:
+            await self.refresh(max_age=self.interval)
+            await asyncio.sleep(1.0)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        self.metrics.set("switchboard_ready", 0.0)

@@ -68,9 +68,11 @@ def openapi_document() -> dict[str, Any]:
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}},
             "schemas": {
-                "Error": {"type": "object", "properties": {"title": {"type": "string"},
-                                                             "description": {"type": "string"}},
-                          "required": ["title"]},
+                "Error": {"type": "object", "properties": {
+                    "title": {"type": "string"}, "description": {"type": "string"},
+                    "known_handlers": {"type": "array", "items": {"type": "string"},
+                                       "description": "422 of POST/PATCH /tasks: the handlers live replicas run"}},
+                    "required": ["title", "description"]},
                 "Task": TASK, "Run": RUN,
             },
             "responses": {"Error": {"description": "Error", **_json({"$ref": "#/components/schemas/Error"})}},

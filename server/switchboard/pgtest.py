@@ -49,12 +49,13 @@ def find_bindir() -> str:
     )
 
 
-def _write_wrapper(path: str, target: str, user: str) -> None:
+def _write_wrapper(path: str, target: str, user: str | None, own_session: bool = False) -> None:
+    # setsid execs in place (the Popen child is not a group leader), like setpriv.
+    prefix = "setsid " if own_session else ""
+    if user:
+        prefix += f"setpriv --reuid={user} --regid={user} --init-groups "
     with open(path, "w") as f:
-        f.write(
-            "#!/bin/sh\n"
-            f"exec setpriv --reuid={user} --regid={user} --init-groups {target} \"$@\"\n"
-        )
+        f.write("#!/bin/sh\n" f"exec {prefix}{target} \"$@\"\n")
     os.chmod(path, 0o755)
 
 
@@ -74,7 +75,11 @@ class _RootSafePostgresql(testing.postgresql.Postgresql):
 class ThrowawayPostgres:
     """One PostgreSQL cluster in a temporary directory, stopped and removed on stop()."""
 
-    def __init__(self, settings: dict[str, str] | None = None, port: int | None = None) -> None:
+    def __init__(self, settings: dict[str, str] | None = None, port: int | None = None,
+                 own_session: bool = False) -> None:
+        """own_session: run the postmaster in a session of its own, so a Ctrl-C in
+        the terminal (SIGINT to the whole foreground process group) does not stop
+        it before the processes using it have shut down (`switchboard dev`)."""
         bindir = find_bindir()
         self.base_dir = tempfile.mkdtemp(prefix="switchboard-pg-")
         os.chmod(self.base_dir, 0o755)
@@ -95,10 +100,11 @@ class ThrowawayPostgres:
                     f"running as root needs an unprivileged OS user {run_as!r} for PostgreSQL; "
                     "create it (useradd --system postgres) or set SWITCHBOARD_PG_USER"
                 ) from exc
+        if run_as or own_session:
             wrap = os.path.join(self.base_dir, "bin")
             os.mkdir(wrap)
             _write_wrapper(os.path.join(wrap, "initdb"), initdb, run_as)
-            _write_wrapper(os.path.join(wrap, "postgres"), postgres, run_as)
+            _write_wrapper(os.path.join(wrap, "postgres"), postgres, run_as, own_session)
             initdb = os.path.join(wrap, "initdb")
             postgres = os.path.join(wrap, "postgres")
         _RootSafePostgresql.run_as = run_as

@@ -325,6 +325,8 @@ class Relay:
             n += 1
         if n:
             self.metrics.inc("switchboard_events_relayed_total", n)
+            # Commit (the event's database timestamp) to frame offered, once per event.
+            self.metrics.observe("switchboard_delivery_latency_seconds", time.time() - f["ts"] / 1000)
 
     def _on_control(self, msg: dict) -> None:
         kind = msg.get("kind")

@@ -6,9 +6,11 @@ retries. This loop only decides *when to ask*: at once when the relay hears
 switchboard_runs (a triggered run starts within milliseconds), otherwise
 every poll interval (with jitter, so replicas do not poll in lockstep), and
 never more than ``concurrency`` runs at a time. While a handler runs, its
-lease is extended every lease/3. On shutdown it stops claiming, lets running
-handlers finish within the grace period and hands the rest back with
-release_run() so another replica takes them at once.
+lease is extended every lease/3 (pushing ``ctx.deadline`` forward); when the
+database says the lease is gone, ``ctx.lease_lost`` is set. On shutdown it
+stops claiming, caps every running handler's deadline at the end of the grace
+period, lets them finish within it and hands the rest back with release_run()
+so another replica takes them at once.
 """
 
 from __future__ import annotations
@@ -83,6 +85,9 @@ class Scheduler:
             runs = await self.db.claim_many(self.worker, self.cfg.lease_seconds, free)
             for run in runs:
                 self.metrics.inc("switchboard_claims_total", handler=run["handler"])
+                if run.get("started_at") and run.get("run_at"):  # both on the database clock
+                    self.metrics.observe("switchboard_claim_latency_seconds",
+                                         (run["started_at"] - run["run_at"]).total_seconds())
                 self._running[run["id"]] = asyncio.create_task(self._execute(run), name=f"run-{run['id']}")
             if len(runs) < free:
                 return  # nothing more is due right now

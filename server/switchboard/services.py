@@ -5,10 +5,12 @@ and nothing is patched in afterwards:
 
     config -> db, metrics, auth, registry, replica state
            -> handlers (built-ins + entry points + SWITCHBOARD_HANDLERS)
-           -> tools(db), limiter(db, metrics), scheduler(db, metrics, config, handlers)
+           -> catalog(db, handlers), tools(db), limiter(db, metrics),
+              scheduler(db, metrics, config, handlers)
            -> relay(db, auth, registry, metrics, config, on_run_wake=scheduler.wake,
                     on_tool_result=tools.resolve)
-           -> heartbeat(db, registry, auth)
+           -> heartbeat(db, registry, auth, handler names)
+           -> sampler(metrics, gauges read from the components, db.metrics_snapshot)
            -> failover watch(db, metrics, on reset: tools.database_reset, heartbeat.beat),
               called by the relay on every (re)connect
 
@@ -19,14 +21,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import __version__
 from .auth import AuthState
 from .builtin_handlers import builtin_handlers
+from .catalog import HandlerCatalog
 from .config import Config
 from .db import Database
 from .failover import FailoverWatch
 from .handlers import HandlerRegistry, load_handlers
 from .heartbeat import ReplicaHeartbeat
-from .metrics import Metrics
+from .metrics import GaugeSampler, Metrics
 from .ratelimit import RateLimiter
 from .relay import Registry, Relay
 from .replica import ReplicaState
@@ -43,11 +47,13 @@ class Services:
     registry: Registry
     replica: ReplicaState
     handlers: HandlerRegistry
+    catalog: HandlerCatalog
     tools: ToolBridge
     limiter: RateLimiter
     scheduler: Scheduler
     relay: Relay
     heartbeat: ReplicaHeartbeat
+    sampler: GaugeSampler
     failover: FailoverWatch
 
 
@@ -59,24 +65,32 @@ def build_services(config: Config) -> Services:
     registry = Registry()
     replica = ReplicaState()
     handlers = load_handlers(config.handler_modules, builtin_handlers(db, config))
+    served = handlers.names() if config.scheduler_enabled else []
+    catalog = HandlerCatalog(db, handlers, __version__, config.scheduler_enabled)
     tools = ToolBridge(db, replica.replica_id)
     limiter = RateLimiter(db, metrics, config.ratelimit_timeout)
     scheduler = Scheduler(db, metrics, config, handlers, replica)
-    heartbeat = ReplicaHeartbeat(db, registry, auth, replica, config.heartbeat_interval)
+    heartbeat = ReplicaHeartbeat(db, registry, auth, replica, config.heartbeat_interval, served, __version__)
     failover = FailoverWatch(db, metrics, on_unlogged_reset=[tools.database_reset, heartbeat.beat])
     relay = Relay(db, auth, registry, metrics, config, replica.replica_id,
                   on_run_wake=scheduler.wake, on_tool_result=tools.resolve, on_connect=failover.observe)
 
-    metrics.gauge("switchboard_websockets_open", "Open WebSockets on this replica", lambda: registry.count)
-    metrics.gauge("switchboard_listen_connected", "1 while the LISTEN connection is up",
-                  lambda: 1 if relay.connected else 0)
-    metrics.gauge("switchboard_runs_running", "Runs executing on this replica", lambda: scheduler.running)
-    metrics.gauge("switchboard_pool_size", "Connections in the request pool",
-                  lambda: db.pool.get_stats().get("pool_size", 0))
-    metrics.gauge("switchboard_pool_available", "Idle connections in the request pool",
-                  lambda: db.pool.get_stats().get("pool_available", 0))
-    metrics.gauge("switchboard_pool_waiting", "Requests waiting for a connection",
-                  lambda: db.pool.get_stats().get("requests_waiting", 0))
+    pool_stat = db.pool.get_stats
+    sampler = GaugeSampler(
+        metrics,
+        local={
+            "switchboard_websockets_open": lambda: registry.count,
+            "switchboard_listen_connected": lambda: 1 if relay.connected else 0,
+            "switchboard_runs_running": lambda: scheduler.running,
+            "switchboard_pool_size": lambda: pool_stat().get("pool_size", 0),
+            "switchboard_pool_available": lambda: pool_stat().get("pool_available", 0),
+            "switchboard_pool_waiting": lambda: pool_stat().get("requests_waiting", 0),
+            "switchboard_event_retention_seconds": lambda: config.event_retention_seconds,
+        },
+        snapshot=db.metrics_snapshot,
+        # The readiness probe's rule, with the last snapshot standing in for its ping.
+        ready=lambda db_ok: db_ok and relay.connected and not replica.draining,
+    )
     return Services(config=config, db=db, metrics=metrics, auth=auth, registry=registry, replica=replica,
-                    handlers=handlers, tools=tools, limiter=limiter, scheduler=scheduler, relay=relay,
-                    heartbeat=heartbeat, failover=failover)
+                    handlers=handlers, catalog=catalog, tools=tools, limiter=limiter, scheduler=scheduler, relay=relay,
+                    heartbeat=heartbeat, sampler=sampler, failover=failover)

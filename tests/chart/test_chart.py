@@ -6,10 +6,10 @@ in `helm install`), and every rendered object is validated against the
 Kubernetes OpenAPI schemas in strict mode (unknown fields are errors) for the
 oldest Kubernetes the chart supports and the newest the validator ships.
 
-The Dockerfile cannot be built here (no Docker engine); it is parsed and its
-claims are checked against the repository: the console script it runs, the
-files it copies, the user it runs as, and the absence of build tools in the
-final stage.
+The Dockerfile is parsed here and its claims are checked against the
+repository: the console script it runs, the files it copies, the user it runs
+as, and the absence of build tools in the final stage. tests/image/ builds it
+(buildah) and runs it and the chart's rendered pods (podman).
 """
 
 from __future__ import annotations
@@ -191,18 +191,20 @@ def test_ha_renders_every_optional_object(chart: Any, version: str) -> None:
     objects = render(chart, HA)
     assert kinds(objects) == [
         "ConfigMap",
+        "ConfigMap",  # the Grafana dashboard
         "Deployment",
         "HorizontalPodAutoscaler",
         "Ingress",
         "NetworkPolicy",
         "Pod",  # the helm test hook
         "PodDisruptionBudget",
+        "PrometheusRule",
         "Service",
         "ServiceAccount",
         "ServiceMonitor",
     ]
     assert sorted(validate_all(objects, version)) == [
-        k for k in kinds(objects) if k != "ServiceMonitor"
+        k for k in kinds(objects) if k not in ("ServiceMonitor", "PrometheusRule")
     ]
 
 
@@ -589,10 +591,8 @@ def test_ingress_keeps_websockets_open(chart: Any) -> None:
     assert ingress["spec"]["ingressClassName"] == "nginx"
     (rule,) = ingress["spec"]["rules"]
     assert rule["host"] == "switchboard.example.com"
-    assert rule["http"]["paths"][0]["backend"]["service"] == {
-        "name": FULLNAME,
-        "port": {"name": "http"},
-    }
+    for path in rule["http"]["paths"]:
+        assert path["backend"]["service"] == {"name": FULLNAME, "port": {"name": "http"}}
     # User annotations win over the defaults.
     override = merged(
         HA, {"ingress": {"annotations": {"nginx.ingress.kubernetes.io/proxy-read-timeout": "7200"}}}
@@ -760,6 +760,12 @@ def test_inconsistent_values_refuse_to_render(
         ({"topologySpread": {"whenUnsatisfiable": "Never"}}, "/topologySpread/whenUnsatisfiable"),
         ({"serviceMonitor": {"interval": "soon"}}, "/serviceMonitor/interval"),
         ({"ingress": {"hosts": ["switchboard.example.com"]}}, "/ingress/hosts/0"),
+        ({"ingress": {"paths": [{"path": "metrics", "pathType": "Prefix"}]}}, "/ingress/paths/0/path"),
+        ({"ingress": {"paths": []}}, "/ingress/paths"),
+        ({"migrationJob": {"backoffLimit": -1}}, "/migrationJob/backoffLimit"),
+        ({"migrationJob": {"enabled": "yes"}}, "/migrationJob/enabled"),
+        ({"database": {"appRole": "Robert'); DROP"}}, "/database/appRole"),
+        ({"prometheusRule": {"labels": {"release": 1}}}, "/prometheusRule/labels/release"),
     ],
 )
 def test_schema_rejects_bad_values(chart: Any, values: dict[str, Any], where: str) -> None:
@@ -1015,3 +1021,105 @@ def test_dockerignore_keeps_the_context_small() -> None:
         assert dockerignore_excludes(path), path
     for path in ("server/switchboard/cli.py", "db/migrations", "pgmigrate.yml", "pyproject.toml"):
         assert not dockerignore_excludes(path), path
+
+
+# --------------------------------------------------------------------------
+# Ingress: the application, not the internals
+
+
+def ingress_routes(paths: list[dict[str, str]], request_path: str) -> bool:
+    """Kubernetes Ingress matching: Exact is string equality; Prefix matches
+    whole path elements (/ws matches /ws and /ws/ticket, never /wsx)."""
+    for p in paths:
+        if p["pathType"] == "Exact" and request_path == p["path"]:
+            return True
+        if p["pathType"] == "Prefix":
+            prefix = p["path"].rstrip("/")
+            if prefix == "" or request_path == prefix or request_path.startswith(prefix + "/"):
+                return True
+    return False
+
+
+def server_routes() -> list[str]:
+    """Every route the server registers (templated segments filled in)."""
+    found = set()
+    for py in (ROOT / "server" / "switchboard").rglob("*.py"):
+        found.update(re.findall(r'add_route\(\s*"([^"]+)"', py.read_text()))
+    assert len(found) > 10, found
+    return sorted(re.sub(r"\{[^}]+\}", "x1", r) for r in found)
+
+
+def test_ingress_routes_every_app_path_but_not_metrics(chart: Any) -> None:
+    ingress = only(render(chart, HA), "Ingress")
+    (rule,) = ingress["spec"]["rules"]
+    paths = rule["http"]["paths"]
+    routes = server_routes()
+    assert "/metrics" in routes
+    for route in routes:
+        assert ingress_routes(paths, route) == (route != "/metrics"), route
+    for internal in ("/metrics", "/metrics/", "/metricsx"):
+        assert not ingress_routes(paths, internal), internal
+    # Prometheus scrapes the pods through the Service's endpoints instead.
+    sm = only(render(chart, HA), "ServiceMonitor")
+    assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
+    assert sm["spec"]["endpoints"][0]["port"] == "http"
+
+
+# --------------------------------------------------------------------------
+# The optional migration Job (pre-install/pre-upgrade hook)
+
+JOB = merged(MINIMAL, {"migrationJob": {"enabled": True}})
+
+
+@pytest.mark.parametrize("version", KUBE_VERSIONS)
+def test_migration_job_validates(chart: Any, version: str) -> None:
+    objects = render(chart, JOB)
+    assert "Job" in validate_all(objects, version)
+
+
+def test_migration_job_is_off_by_default(chart: Any) -> None:
+    assert chart.values["migrationJob"]["enabled"] is False
+    assert "Job" not in kinds(render(chart, MINIMAL))
+
+
+def test_migration_job_runs_migrate_with_the_owner_url_before_the_pods(chart: Any) -> None:
+    objects = render(chart, JOB)
+    job = only(objects, "Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    assert job["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == (
+        "before-hook-creation,hook-succeeded"
+    )
+    pod = job["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["command"] == ["switchboard"] and c["args"] == ["migrate"]
+    assert c["env"][0] == {
+        "name": "DATABASE_URL",
+        "valueFrom": {"secretKeyRef": {"name": "switchboard-db",
+                                        "key": "SWITCHBOARD_MIGRATION_DATABASE_URL"}},
+    }
+    # A pre-install hook runs before the chart's ServiceAccount exists.
+    assert "serviceAccountName" not in pod
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["restartPolicy"] == "Never"
+    deployment_container = container(objects)
+    assert c["securityContext"] == deployment_container["securityContext"]
+    assert c["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    # The replicas no longer migrate and never see the owner URL.
+    assert deployment_container["args"][-1] == "--no-migrate"
+    names = [e["name"] for e in deployment_container["env"]]
+    assert "SWITCHBOARD_MIGRATION_DATABASE_URL" not in names
+    assert "DATABASE_URL" in names
+
+
+def test_migration_job_needs_an_existing_secret(chart: Any) -> None:
+    with pytest.raises(helm.HelmRenderError, match="migrationJob.enabled needs secrets.existingSecret"):
+        render(chart, {"secrets": {"databaseUrl": DB_URL, "jwtSecret": JWT},
+                       "migrationJob": {"enabled": True}})
+
+
+def test_notes_print_the_dba_sql_with_the_configured_role(chart: Any) -> None:
+    notes = render_raw(chart, merged(MINIMAL, {"database": {"appRole": "sb_orders_app"}}))[
+        "switchboard/templates/NOTES.txt"
+    ]
+    assert "CREATE ROLE sb_orders_app NOLOGIN;" in notes
+    assert "IN ROLE sb_orders_app;" in notes

@@ -61,7 +61,9 @@ class AccessLog:
                                req_succeeded: bool) -> None:
         route = req.uri_template or "unmatched"
         status = str(resp.status)[:3] if resp.status else "200"
+        seconds = time.perf_counter() - getattr(req.context, "t0", time.perf_counter())
         self.metrics.inc("switchboard_http_requests_total", route=route, method=req.method, status=status)
+        self.metrics.observe("switchboard_http_request_duration_seconds", seconds, route=route,
+                             method=req.method)
         if ACCESS.isEnabledFor(logging.INFO):
-            ms = (time.perf_counter() - getattr(req.context, "t0", time.perf_counter())) * 1000
-            ACCESS.info("%s %s %s %.1fms", req.method, req.path, status, ms)
+            ACCESS.info("%s %s %s %.1fms", req.method, req.path, status, seconds * 1000)

@@ -7,7 +7,7 @@ from pathlib import Path
 import falcon
 
 from ..db import Database
-from ..metrics import Metrics
+from ..metrics import CONTENT_TYPE, GaugeSampler, Metrics
 from ..openapi import openapi_document
 from ..relay import Relay
 from ..replica import ReplicaState
@@ -45,12 +45,14 @@ class Ready:
 
 
 class MetricsResource:
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, sampler: GaugeSampler) -> None:
         self.metrics = metrics
+        self.sampler = sampler
 
     async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        resp.content_type = "text/plain; version=0.0.4; charset=utf-8"
-        resp.text = self.metrics.render()
+        await self.sampler.refresh()  # this worker's gauges as of now
+        resp.content_type = CONTENT_TYPE
+        resp.data = self.metrics.render()
 
 
 class OpenAPI:
