@@ -27,6 +27,8 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
+import psycopg
+
 from .db import Database
 from .metrics import Metrics
 
@@ -46,11 +48,22 @@ class FailoverWatch:
         self._check: asyncio.Task | None = None
         metrics.set("switchboard_db_timeline", float("nan"))
 
-    async def observe(self) -> None:
+    async def observe(self, conn: psycopg.AsyncConnection | None = None) -> None:
         """Never raises: the watch observes; a replica whose schema predates db_instance()
-        (started with --no-migrate during a rolling update) must still become ready."""
+        (started with --no-migrate during a rolling update) must still become ready.
+
+        ``conn``: the relay's LISTEN connection, just opened. Asking on it (not through the
+        pool) describes exactly the server the relay now listens on, and it is fresh: a
+        pooled connection may still be one the restart killed (the first query on it fails)."""
         try:
-            row = await self.db.db_instance()
+            if conn is not None:
+                cur = await conn.execute(
+                    "SELECT timeline, in_recovery, started_at, unlogged_since FROM switchboard.db_instance()")
+                rec = await cur.fetchone()
+                row = None if rec is None else dict(zip(("timeline", "in_recovery", "started_at",
+                                                         "unlogged_since"), rec))
+            else:
+                row = await self.db.db_instance()
         except Exception as exc:
             LOG.warning("cannot tell whether PostgreSQL failed over (switchboard.db_instance(): %s)",
                         str(exc).strip() or type(exc).__name__)

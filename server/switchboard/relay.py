@@ -160,15 +160,15 @@ class Relay:
 
     ``on_run_wake`` is called when a run was queued (the scheduler claims at once);
     ``on_tool_result(call_id)`` when a browser answered a tool call this replica
-    waits for; ``on_connect()`` (async) first thing after every (re)connect -- the
-    failover watch uses it to notice a new primary. All plain callbacks, so the
+    waits for; ``on_connect(conn)`` (async) first thing after every (re)connect, with
+    the new LISTEN connection -- the failover watch uses it to notice a new primary. All plain callbacks, so the
     relay knows none of those components.
     """
 
     def __init__(self, db: Database, auth: AuthState, registry: Registry, metrics: Metrics,
                  config: Config, replica_id: str, *, on_run_wake: Callable[[], None],
                  on_tool_result: Callable[[uuid.UUID], None],
-                 on_connect: Callable[[], Awaitable[None]] | None = None) -> None:
+                 on_connect: Callable[[psycopg.AsyncConnection], Awaitable[None]] | None = None) -> None:
         self.db = db
         self.auth = auth
         self.metrics = metrics
@@ -262,8 +262,8 @@ class Relay:
 
     async def _after_connect(self) -> None:
         db = self.db
-        if self.on_connect is not None:
-            await self.on_connect()
+        if self.on_connect is not None and self._conn is not None:
+            await self.on_connect(self._conn)
         try:
             rows = await db.auth_snapshot(self.cfg.jwt_ttl + 60)
             self.auth.load_snapshot(rows)
