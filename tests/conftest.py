@@ -30,6 +30,12 @@ from switchboard.migrate import migrate  # noqa: E402
 from switchboard.pgtest import ThrowawayPostgres  # noqa: E402
 
 from harness import APP_LOGIN, app_url_for  # noqa: E402
+
+# The suite installs Switchboard into many databases of one cluster (a template,
+# its clones, fresh databases for migration/sqitch tests) that all trust each
+# other, so it opts in to sharing the cluster-wide roles (docs/security.md).
+# tests/test_trust_boundary.py overrides it to prove the refusal.
+os.environ["PGOPTIONS"] = (os.environ.get("PGOPTIONS", "") + " -c switchboard.shared_roles=on").strip()
 _counter = itertools.count()
 
 

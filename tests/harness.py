@@ -78,6 +78,7 @@ class Server:
         self.migrate = migrate
         self.log_path = (log_dir or Path("/tmp")) / f"switchboard-{name}-{self.port}.log"
         self.proc: subprocess.Popen | None = None
+        self.cookies = httpx.Cookies()
 
     def start(self, wait: bool = True, timeout: float = 30) -> "Server":
         cmd = [sys.executable, "-m", "switchboard.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
@@ -142,8 +143,12 @@ class Server:
         return httpx.Client(base_url=self.base, timeout=30)
 
     def login(self, username: str, password: str = "pw-" + "s" * 12) -> str:
-        r = httpx.post(self.base + "/auth/login", json={"username": username, "password": password}, timeout=30)
+        # Like a browser, keep the device cookies: a known device is exempt from the
+        # per-username login bucket (which every attempt from unknown devices pays).
+        r = httpx.post(self.base + "/auth/login", json={"username": username, "password": password}, timeout=30,
+                       cookies=self.cookies)
         assert r.status_code == 200, r.text
+        self.cookies.update(r.cookies)
         return r.json()["access_token"]
 
     def ticket(self, token: str) -> str:

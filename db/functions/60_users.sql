@@ -7,6 +7,16 @@
 -- login_lookup(). Changes that affect live sessions (role, disabled, logout,
 -- room membership) are announced on channel switchboard_control at COMMIT so
 -- every replica re-checks that user's sockets within a second.
+--
+-- An announcement is a hint naming ids only ({"kind": "user", "user_id"},
+-- {"kind": "revoke", "jti"}, {"kind": "member", "room", "user_id"}): any role
+-- that can connect may pg_notify on the channel, so a replica re-reads the
+-- state itself (user_states, revoked_among, is_room_member) before acting.
+-- A forged hint costs one read and changes nothing.
+--
+-- Token epochs: a role change, a password change and disabling a user bump
+-- users.token_epoch; tokens carry the epoch they were issued in and a
+-- replica refuses older ones, so those changes revoke every existing token.
 
 -- Inlined into its callers like _wake_workers: no SET clause, qualified names.
 CREATE OR REPLACE FUNCTION switchboard._announce(msg jsonb)
@@ -97,6 +107,24 @@ COMMENT ON FUNCTION switchboard.login_lookup(text) IS
 REVOKE ALL ON FUNCTION switchboard.login_lookup(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.login_lookup(text) TO switchboard_app;
 
+-- login_lookup_v2 adds token_epoch (what the issued token carries as "gen").
+-- Beside login_lookup, not instead of it: a previous-release server keeps
+-- calling the old one during a rolling update (drop it a release later).
+CREATE OR REPLACE FUNCTION switchboard.login_lookup_v2(username text)
+RETURNS TABLE (user_id uuid, password_hash text, role text, disabled boolean, token_epoch integer)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT u.id, u.password_hash, u.role, u.disabled, u.token_epoch
+                   FROM switchboard.users u WHERE u.username = login_lookup_v2.username;
+END
+$$;
+COMMENT ON FUNCTION switchboard.login_lookup_v2(text) IS
+    'login_lookup plus the user''s token_epoch, which the issued token carries (a role or password change, or disabling, moves it on and so revokes older tokens). No row if the user is unknown.';
+REVOKE ALL ON FUNCTION switchboard.login_lookup_v2(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.login_lookup_v2(text) TO switchboard_app;
+
 CREATE OR REPLACE FUNCTION switchboard._user_changed(user_id uuid)
 RETURNS void
 LANGUAGE plpgsql
@@ -109,8 +137,8 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'user % does not exist', user_id USING ERRCODE = 'P0002';
     END IF;
-    PERFORM switchboard._announce(jsonb_build_object(
-        'kind', 'user', 'user_id', v.id, 'role', v.role, 'disabled', v.disabled));
+    -- Ids only: replicas re-read role, disabled and token_epoch with user_states().
+    PERFORM switchboard._announce(jsonb_build_object('kind', 'user', 'user_id', v.id));
 END
 $$;
 REVOKE ALL ON FUNCTION switchboard._user_changed(uuid) FROM PUBLIC;
@@ -122,12 +150,15 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM switchboard._check_role(role);
-    UPDATE switchboard.users u SET role = set_user_role.role, updated_at = now() WHERE u.id = set_user_role.user_id;
+    UPDATE switchboard.users u
+       SET role = set_user_role.role, updated_at = now(),
+           token_epoch = u.token_epoch + CASE WHEN u.role = set_user_role.role THEN 0 ELSE 1 END
+     WHERE u.id = set_user_role.user_id;
     PERFORM switchboard._user_changed(user_id);
 END
 $$;
 COMMENT ON FUNCTION switchboard.set_user_role(uuid, text) IS
-    'Change a user''s role (admin or member). Announced at COMMIT: every replica re-checks the user''s sockets and tokens within a second.';
+    'Change a user''s role (admin or member). A real change revokes the user''s existing tokens (token_epoch) and is announced at COMMIT: every replica re-checks the user''s sockets within a second.';
 REVOKE ALL ON FUNCTION switchboard.set_user_role(uuid, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.set_user_role(uuid, text) TO switchboard_app;
 
@@ -138,15 +169,17 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM switchboard._check_hash(password_hash);
-    UPDATE switchboard.users u SET password_hash = set_user_password_hash.password_hash, updated_at = now()
+    UPDATE switchboard.users u SET password_hash = set_user_password_hash.password_hash, updated_at = now(),
+           token_epoch = u.token_epoch + 1
      WHERE u.id = set_user_password_hash.user_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'user % does not exist', user_id USING ERRCODE = 'P0002';
     END IF;
+    PERFORM switchboard._user_changed(user_id);
 END
 $$;
 COMMENT ON FUNCTION switchboard.set_user_password_hash(uuid, text) IS
-    'Replace a user''s password hash (argon2/bcrypt, computed by the server).';
+    'Replace a user''s password hash (argon2/bcrypt, computed by the server). Revokes the user''s existing tokens on every replica.';
 REVOKE ALL ON FUNCTION switchboard.set_user_password_hash(uuid, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.set_user_password_hash(uuid, text) TO switchboard_app;
 
@@ -156,13 +189,14 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    UPDATE switchboard.users u SET disabled = true, updated_at = now() WHERE u.id = disable_user.user_id;
+    UPDATE switchboard.users u SET disabled = true, updated_at = now(), token_epoch = u.token_epoch + 1
+     WHERE u.id = disable_user.user_id;
     DELETE FROM switchboard.tickets t WHERE t.user_id = disable_user.user_id;
     PERFORM switchboard._user_changed(user_id);
 END
 $$;
 COMMENT ON FUNCTION switchboard.disable_user(uuid) IS
-    'Disable a user: tickets are dropped, and at COMMIT every replica closes the user''s sockets and refuses its tokens (within a second).';
+    'Disable a user: tickets are dropped, its tokens are revoked for good (enable_user does not revive them), and at COMMIT every replica closes the user''s sockets (within a second).';
 REVOKE ALL ON FUNCTION switchboard.disable_user(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.disable_user(uuid) TO switchboard_app;
 
@@ -194,7 +228,7 @@ BEGIN
     INSERT INTO switchboard.revoked_tokens (jti, user_id, expires_at)
     VALUES (jti, user_id, coalesce(expires_at, now() + interval '1 day'))
     ON CONFLICT ON CONSTRAINT revoked_tokens_pkey DO NOTHING;
-    PERFORM switchboard._announce(jsonb_build_object('kind', 'revoke', 'jti', jti, 'user_id', user_id));
+    PERFORM switchboard._announce(jsonb_build_object('kind', 'revoke', 'jti', jti));
 END
 $$;
 COMMENT ON FUNCTION switchboard.revoke_token(text, uuid, timestamptz) IS
@@ -204,7 +238,8 @@ GRANT EXECUTE ON FUNCTION switchboard.revoke_token(text, uuid, timestamptz) TO s
 
 -- What a replica needs to (re)build its view of revoked tokens and changed
 -- users after it (re)connects its LISTEN connection and may have missed
--- announcements.
+-- announcements. A user whose last change is older than the token lifetime
+-- needs no entry: every token issued before that change has expired.
 CREATE OR REPLACE FUNCTION switchboard.auth_snapshot(since interval DEFAULT '1 day')
 RETURNS TABLE (kind text, id text, user_id uuid, role text, disabled boolean)
 LANGUAGE sql STABLE SECURITY DEFINER
@@ -220,6 +255,72 @@ COMMENT ON FUNCTION switchboard.auth_snapshot(interval) IS
     'Revoked tokens still valid, and users disabled or changed within since: what a replica reloads after its LISTEN connection reconnects.';
 REVOKE ALL ON FUNCTION switchboard.auth_snapshot(interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.auth_snapshot(interval) TO switchboard_app;
+
+-- auth_snapshot_v2 adds token_epoch; auth_snapshot stays for a previous-release
+-- server during a rolling update.
+CREATE OR REPLACE FUNCTION switchboard.auth_snapshot_v2(since interval DEFAULT '1 day')
+RETURNS TABLE (kind text, id text, user_id uuid, role text, disabled boolean, token_epoch integer)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+-- PL/pgSQL (bound at first call, not at CREATE): the function files are also
+-- applied on top of an older schema (pgmigrate -t N), before token_epoch exists.
+BEGIN
+    RETURN QUERY
+    SELECT 'revoke'::text, r.jti, r.user_id, NULL::text, NULL::boolean, NULL::integer
+      FROM switchboard.revoked_tokens r WHERE r.expires_at > now()
+    UNION ALL
+    SELECT 'user'::text, u.id::text, u.id, u.role, u.disabled, u.token_epoch
+      FROM switchboard.users u WHERE u.disabled OR u.updated_at > now() - auth_snapshot_v2.since;
+END
+$$;
+COMMENT ON FUNCTION switchboard.auth_snapshot_v2(interval) IS
+    'auth_snapshot plus each user''s token_epoch: revoked tokens still valid, and users disabled or changed within since. What a replica reloads after its LISTEN connection reconnects.';
+REVOKE ALL ON FUNCTION switchboard.auth_snapshot_v2(interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.auth_snapshot_v2(interval) TO switchboard_app;
+
+-- The replica's own read behind a "user" hint: batched (one call per LISTEN
+-- wake-up for every user named since the last one). A user that does not
+-- exist returns no row; the replica treats it as disabled.
+CREATE OR REPLACE FUNCTION switchboard.user_states(user_ids uuid[])
+RETURNS TABLE (user_id uuid, role text, disabled boolean, token_epoch integer)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF cardinality(user_ids) > 10000 THEN
+        RAISE EXCEPTION 'too many user ids (%)', cardinality(user_ids) USING ERRCODE = '22023',
+            HINT = 'At most 10000 per call.';
+    END IF;
+    RETURN QUERY SELECT u.id, u.role, u.disabled, u.token_epoch
+                   FROM switchboard.users u WHERE u.id = ANY (coalesce(user_ids, '{}'));
+END
+$$;
+COMMENT ON FUNCTION switchboard.user_states(uuid[]) IS
+    'Role, disabled flag and token epoch of the given users (no row for an unknown id): what a replica reads after a "user" announcement instead of trusting it.';
+REVOKE ALL ON FUNCTION switchboard.user_states(uuid[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.user_states(uuid[]) TO switchboard_app;
+
+-- The replica's own read behind a "revoke" hint: which of these token ids are
+-- really revoked (and until when).
+CREATE OR REPLACE FUNCTION switchboard.revoked_among(jtis text[])
+RETURNS TABLE (jti text, expires_at timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF cardinality(jtis) > 10000 THEN
+        RAISE EXCEPTION 'too many token ids (%)', cardinality(jtis) USING ERRCODE = '22023',
+            HINT = 'At most 10000 per call.';
+    END IF;
+    RETURN QUERY SELECT r.jti, r.expires_at FROM switchboard.revoked_tokens r
+                  WHERE r.jti = ANY (coalesce(jtis, '{}')) AND r.expires_at > now();
+END
+$$;
+COMMENT ON FUNCTION switchboard.revoked_among(text[]) IS
+    'The token ids among jtis that are revoked and not yet expired: what a replica reads after a "revoke" announcement.';
+REVOKE ALL ON FUNCTION switchboard.revoked_among(text[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.revoked_among(text[]) TO switchboard_app;
 
 CREATE OR REPLACE FUNCTION switchboard.add_room_member(room text, user_id uuid)
 RETURNS boolean
@@ -238,7 +339,7 @@ BEGIN
     INSERT INTO switchboard.room_members (room, user_id) VALUES (room, user_id)
     ON CONFLICT ON CONSTRAINT room_members_pkey DO NOTHING;
     IF FOUND THEN
-        PERFORM switchboard._announce(jsonb_build_object('kind', 'member', 'room', room, 'user_id', user_id, 'member', true));
+        PERFORM switchboard._announce(jsonb_build_object('kind', 'member', 'room', room, 'user_id', user_id));
         RETURN true;
     END IF;
     RETURN false;
@@ -258,7 +359,7 @@ BEGIN
     DELETE FROM switchboard.room_members m
      WHERE m.room = remove_room_member.room AND m.user_id = remove_room_member.user_id;
     IF FOUND THEN
-        PERFORM switchboard._announce(jsonb_build_object('kind', 'member', 'room', room, 'user_id', user_id, 'member', false));
+        PERFORM switchboard._announce(jsonb_build_object('kind', 'member', 'room', room, 'user_id', user_id));
         RETURN true;
     END IF;
     RETURN false;

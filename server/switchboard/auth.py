@@ -2,11 +2,15 @@
 
 Passwords: argon2id (argon2-cffi), verified in a thread so hashing never
 blocks the event loop. Tokens: HS256 JWTs, algorithm pinned on decode, with
-exp, iat, jti, sub and role. Revocation (logout), role changes and disabled
-users come from the database: announced on switchboard_control at COMMIT and
-applied here within milliseconds; after the LISTEN connection reconnects (it
-may have missed announcements) the whole view is reloaded from
-auth_snapshot(). Postgres stays the source of truth; this is a cache of it.
+exp, iat, jti, sub, role and gen (the user's token epoch when it was issued).
+Revocation (logout), role changes and disabled users come from the database:
+announced on switchboard_control at COMMIT, *read back* by the relay
+(user_states, revoked_among: an announcement is a hint anybody could forge)
+and applied here within milliseconds; after the LISTEN connection reconnects
+(it may have missed announcements) the whole view is reloaded from
+auth_snapshot(). A role change, a password change and disabling a user bump
+the user's token epoch, which revokes every token issued before. Postgres
+stays the source of truth; this is a cache of it.
 """
 
 from __future__ import annotations
@@ -63,17 +67,18 @@ class AuthState:
         self.secret = secret
         self.ttl = ttl
         self.revoked: dict[str, float] = {}
-        self.users: dict[uuid.UUID, tuple[str, bool]] = {}
+        # user id -> (role, disabled, token epoch), for users changed within a token lifetime
+        self.users: dict[uuid.UUID, tuple[str, bool, int]] = {}
         # Verified tokens -> (claims, user id). A client sends the same bearer token on
         # every request and the HS256 check is deterministic, so it is done once per
         # token, not per request (PyJWT's decode was ~16% of a GET /tasks). Expiry,
         # revocation and the user's role/disabled flag are still checked every time.
         self._verified: OrderedDict[str, tuple[dict, uuid.UUID]] = OrderedDict()
 
-    def issue(self, user_id: uuid.UUID, username: str, role: str) -> tuple[str, int]:
+    def issue(self, user_id: uuid.UUID, username: str, role: str, epoch: int = 0) -> tuple[str, int]:
         now = int(time.time())
         claims = {"sub": str(user_id), "name": username, "role": role, "iat": now,
-                  "exp": now + self.ttl, "jti": secrets.token_hex(16)}
+                  "exp": now + self.ttl, "jti": secrets.token_hex(16), "gen": int(epoch)}
         return jwt.encode(claims, self.secret, algorithm=ALGORITHM), self.ttl
 
     def authenticate(self, header: str | None) -> Principal:
@@ -113,27 +118,38 @@ class AuthState:
         role = str(claims.get("role", "member"))
         known = self.users.get(user_id)
         if known is not None:
-            role, disabled = known
+            role, disabled, epoch = known
             if disabled:
                 raise falcon.HTTPUnauthorized(title="Unauthorized", description="The user is disabled.",
                                               challenges=['Bearer error="invalid_token"'])
+            gen = claims.get("gen", 0)
+            if not isinstance(gen, int) or gen < epoch:
+                raise falcon.HTTPUnauthorized(
+                    title="Unauthorized",
+                    description="The token was revoked (the user's role or password changed); log in again.",
+                    challenges=['Bearer error="invalid_token"'])
         return Principal(user_id, str(claims.get("name", "")), role, jti, int(claims["exp"]))
 
     # -- fed by the relay's control channel ------------------------------------
     def apply_revoke(self, jti: str, exp: float | None = None) -> None:
         self.revoked[jti] = exp or time.time() + self.ttl
 
-    def apply_user(self, user_id: uuid.UUID, role: str, disabled: bool) -> None:
-        self.users[user_id] = (role, disabled)
+    def apply_user(self, user_id: uuid.UUID, role: str, disabled: bool, epoch: int = 0) -> None:
+        """State read from the database (user_states / auth_snapshot), never from a payload."""
+        self.users[user_id] = (role, disabled, epoch)
+
+    def is_disabled(self, user_id: uuid.UUID) -> bool:
+        known = self.users.get(user_id)
+        return known is not None and known[1]
 
     def load_snapshot(self, rows: list[dict]) -> None:
         revoked: dict[str, float] = {}
-        users: dict[uuid.UUID, tuple[str, bool]] = {}
+        users: dict[uuid.UUID, tuple[str, bool, int]] = {}
         for r in rows:
             if r["kind"] == "revoke":
                 revoked[r["id"]] = time.time() + self.ttl
             else:
-                users[r["user_id"]] = (r["role"], bool(r["disabled"]))
+                users[r["user_id"]] = (r["role"], bool(r["disabled"]), int(r.get("token_epoch") or 0))
         self.revoked = revoked
         self.users = users
 

@@ -42,8 +42,13 @@ def builtin_handlers(db: Database, config: Config) -> HandlerRegistry:
         statement = ctx.args.get("sql")
         if not isinstance(statement, str) or not statement.strip():
             raise HandlerError('args.sql must be a SQL statement, e.g. {"sql": "SELECT 1"}')
-        timeout = float(ctx.args.get("timeout_seconds", config.lease_seconds))
-        return await db.run_job_sql(statement, timeout)
+        raw = ctx.args.get("timeout_seconds", config.lease_seconds)
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 <= raw <= 86400:
+            raise HandlerError(f"args.timeout_seconds must be a number of seconds (0 < t <= 86400), not {raw!r}")
+        if raw == 0 and not config.sql_allow_no_timeout:
+            raise HandlerError("args.timeout_seconds 0 (no timeout) is refused; give a bound, or set "
+                               "SWITCHBOARD_SQL_ALLOW_NO_TIMEOUT=on on the replicas to allow it")
+        return await db.run_job_sql(statement, float(raw))
 
     @reg.register("notify")
     async def notify(ctx: HandlerContext) -> Any:

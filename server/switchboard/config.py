@@ -110,6 +110,7 @@ class Config:
     login_user_rate: float = 5 / 60
     login_user_burst: int = 5
     ratelimit_timeout: float = 0.5
+    sql_allow_no_timeout: bool = False
     max_body_bytes: int = 2 * 1024 * 1024
     handler_modules: list[str] = field(default_factory=list)
     log_level: str = "INFO"
@@ -165,6 +166,8 @@ class Config:
             login_user_rate=_float("SWITCHBOARD_LOGIN_USER_RATE", 5 / 60, 0.0001, 1e6),
             login_user_burst=_int("SWITCHBOARD_LOGIN_USER_BURST", 5, 1, 1_000_000),
             ratelimit_timeout=_float("SWITCHBOARD_RATELIMIT_TIMEOUT", 0.5, 0.01, 60),
+            sql_allow_no_timeout=os.environ.get("SWITCHBOARD_SQL_ALLOW_NO_TIMEOUT", "off").lower()
+            in ("1", "on", "true", "yes"),
             handler_modules=_list("SWITCHBOARD_HANDLERS"),
             log_level=os.environ.get("SWITCHBOARD_LOG_LEVEL", "INFO").upper(),
             dev=dev,

@@ -81,8 +81,10 @@ class Database:
     at run time reaches every pooled connection."""
 
     def __init__(self, url: str, min_size: int = 2, max_size: int = 10, timeout: float = 10.0,
-                 name: str = "switchboard", prepare_threshold: int | None = 5) -> None:
+                 name: str = "switchboard", prepare_threshold: int | None = 5,
+                 job_url: str | None = None) -> None:
         self.url = url
+        self.job_url = job_url or url
         self.timeout = timeout
         self.prepare_threshold = prepare_threshold
         kwargs = {"autocommit": True, "row_factory": dict_row, **conninfo_with_keepalives(),
@@ -160,7 +162,7 @@ class Database:
 
     # -- users & auth -------------------------------------------------------
     async def login_lookup(self, username: str) -> dict | None:
-        return await self.fetchone("SELECT * FROM switchboard.login_lookup(%s)", (username,))
+        return await self.fetchone("SELECT * FROM switchboard.login_lookup_v2(%s)", (username,))
 
 
     async def get_user(self, user_id: UUID) -> dict | None:
@@ -169,10 +171,6 @@ class Database:
 
     async def revoke_token(self, jti: str, user_id: UUID, expires_at: Any) -> None:
         await self.fetchone("SELECT switchboard.revoke_token(%s, %s, %s)", (jti, user_id, expires_at))
-
-    async def auth_snapshot(self, since_seconds: int) -> list[dict]:
-        return await self.fetchall("SELECT * FROM switchboard.auth_snapshot(%s)",
-                                   (timedelta(seconds=since_seconds),))
 
     async def issue_ticket(self, user_id: UUID, ttl: int) -> str:
         return await self.scalar("SELECT switchboard.issue_ticket(%s, %s)", (user_id, timedelta(seconds=ttl)))
@@ -268,10 +266,46 @@ class Database:
     async def event_horizon(self) -> int:
         return int(await self.scalar("SELECT switchboard.event_horizon()"))
 
-    async def fetch_event(self, event_id: int) -> dict | None:
-        return await self.fetchone(
-            "SELECT id, user_id, room, event, payload, created_at FROM switchboard._relay_fetch_event(%s)",
-            (event_id,))
+    # -- the relay's own reads ------------------------------------------------------------
+    # On the relay's dedicated reader connection (not the request pool: a busy pool
+    # must not delay delivery). NOTIFY payloads are hints; these reads are what a
+    # replica acts on (docs/security.md).
+    @staticmethod
+    async def relay_read(conn: psycopg.AsyncConnection, after_id: int, ephemeral_ids: list[int],
+                         max_rows: int) -> list[dict]:
+        cur = await conn.execute(
+            "SELECT id, ephemeral, user_id, room, event, sender, payload, ts "
+            "FROM switchboard.relay_read(%s, %s, %s)", (after_id, ephemeral_ids, max_rows))
+        return await cur.fetchall()
+
+    @staticmethod
+    async def auth_snapshot(conn: psycopg.AsyncConnection, since_seconds: int) -> list[dict]:
+        cur = await conn.execute("SELECT * FROM switchboard.auth_snapshot_v2(%s)", (timedelta(seconds=since_seconds),))
+        return await cur.fetchall()
+
+    @staticmethod
+    async def event_head(conn: psycopg.AsyncConnection) -> int:
+        cur = await conn.execute("SELECT switchboard.event_head() AS head")
+        return int((await cur.fetchone())["head"])
+
+    @staticmethod
+    async def user_states(conn: psycopg.AsyncConnection, user_ids: list[UUID]) -> list[dict]:
+        cur = await conn.execute("SELECT user_id, role, disabled, token_epoch FROM switchboard.user_states(%s)",
+                                 (user_ids,))
+        return await cur.fetchall()
+
+    @staticmethod
+    async def revoked_among(conn: psycopg.AsyncConnection, jtis: list[str]) -> list[dict]:
+        cur = await conn.execute("SELECT jti, expires_at FROM switchboard.revoked_among(%s)", (jtis,))
+        return await cur.fetchall()
+
+    @staticmethod
+    async def still_members(conn: psycopg.AsyncConnection, pairs: list[tuple[str, UUID]]) -> set[tuple[str, UUID]]:
+        cur = await conn.execute(
+            "SELECT t.room, t.user_id FROM unnest(%s::text[], %s::uuid[]) AS t(room, user_id) "
+            "WHERE switchboard.is_room_member(t.room, t.user_id)",
+            ([p[0] for p in pairs], [p[1] for p in pairs]))
+        return {(r["room"], r["user_id"]) for r in await cur.fetchall()}
 
     async def publish_client_event(self, sender: UUID, room: str, event: str, payload: Any) -> None:
         await self.fetchone("SELECT switchboard.publish_client_event(%s, %s, %s, %s)",
@@ -312,17 +346,17 @@ class Database:
     async def presence_sync(self, replica_id: str, users: list[UUID], counts: list[int]) -> None:
         await self.fetchone("SELECT switchboard.presence_sync(%s, %s, %s)", (replica_id, users, counts))
 
-    async def tool_call_start(self, user_id: UUID, replica_id: str, name: str, args: Any,
-                              timeout: float) -> UUID | None:
-        return await self.scalar("SELECT switchboard.tool_call_start(%s, %s, %s, %s, %s)",
+    async def tool_call_send(self, user_id: UUID, replica_id: str, name: str, args: Any,
+                             timeout: float) -> UUID | None:
+        return await self.scalar("SELECT switchboard.tool_call_send(%s, %s, %s, %s, %s)",
                                  (user_id, replica_id, name, Jsonb(args), timedelta(seconds=timeout)))
 
     async def tool_call_answer(self, call_id: UUID, sender: UUID, result: Any) -> bool:
         return await self.scalar("SELECT switchboard.tool_call_answer(%s, %s, %s)",
                                  (call_id, sender, Jsonb(result)))
 
-    async def tool_call_take(self, call_id: UUID) -> dict | None:
-        return await self.fetchone("SELECT * FROM switchboard.tool_call_take(%s)", (call_id,))
+    async def tool_call_collect(self, call_id: UUID, give_up: bool = False) -> dict | None:
+        return await self.fetchone("SELECT * FROM switchboard.tool_call_collect(%s, %s)", (call_id, give_up))
 
     # -- sql handler ----------------------------------------------------------------------
     async def run_job_sql(self, statement: str, timeout_s: float) -> dict:
@@ -330,11 +364,26 @@ class Database:
 
         Through switchboard.run_job_sql(), a SECURITY DEFINER function owned by
         switchboard_job: inside it the statement cannot SET/RESET ROLE back to
-        the application role (a plain SET LOCAL ROLE could be undone)."""
-        async with self.connection() as conn:
+        the application role (a plain SET LOCAL ROLE could be undone).
+
+        On a connection of its own, closed afterwards, never a pooled one:
+        whatever the statement leaves in its session (SET or set_config(...,
+        false), a session advisory lock, LISTEN, PREPARE, a temp table) dies
+        with it. DISCARD ALL on a pooled connection was the alternative; it
+        cannot run inside a transaction block, does not cover everything an
+        extension may keep per session, and would also reset the pool's own
+        settings. A connection costs a few ms; sql tasks are admin chores.
+        timeout_s == 0 means no statement_timeout (the handler allows it only
+        when the operator did)."""
+        conn = await psycopg.AsyncConnection.connect(
+            self.job_url, row_factory=dict_row, application_name="switchboard-sql-job",
+            **conninfo_with_keepalives())
+        try:
             async with conn.transaction():
                 await conn.execute("SELECT set_config('statement_timeout', %s, true)",
                                    (str(int(timeout_s * 1000)),))
                 cur = await conn.execute("SELECT switchboard.run_job_sql(%s) AS r", (statement,))
                 row = await cur.fetchone()
                 return row["r"]  # type: ignore[index]
+        finally:
+            await conn.close()

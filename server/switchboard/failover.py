@@ -52,7 +52,7 @@ class FailoverWatch:
         """Never raises: the watch observes; a replica whose schema predates db_instance()
         (started with --no-migrate during a rolling update) must still become ready.
 
-        ``conn``: the relay's LISTEN connection, just opened. Asking on it (not through the
+        ``conn``: the relay's reader connection (beside its LISTEN one), just opened. Asking on it (not through the
         pool) describes exactly the server the relay now listens on, and it is fresh: a
         pooled connection may still be one the restart killed (the first query on it fails)."""
         try:
@@ -60,8 +60,10 @@ class FailoverWatch:
                 cur = await conn.execute(
                     "SELECT timeline, in_recovery, started_at, unlogged_since FROM switchboard.db_instance()")
                 rec = await cur.fetchone()
-                row = None if rec is None else dict(zip(("timeline", "in_recovery", "started_at",
-                                                         "unlogged_since"), rec))
+                if rec is None or isinstance(rec, dict):
+                    row = rec
+                else:
+                    row = dict(zip(("timeline", "in_recovery", "started_at", "unlogged_since"), rec))
             else:
                 row = await self.db.db_instance()
         except Exception as exc:

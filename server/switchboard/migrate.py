@@ -66,7 +66,11 @@ def migrate(url: str, base: Path | None = None) -> list[int]:
         pending = sorted(int(v) for v, i in state.items() if i.meta["installed_on"] is None)
         pgmigrate.migrate(conf)
     except pgmigrate.MigrateError as exc:
-        raise MigrationError(f"migration failed: {exc}") from exc
+        # pgmigrate logs the database's error and raises a generic one; the cause
+        # (message, DETAIL, HINT: e.g. the shared-roles refusal) belongs in ours.
+        cause = exc.__cause__ or exc.__context__
+        detail = f": {str(cause).strip()}" if cause is not None else ""
+        raise MigrationError(f"migration failed: {exc}{detail}") from exc
     except pgmigrate.MalformedMigration as exc:
         raise MigrationError(f"malformed migration: {exc}") from exc
     except pgmigrate.ConfigurationError as exc:

@@ -98,10 +98,10 @@ def openapi_document() -> dict[str, Any]:
                 "properties": {"ticket": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
                                "expires_in": {"type": "integer"}}})}}, (401, 403, 503))},
             "/tasks": {
-                "get": _op("List tasks", {"200": {"description": "tasks", **_json({
+                "get": _op("List tasks (admin)", {"200": {"description": "tasks", **_json({
                     "type": "object", "properties": {"tasks": {"type": "array",
                                                                "items": {"$ref": "#/components/schemas/Task"}}}})}},
-                    (401, 503)),
+                    (401, 403, 503)),
                 "post": _op("Create a task (admin)", {"201": {"description": "created",
                                                                **_json({"$ref": "#/components/schemas/Task"})}},
                             COMMON + (404, 409),
@@ -113,8 +113,9 @@ def openapi_document() -> dict[str, Any]:
                                                                   "maximum": 100}}}),
             },
             "/tasks/{task_id}": {
-                "get": _op("A task", {"200": {"description": "task", **_json({"$ref": "#/components/schemas/Task"})}},
-                           (401, 404, 503), params=TASK_PATH),
+                "get": _op("A task (admin)", {"200": {"description": "task",
+                                                       **_json({"$ref": "#/components/schemas/Task"})}},
+                           (401, 403, 404, 503), params=TASK_PATH),
                 "patch": _op("Change a task (admin)", {"200": {"description": "changed",
                                                                **_json({"$ref": "#/components/schemas/Task"})}},
                              COMMON + (404, 409), params=TASK_PATH,
@@ -135,10 +136,10 @@ def openapi_document() -> dict[str, Any]:
                         "type": "object", "properties": {"active_run": {}}})}},
                 (401, 403, 404, 503), params=TASK_PATH)},
             "/tasks/{task_id}/runs": {"get": _op(
-                "Runs of a task, newest first", {"200": {"description": "runs", **_json({
+                "Runs of a task, newest first (admin)", {"200": {"description": "runs", **_json({
                     "type": "object", "properties": {"runs": {"type": "array",
                                                               "items": {"$ref": "#/components/schemas/Run"}}}})}},
-                (400, 401, 404, 503),
+                (400, 401, 403, 404, 503),
                 params=TASK_PATH + [{"name": "limit", "in": "query", "required": False,
                                      "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}])},
             "/events": {"post": _op(

@@ -98,3 +98,20 @@ def client_ip(req: falcon.Request, trusted: list[ipaddress._BaseNetwork]) -> str
             except ValueError:
                 return peer
     return peer
+
+
+def ip_key(ip: str) -> str:
+    """The rate-limit key of a client address: IPv4 as is, IPv6 per /64.
+
+    One IPv6 customer usually holds a whole /64 (often far more), so a per-address
+    bucket would let it rotate through 2**64 keys. The cost: clients sharing a /64
+    (one office, one mobile carrier's NAT64 prefix) share a bucket."""
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        return ip
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.ipv4_mapped is not None:
+            return str(addr.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{addr}/64", strict=False))
+    return str(addr)

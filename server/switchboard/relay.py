@@ -5,14 +5,21 @@ dedicated autocommit connection and writes frames to its local sockets. The
 connection is reconnected with backoff; a liveness query runs whenever no
 notification arrived for ``listen_check_interval`` seconds, so a half-open
 TCP connection is noticed (plus TCP keepalives). After every (re)connect the
-relay reloads the auth view and catches every local socket up from its last
-delivered event id with events_since(), so a LISTEN outage loses nothing.
+relay reloads the auth view and reads every event after its cursor, so a
+LISTEN outage loses nothing (within the retention window).
+
+Trust: any role that can connect may NOTIFY on these channels, so a payload is
+a hint, never a fact (docs/security.md). The LISTEN loop only collects hints
+and wakes the reader; the reader does one batched read per wake-up on its own
+connection (relay_read for events, user_states / revoked_among /
+is_room_member for announcements) and acts on what it read. A forged hint
+costs a read and changes nothing; the cursor only moves to ids read.
 
 Channels (documented for programs in other languages):
-  switchboard_events  {"id", "user_id", "room", "event", "payload", "ts"}
-                      (+ "truncated": true when the payload did not fit;
-                       + "ephemeral": true, "from" for client events)
-  switchboard_control {"kind": "user"|"revoke"|"member"|"tool_result", ...}
+  switchboard_events  {"id": N} (event N committed) | {"eph": N} (ephemeral event N)
+  switchboard_control {"kind": "user", "user_id"} | {"kind": "revoke", "jti"}
+                      | {"kind": "member", "room", "user_id"}
+                      | {"kind": "tool_result", "call_id", "replica_id"}
   switchboard_runs    "" (a run was queued: claim now)
 """
 
@@ -25,11 +32,12 @@ import logging
 import random
 import time
 import uuid
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
 from .auth import AuthState
 from .config import Config
@@ -56,6 +64,28 @@ def frame(event: str, payload: Any = None, *, id: int | None = None, room: str |
 def frame_from_row(r: dict) -> dict:
     return frame(r["event"], r["payload"], id=r["id"], room=r["room"],
                  ts=int(r["created_at"].timestamp() * 1000))
+
+
+class Hints:
+    """What the NOTIFYs since the last read named: bounded, deduplicated, untrusted."""
+
+    MAX = 10000
+
+    def __init__(self) -> None:
+        self.events = False
+        self.ephemeral: set[int] = set()
+        self.users: set[uuid.UUID] = set()
+        self.revoked: set[str] = set()
+        self.members: set[tuple[str, uuid.UUID]] = set()
+        self.tools: set[uuid.UUID] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self.events or self.ephemeral or self.users or self.revoked or self.members or self.tools)
+
+    @classmethod
+    def add(cls, bucket: set, item: Any) -> None:
+        if len(bucket) < cls.MAX:
+            bucket.add(item)
 
 
 class Client:
@@ -159,11 +189,15 @@ class Relay:
     """Hears the three channels and acts on this replica's sockets.
 
     ``on_run_wake`` is called when a run was queued (the scheduler claims at once);
-    ``on_tool_result(call_id)`` when a browser answered a tool call this replica
-    waits for; ``on_connect(conn)`` (async) first thing after every (re)connect, with
-    the new LISTEN connection -- the failover watch uses it to notice a new primary. All plain callbacks, so the
-    relay knows none of those components.
+    ``on_tool_result(call_id)`` when a tool call this replica waits for may have been
+    answered (the bridge reads the answer itself); ``on_connect(conn)`` (async) first
+    thing after every (re)connect, with the new reader connection -- the failover
+    watch uses it to notice a new primary. All plain callbacks, so the relay knows
+    none of those components.
     """
+
+    READ_ROWS = 1000
+    EPHEMERAL_SEEN_MAX = 20000
 
     def __init__(self, db: Database, auth: AuthState, registry: Registry, metrics: Metrics,
                  config: Config, replica_id: str, *, on_run_wake: Callable[[], None],
@@ -181,9 +215,14 @@ class Relay:
         self.on_connect = on_connect
         self.connected = False
         self.last_error: str | None = "not connected yet"
-        self.last_seen_id = 0
+        self.last_seen_id = 0           # the cursor: highest event id read (never from a payload)
+        self._cursor_set = False
+        self._hints = Hints()
+        self._wake = asyncio.Event()
+        self._eph_seen: OrderedDict[int, None] = OrderedDict()
         self._stop = asyncio.Event()
         self._conn: psycopg.AsyncConnection | None = None
+        self._reader: psycopg.AsyncConnection | None = None
         self._tasks: list[asyncio.Task] = []
 
     # -- lifecycle ---------------------------------------------------------------
@@ -192,12 +231,12 @@ class Relay:
 
     async def stop(self) -> None:
         self._stop.set()
-        conn = self._conn
-        if conn is not None:
-            try:
-                await conn.close()
-            except Exception:
-                pass
+        for conn in (self._conn, self._reader):
+            if conn is not None:
+                try:
+                    await conn.close()
+                except Exception:
+                    pass
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -216,12 +255,14 @@ class Relay:
                 self.last_error = f"LISTEN connection down: {str(exc).strip() or type(exc).__name__}"
             finally:
                 self.connected = False
-                conn, self._conn = self._conn, None
-                if conn is not None:
-                    try:
-                        await asyncio.wait_for(conn.close(), 2)
-                    except Exception:
-                        pass
+                for attr in ("_conn", "_reader"):
+                    conn = getattr(self, attr)
+                    setattr(self, attr, None)
+                    if conn is not None:
+                        try:
+                            await asyncio.wait_for(conn.close(), 2)
+                        except Exception:
+                            pass
             if self._stop.is_set():
                 break
             try:
@@ -234,123 +275,206 @@ class Relay:
             # 1-3 s during an outage costs the database nothing.
             delay = min(delay * 2, 2.0)
 
-    async def _session(self) -> None:
-        conn = await asyncio.wait_for(
-            psycopg.AsyncConnection.connect(self.url, autocommit=True,
-                                            application_name="switchboard-listen",
-                                            **conninfo_with_keepalives()),
+    async def _connect(self, name: str) -> psycopg.AsyncConnection:
+        return await asyncio.wait_for(
+            psycopg.AsyncConnection.connect(self.url, autocommit=True, application_name=name,
+                                            row_factory=dict_row, **conninfo_with_keepalives()),
             timeout=10)
-        self._conn = conn
+
+    async def _session(self) -> None:
+        conn = self._conn = await self._connect("switchboard-listen")
+        self._reader = await self._connect("switchboard-relay-read")
         for ch in CHANNELS:
             await conn.execute(f"LISTEN {ch}")
         self.metrics.inc("switchboard_listen_reconnects_total")
         # Anything announced or published while we were not listening:
         await self._after_connect()
-        self.connected = True
-        self.last_error = None
-        LOG.info("LISTEN connection up (%s)", ", ".join(CHANNELS))
-        self.on_run_wake()
-        interval = self.cfg.listen_check_interval
-        while not self._stop.is_set():
-            got = False
-            async for n in conn.notifies(timeout=interval):
-                got = True
-                await self._dispatch(n.channel, n.payload)
-            if not got:
-                # Nothing heard for a while: prove the connection is alive.
-                await asyncio.wait_for(conn.execute("SELECT 1"), timeout=max(interval, 1.0))
+        reader = asyncio.create_task(self._read_loop(), name="relay-read")
+        try:
+            self.connected = True
+            self.last_error = None
+            LOG.info("LISTEN connection up (%s)", ", ".join(CHANNELS))
+            self.on_run_wake()
+            interval = self.cfg.listen_check_interval
+            while not self._stop.is_set():
+                got = False
+                async for n in conn.notifies(timeout=interval):
+                    got = True
+                    self._dispatch(n.channel, n.payload)
+                    if reader.done():
+                        break
+                if reader.done():
+                    reader.result()  # the reader's connection failed: reconnect both
+                    raise RuntimeError("relay reader stopped")
+                if not got:
+                    # Nothing heard for a while: prove the connection is alive.
+                    await asyncio.wait_for(conn.execute("SELECT 1"), timeout=max(interval, 1.0))
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
 
     async def _after_connect(self) -> None:
-        db = self.db
-        if self.on_connect is not None and self._conn is not None:
-            await self.on_connect(self._conn)
+        rconn = self._reader
+        assert rconn is not None
+        if self.on_connect is not None:
+            await self.on_connect(rconn)
         try:
-            rows = await db.auth_snapshot(self.cfg.jwt_ttl + 60)
-            self.auth.load_snapshot(rows)
+            self.auth.load_snapshot(await self.db.auth_snapshot(rconn, self.cfg.jwt_ttl + 60))
             for c in self.registry.clients():
-                known = self.auth.users.get(c.user_id)
-                if known is not None and known[1]:
+                if self.auth.is_disabled(c.user_id):
                     self.close_client(c, 1008, "user disabled")
         except Exception as exc:
             raise RuntimeError(f"auth reload failed: {exc}") from exc
-        # Catch every socket up from where it is (events committed while we were deaf).
-        for c in self.registry.clients():
-            if c.resuming or c.closing is not None:
-                continue
-            await self._catch_up(c)
+        if not self._cursor_set:
+            # First connect: deliver from now on (sockets resume with events_since).
+            self.last_seen_id = await self.db.event_head(rconn)
+            self._cursor_set = True
+        else:
+            # Events committed while we were deaf: one read after the cursor.
+            self._hints.events = True
+        self._wake.set()
 
-    async def _catch_up(self, c: Client) -> None:
-        rows = await self.db.events_since(c.user_id, c.cursor, sorted(c.rooms), 10000)
-        for r in rows:
-            c.offer(frame_from_row(r))
-
-
-    # -- dispatch -------------------------------------------------------------------
-    async def _dispatch(self, channel: str, payload: str) -> None:
-        m = self.metrics
-        m.inc("switchboard_notifications_total", channel=channel)
+    # -- hints (LISTEN loop: parse, bound, never act) --------------------------------------
+    def _dispatch(self, channel: str, payload: str) -> None:
+        self.metrics.inc("switchboard_notifications_total", channel=channel)
+        if channel == "switchboard_runs":
+            self.on_run_wake()  # harmless: the scheduler claims through the database
+            return
+        h = self._hints
         try:
-            if channel == "switchboard_runs":
-                self.on_run_wake()
-            elif channel == "switchboard_events":
-                await self._on_event(json.loads(payload))
+            msg = json.loads(payload) if len(payload) <= 8000 else None
+        except ValueError:
+            msg = None
+        if not isinstance(msg, dict):
+            msg = {}
+        try:
+            if channel == "switchboard_events":
+                eph = msg.get("eph")
+                if isinstance(eph, int) and not isinstance(eph, bool):
+                    if eph not in self._eph_seen:
+                        Hints.add(h.ephemeral, eph)
+                else:
+                    eid = msg.get("id")
+                    if isinstance(eid, int) and not isinstance(eid, bool) and eid <= self.last_seen_id:
+                        return  # already read
+                    h.events = True
             elif channel == "switchboard_control":
-                self._on_control(json.loads(payload))
-        except Exception:
-            LOG.exception("bad notification on %s: %.200s", channel, payload)
-
-    async def _on_event(self, msg: dict) -> None:
-        eid = msg.get("id")
-        if eid is not None and eid > self.last_seen_id:
-            self.last_seen_id = eid
-        if msg.get("truncated"):
-            row = await self.db.fetch_event(eid)
-            if row is None:
+                kind = msg.get("kind")
+                if kind == "user":
+                    Hints.add(h.users, uuid.UUID(str(msg["user_id"])))
+                elif kind == "revoke":
+                    jti = msg.get("jti")
+                    if isinstance(jti, str) and 0 < len(jti) <= 200:
+                        Hints.add(h.revoked, jti)
+                elif kind == "member":
+                    room = msg.get("room")
+                    if isinstance(room, str) and 0 < len(room) <= 128:
+                        Hints.add(h.members, (room, uuid.UUID(str(msg["user_id"]))))
+                elif kind == "tool_result":
+                    if msg.get("replica_id") != self.replica_id:
+                        return  # another replica's waiter (or noise)
+                    Hints.add(h.tools, uuid.UUID(str(msg["call_id"])))
+                else:
+                    return
+            else:
                 return
-            msg["payload"] = row["payload"]
-        f = frame(msg["event"], msg.get("payload"), id=eid, room=msg.get("room"), ts=msg.get("ts"))
-        if msg.get("from"):
-            f["from"] = msg["from"]
-        targets: set[Client] | list[Client]
-        if msg.get("user_id"):
-            targets = self.registry.by_user.get(uuid.UUID(msg["user_id"]), set())
-        elif msg.get("room"):
-            targets = self.registry.by_room.get(msg["room"], set())
+        except (KeyError, ValueError, TypeError, AttributeError):
+            LOG.debug("ignored malformed notification on %s: %.200s", channel, payload)
+            return
+        self._wake.set()
+
+    # -- the reader: one batched read per wake-up ----------------------------------------
+    async def _read_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            hints, self._hints = self._hints, Hints()
+            if hints:
+                await self._read(hints)
+
+    async def _read(self, h: Hints) -> None:
+        rconn = self._reader
+        assert rconn is not None
+        db = self.db
+        if h.events or h.ephemeral:
+            eph = sorted(h.ephemeral)
+            while True:
+                rows = await db.relay_read(rconn, self.last_seen_id, eph, self.READ_ROWS)
+                eph = []
+                stored = 0
+                for r in rows:
+                    if r["ephemeral"]:
+                        if r["id"] in self._eph_seen:
+                            continue
+                        self._eph_seen[r["id"]] = None
+                        if len(self._eph_seen) > self.EPHEMERAL_SEEN_MAX:
+                            self._eph_seen.popitem(last=False)
+                        f = frame(r["event"], r["payload"], room=r["room"], ts=r["ts"])
+                        if r["sender"] is not None:
+                            f["from"] = str(r["sender"])
+                    else:
+                        stored += 1
+                        if r["id"] <= self.last_seen_id:
+                            continue
+                        self.last_seen_id = r["id"]
+                        f = frame(r["event"], r["payload"], id=r["id"], room=r["room"], ts=r["ts"])
+                    self._deliver(r["user_id"], r["room"], f)
+                if stored < self.READ_ROWS:
+                    break
+        if h.users:
+            ids = list(h.users)
+            found = {r["user_id"]: r for r in await db.user_states(rconn, ids)}
+            for uid in ids:
+                r = found.get(uid)
+                if r is None:  # no such user (any more): nothing it holds is valid
+                    self.auth.apply_user(uid, "member", True, 1 << 30)
+                    disabled, role = True, "member"
+                else:
+                    self.auth.apply_user(uid, r["role"], r["disabled"], r["token_epoch"])
+                    disabled, role = r["disabled"], r["role"]
+                for c in list(self.registry.by_user.get(uid, ())):
+                    if disabled:
+                        self.close_client(c, 1008, "user disabled")
+                    elif c.role != role:
+                        c.role = role
+                        c.offer(frame("session.updated", {"role": role}))
+        if h.revoked:
+            for r in await db.revoked_among(rconn, list(h.revoked)):
+                self.auth.apply_revoke(r["jti"], r["expires_at"].timestamp())
+        if h.members:
+            # Only pairs with a local socket joined to that room are worth a read.
+            local = [(room, uid) for room, uid in h.members
+                     if any(room in c.rooms for c in self.registry.by_user.get(uid, ()))]
+            if local:
+                still = await db.still_members(rconn, local)
+                for room, uid in local:
+                    if (room, uid) in still:
+                        continue
+                    for c in list(self.registry.by_user.get(uid, ())):
+                        if room in c.rooms:
+                            self.registry.leave(c, room)
+                            c.offer(frame("left", {"reason": "removed"}, room=room))
+        for call_id in h.tools:
+            self.on_tool_result(call_id)
+
+    def _deliver(self, user_id: uuid.UUID | None, room: str | None, f: dict) -> None:
+        targets: set[Client] | None
+        if user_id is not None:
+            targets = self.registry.by_user.get(user_id)
+        elif room is not None:
+            targets = self.registry.by_room.get(room)
         else:
             return
+        if not targets:
+            return
+        text = encode(f)
         n = 0
-        text = encode(f) if targets else None
         for c in list(targets):
             c.offer(f, text)
             n += 1
-        if n:
-            self.metrics.inc("switchboard_events_relayed_total", n)
-            # Commit (the event's database timestamp) to frame offered, once per event.
-            self.metrics.observe("switchboard_delivery_latency_seconds", time.time() - f["ts"] / 1000)
-
-    def _on_control(self, msg: dict) -> None:
-        kind = msg.get("kind")
-        if kind == "user":
-            uid = uuid.UUID(msg["user_id"])
-            self.auth.apply_user(uid, msg["role"], bool(msg["disabled"]))
-            for c in list(self.registry.by_user.get(uid, ())):
-                if msg["disabled"]:
-                    self.close_client(c, 1008, "user disabled")
-                else:
-                    c.role = msg["role"]
-                    c.offer(frame("session.updated", {"role": msg["role"]}))
-        elif kind == "revoke":
-            self.auth.apply_revoke(msg["jti"])
-        elif kind == "member":
-            if not msg.get("member"):
-                uid = uuid.UUID(msg["user_id"])
-                for c in list(self.registry.by_user.get(uid, ())):
-                    if msg["room"] in c.rooms:
-                        self.registry.leave(c, msg["room"])
-                        c.offer(frame("left", {"reason": "removed"}, room=msg["room"]))
-        elif kind == "tool_result":
-            if msg.get("replica_id") == self.replica_id:
-                self.on_tool_result(uuid.UUID(msg["call_id"]))
+        self.metrics.inc("switchboard_events_relayed_total", n)
+        # Commit (the event's database timestamp) to frame offered, once per event.
+        self.metrics.observe("switchboard_delivery_latency_seconds", time.time() - f["ts"] / 1000)
 
     # -- closing ----------------------------------------------------------------------
     def close_client(self, c: Client, code: int, reason: str) -> None:

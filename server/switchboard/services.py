@@ -58,8 +58,10 @@ class Services:
 
 
 def build_services(config: Config) -> Services:
+    # sql jobs get a connection of their own; through the direct (session-mode) URL when
+    # there is one, since a transaction-mode pooler would hand their session state on.
     db = Database(config.database_url, config.pool_min, config.pool_size, config.pool_timeout,
-                  prepare_threshold=config.prepare_threshold)
+                  prepare_threshold=config.prepare_threshold, job_url=config.listen_database_url)
     metrics = Metrics()
     auth = AuthState(config.jwt_secret, config.jwt_ttl)
     registry = Registry()

@@ -2,16 +2,19 @@
 on whichever replica holds its socket.
 
 The call is registered in switchboard.tool_calls (user, waiting replica) by
-tool_call_start(), which also sends tool.call.<id> to the user's sockets. The
+tool_call_send(), which also sends tool.call.<id> to the user's sockets. The
 answer is accepted by tool_call_answer() only from that user and only once;
 it wakes this replica via switchboard_control, and the waiter collects the
-result with tool_call_take(). A waiter only ever sees its own call id.
+result with tool_call_collect() (nothing until it is really answered:
+the wake-up is a NOTIFY, and anybody may forge one). A waiter only ever sees its own call id.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
+from collections import OrderedDict
 from typing import Any
 
 import falcon
@@ -19,62 +22,78 @@ import falcon
 from .db import Database
 
 
-class ToolCallLost(Exception):
-    """The call's row vanished with PostgreSQL's UNLOGGED state (crash recovery or promotion)."""
-
-
 class ToolBridge:
+    """Waiters for tool calls started on this replica.
+
+    A wake-up (``resolve``) comes from a NOTIFY, which anybody who can connect
+    may forge: it only makes the waiter look. The answer is whatever
+    tool_call_collect() returns, and that function returns nothing for an
+    unanswered call, so a forged wake-up leaves the call waiting.
+    """
+
+    EARLY_MAX = 1024
+
     def __init__(self, db: Database, replica_id: str) -> None:
         self.db = db
         self.replica_id = replica_id
-        self._waiters: dict[uuid.UUID, asyncio.Future[None]] = {}
-        self._early: set[uuid.UUID] = set()
+        self._waiters: dict[uuid.UUID, asyncio.Event] = {}
+        # Wake-ups that overtook their waiter's registration. Bounded: forged call
+        # ids must not grow it without limit.
+        self._early: OrderedDict[uuid.UUID, None] = OrderedDict()
+        self._lost: set[uuid.UUID] = set()      # waiting calls the database lost
 
     def resolve(self, call_id: uuid.UUID) -> None:
-        fut = self._waiters.get(call_id)
-        if fut is None:
-            self._early.add(call_id)
+        ev = self._waiters.get(call_id)
+        if ev is None:
+            self._early[call_id] = None
+            while len(self._early) > self.EARLY_MAX:
+                self._early.popitem(last=False)
             return
-        if not fut.done():
-            fut.set_result(None)
-
-    def fail_all(self, reason: str) -> int:
-        """Fail every waiting call now (their rows are gone; they could only time out)."""
-        n = 0
-        for fut in self._waiters.values():
-            if not fut.done():
-                fut.set_exception(ToolCallLost(reason))
-                n += 1
-        return n
+        ev.set()
 
     def database_reset(self) -> None:
-        self.fail_all("the database failed over or restarted and lost in-flight tool calls")
+        """PostgreSQL lost its UNLOGGED state (crash recovery or a promotion): every waiting
+        call's row is gone and no answer can arrive. Fail them now (503) instead of letting
+        them wait out their timeout (504). Called by the failover watch, never by a NOTIFY."""
+        for call_id, ev in self._waiters.items():
+            self._lost.add(call_id)
+            ev.set()
 
     async def call(self, user_id: uuid.UUID, name: str, args: Any, timeout_ms: int) -> Any:
         db = self.db
         timeout = timeout_ms / 1000.0
-        call_id = await db.tool_call_start(user_id, self.replica_id, name, args, timeout)
+        deadline = time.monotonic() + timeout
+        call_id = await db.tool_call_send(user_id, self.replica_id, name, args, timeout)
         if call_id is None:
             raise falcon.HTTPNotFound(title="Not Found",
                                       description=f"user {user_id} has no open socket on any replica")
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters[call_id] = fut
-        if call_id in self._early:
-            self._early.discard(call_id)
-            fut.set_result(None)
+        ev = asyncio.Event()
+        self._waiters[call_id] = ev
+        if self._early.pop(call_id, False) is None:
+            ev.set()
+        row = None
         try:
-            try:
-                await asyncio.wait_for(fut, timeout)
-            except asyncio.TimeoutError:
-                pass
-            except ToolCallLost as exc:
-                raise falcon.HTTPServiceUnavailable(
-                    title="Service Unavailable", retry_after=1,
-                    description=f"tool call {call_id} was lost: {exc}; nothing was answered, call again") from None
-            row = await db.tool_call_take(call_id)
+            while row is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    await asyncio.wait_for(ev.wait(), left)
+                except asyncio.TimeoutError:
+                    break
+                ev.clear()
+                if call_id in self._lost:
+                    raise falcon.HTTPServiceUnavailable(
+                        title="Service Unavailable", retry_after=1,
+                        description=f"tool call {call_id} was lost: the database failed over or restarted "
+                                    "and lost in-flight tool calls; nothing was answered, call again")
+                row = await db.tool_call_collect(call_id)  # None unless really answered
+            if row is None:
+                row = await db.tool_call_collect(call_id, give_up=True)
         finally:
             self._waiters.pop(call_id, None)
-            self._early.discard(call_id)
+            self._early.pop(call_id, None)
+            self._lost.discard(call_id)
         if row is None or not row["answered"]:
             raise falcon.HTTPGatewayTimeout(title="Gateway Timeout",
                                             description=f"no answer from the user within {timeout_ms} ms")

@@ -43,6 +43,10 @@ HA_ENV = {
     # The module trio logs in a lot from one IP; test 4 sets its own limits on its own trio.
     "SWITCHBOARD_LOGIN_IP_BURST": "100000",
     "SWITCHBOARD_LOGIN_IP_RATE": "1000",
+    # ... and as the same users on every replica (each replica's client has its own
+    # device cookies, so the per-username bucket is paid on first contact).
+    "SWITCHBOARD_LOGIN_USER_BURST": "100000",
+    "SWITCHBOARD_LOGIN_USER_RATE": "1000",
     "SWITCHBOARD_WS_MAX_SOCKETS_PER_USER": "100",
     "SWITCHBOARD_LOG_LEVEL": "INFO",
 }

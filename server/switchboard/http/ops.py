@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import falcon
@@ -12,6 +13,7 @@ from ..openapi import openapi_document
 from ..relay import Relay
 from ..replica import ReplicaState
 
+LOG = logging.getLogger("switchboard.health")
 STATIC = Path(__file__).resolve().parent.parent / "static"
 
 
@@ -27,21 +29,25 @@ class Ready:
         self.db = db
 
     async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        # Reason codes, not driver error texts: this endpoint is anonymous, and
+        # an error text names hosts, ports, users and databases. The details go to
+        # the log (LISTEN loss is logged by the relay).
         reasons = []
         if self.replica.draining:
-            reasons.append("shutting down")
+            reasons.append("shutting_down")
         if not self.relay.connected:
-            reasons.append(self.relay.last_error or "LISTEN connection down")
+            reasons.append("listen_down")
         try:
             await self.db.ping(timeout=2.0)
         except Exception as exc:
-            reasons.append(f"database unavailable: {str(exc).strip() or type(exc).__name__}")
+            LOG.warning("readiness: database ping failed: %s", str(exc).strip() or type(exc).__name__)
+            reasons.append("database_unavailable")
         rid = self.replica.replica_id
         if reasons:
             resp.status = falcon.HTTP_503
             resp.media = {"status": "unavailable", "reasons": reasons, "replica": rid}
         else:
-            resp.media = {"status": "ready", "replica": rid}
+            resp.media = {"status": "ready", "reasons": [], "replica": rid}
 
 
 class MetricsResource:

@@ -1,4 +1,9 @@
-"""/tasks, /tasks/{id}, /tasks/{id}/trigger, /tasks/{id}/runs."""
+"""/tasks, /tasks/{id}, /tasks/{id}/trigger, /tasks/{id}/runs.
+
+Admin only, reads included: a task holds its args (a sql task its SQL text),
+and its runs hold results and error texts. Members own no tasks (only admins
+create them), so "what is theirs" would always be nothing: 403 says so
+plainly (docs/security.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import falcon
 from ..auth import AuthState
 from ..catalog import HandlerCatalog
 from ..db import Database
-from .common import (authenticate, check_fields, field_str, jsonable_row, read_json, require_admin,
+from .common import (check_fields, field_str, jsonable_row, read_json, require_admin,
                      unprocessable)
 
 INT4_MIN, INT4_MAX = -(2**31), 2**31 - 1
@@ -53,7 +58,7 @@ class Tasks:
         self.max_body = max_body
 
     async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        authenticate(self.auth, req)
+        require_admin(self.auth, req)
         resp.media = {"tasks": [jsonable_row(t) for t in await self.db.list_tasks()]}
 
     async def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
@@ -91,7 +96,7 @@ class Task:
         return t
 
     async def on_get(self, req: falcon.Request, resp: falcon.Response, task_id: uuid.UUID) -> None:
-        authenticate(self.auth, req)
+        require_admin(self.auth, req)
         resp.media = jsonable_row(await self._get(task_id))
 
     async def on_patch(self, req: falcon.Request, resp: falcon.Response, task_id: uuid.UUID) -> None:
@@ -135,7 +140,7 @@ class Runs:
         self.auth = auth
 
     async def on_get(self, req: falcon.Request, resp: falcon.Response, task_id: uuid.UUID) -> None:
-        authenticate(self.auth, req)
+        require_admin(self.auth, req)
         limit = req.get_param_as_int("limit", min_value=1, max_value=1000, default=50)
         if await self.db.get_task(task_id) is None:
             raise _not_found(task_id)
