@@ -74,6 +74,10 @@ server_reset_query = DISCARD ALL
 server_check_delay = 1
 server_lifetime = 3600
 server_idle_timeout = 60
+; tests/conftest.py exports PGOPTIONS (-c switchboard.shared_roles=on, for migrations into a
+; shared cluster); PgBouncer 1.18 refuses any "options" startup parameter, so drop it here.
+; The servers behind PgBouncer never migrate (--no-migrate), so they do not need it.
+ignore_startup_parameters = options
 logfile = {self.dir}/pgbouncer.log
 pidfile = {self.dir}/pgbouncer.pid
 log_connections = 0

@@ -90,7 +90,7 @@ def stack(patroni: PatroniCluster, pgha_db: str, tmp_path_factory) -> Iterator[S
     }
     trio = Trio(pgha_db, tmp_path_factory.mktemp("pgha"), env)
     trio.user("admin", "admin")
-    trio.user("walker")
+    trio.user("walker", "admin")     # lists tasks (GET /tasks) after each login
     uid = trio.user("ada")
     try:
         trio.start(3)
