@@ -35,6 +35,12 @@ command -v git >/dev/null 2>&1 || apt_install git
 # tests/faults: network namespaces, veth pairs and partitions (ip, iptables).
 command -v ip >/dev/null 2>&1 || apt_install iproute2
 command -v iptables >/dev/null 2>&1 || apt_install iptables
+# tests/pgha: a real Patroni cluster (etcd + Patroni) and a real PgBouncer.
+missing=()
+command -v patroni >/dev/null 2>&1 || missing+=(patroni)
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+{ command -v pgbouncer || [ -x /usr/sbin/pgbouncer ]; } >/dev/null 2>&1 || missing+=(pgbouncer)
+if [ "${#missing[@]}" -gt 0 ]; then apt_install "${missing[@]}"; fi
 
 # sqitch (+ its PostgreSQL driver) and pgTAP (+ pg_prove) for the DBA tooling
 # tests (tests/test_sqitch.py, tests/test_pgtap.py). pgTAP must match the

@@ -110,14 +110,38 @@ def app_url(db: str) -> str:
 
 
 # -- server processes -----------------------------------------------------------------
+VIA_PGBOUNCER = os.environ.get("SWITCHBOARD_TEST_PGBOUNCER", "") == "1"
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(pg: ThrowawayPostgres) -> Iterator[object]:
+    """A real PgBouncer (transaction mode) in front of the session's PostgreSQL."""
+    from pgbouncer_kit import PgBouncer
+
+    b = PgBouncer(pg.port).start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
 @pytest.fixture
-def server_factory(db: str, tmp_path):  # type: ignore[no-untyped-def]
-    """Start real `switchboard serve` processes against this test's database."""
+def server_factory(db: str, tmp_path, request):  # type: ignore[no-untyped-def]
+    """Start real `switchboard serve` processes against this test's database.
+
+    With SWITCHBOARD_TEST_PGBOUNCER=1 every server's DATABASE_URL goes through a real
+    PgBouncer in transaction mode and its LISTEN connection goes direct
+    (SWITCHBOARD_LISTEN_DATABASE_URL), as docs/operations.md recommends."""
     from harness import Server
 
     started: list = []
+    bouncer = request.getfixturevalue("pgbouncer") if VIA_PGBOUNCER else None
 
     def start(env: dict | None = None, url: str | None = None, **kw):  # type: ignore[no-untyped-def]
+        if bouncer is not None and url is None:
+            direct = app_url_for(db)
+            url = bouncer.url_for(direct)
+            env = {"SWITCHBOARD_LISTEN_DATABASE_URL": direct, **(env or {})}
         s = Server(url or app_url_for(db), env=env, log_dir=tmp_path, **kw).start()
         started.append(s)
         return s

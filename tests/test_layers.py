@@ -188,7 +188,7 @@ LAYERS = [
     {"switchboard.services"},
     {"switchboard.http", "switchboard.ws", "switchboard.errors", "switchboard.openapi"},
     {"switchboard.relay", "switchboard.scheduler", "switchboard.heartbeat", "switchboard.catalog",
-     "switchboard.tools", "switchboard.ratelimit", "switchboard.builtin_handlers"},
+     "switchboard.tools", "switchboard.ratelimit", "switchboard.builtin_handlers", "switchboard.failover"},
     {"switchboard.handlers"},
     {"switchboard", "switchboard.db", "switchboard.auth", "switchboard.metrics", "switchboard.replica",
      "switchboard.config", "switchboard.migrate", "switchboard.pgtest"},

@@ -149,6 +149,13 @@ def test_status_counts_what_is_there(db: str) -> None:
         c.execute("SELECT switchboard.replica_heartbeat('r1')")
         c.execute("SELECT switchboard.presence_set('r1', %s, 3)", (u,))
         status = dict(c.execute("SELECT item, value FROM switchboard.status()").fetchall())
+        c.execute("SELECT switchboard.db_instance()")      # a replica's LISTEN connect sets the epoch
+        since = dict(c.execute("SELECT item, value FROM switchboard.status()").fetchall())["unlogged_state_since"]
+        started = c.execute("SELECT extract(epoch FROM pg_postmaster_start_time())::bigint").fetchone()[0]
+    # the server itself (failover awareness, tests/pgha for a real failover)
+    server = {k: status.pop(k) for k in ("db_in_recovery", "db_timeline", "db_started_at", "unlogged_state_since")}
+    assert server == {"db_in_recovery": 0, "db_timeline": 1, "db_started_at": started, "unlogged_state_since": None}
+    assert since is not None and since >= started
     assert status == {
         "tasks_due": 0, "tasks_active": 0,
         "runs_queued": 1, "runs_running": 1, "runs_succeeded": 1, "runs_failed": 0, "runs_abandoned": 0,

@@ -1,5 +1,60 @@
 -- One look for a DBA, and the maintenance sweep.
 
+-- The WAL timeline this server writes on: PostgreSQL starts a new one at every
+-- promotion (a failover or switchover) and, under Patroni, when a crashed primary
+-- is restarted in place. Read from the current WAL file name, which needs no
+-- privilege (pg_control_checkpoint() does, and lags until the next checkpoint).
+-- NULL on a standby.
+CREATE OR REPLACE FUNCTION switchboard._timeline()
+RETURNS integer
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN pg_is_in_recovery() THEN NULL
+                ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::integer END
+$$;
+REVOKE ALL ON FUNCTION switchboard._timeline() FROM PUBLIC;
+
+-- PL/pgSQL, so the table is looked up when called, not when the function is
+-- created: function files are also applied on top of older versions (pgmigrate
+-- -t N), where V0006's table does not exist yet.
+CREATE OR REPLACE FUNCTION switchboard._unlogged_since()
+RETURNS timestamptz
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN (SELECT e.since FROM switchboard.unlogged_epoch e);
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._unlogged_since() FROM PUBLIC;
+
+-- Which PostgreSQL a replica is talking to, and whether the UNLOGGED state it
+-- relied on survived. Called by every replica each time its LISTEN connection
+-- (re)connects: a new timeline means a promotion happened (the replica counts
+-- a failover); a new unlogged_since means tickets, rate buckets, registry,
+-- presence and tool calls were emptied (crash recovery or promotion), so the
+-- replica re-registers at once and fails its waiting tool calls instead of
+-- letting them time out. The marker row is (re)created here: INSERT ... ON
+-- CONFLICT DO NOTHING, so concurrent callers agree on one "since".
+CREATE OR REPLACE FUNCTION switchboard.db_instance()
+RETURNS TABLE (timeline integer, in_recovery boolean, started_at timestamptz, unlogged_since timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT pg_is_in_recovery() THEN
+        INSERT INTO switchboard.unlogged_epoch (singleton) VALUES (true) ON CONFLICT DO NOTHING;
+    END IF;
+    RETURN QUERY SELECT switchboard._timeline(), pg_is_in_recovery(), pg_postmaster_start_time(),
+                        switchboard._unlogged_since();
+END
+$$;
+COMMENT ON FUNCTION switchboard.db_instance() IS
+    'The server a replica is connected to: WAL timeline (+1 at every promotion), in_recovery, postmaster start, and since when the UNLOGGED state (tickets, rate buckets, registry, presence, tool calls) exists. A change of unlogged_since means that state was emptied by crash recovery or a promotion.';
+REVOKE ALL ON FUNCTION switchboard.db_instance() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.db_instance() TO switchboard_app;
+
 CREATE OR REPLACE FUNCTION switchboard.status()
 RETURNS TABLE (item text, value bigint)
 LANGUAGE sql STABLE SECURITY DEFINER
@@ -23,9 +78,13 @@ AS $$
     UNION ALL SELECT 'users_online', count(DISTINCT user_id) FROM switchboard.presence
     UNION ALL SELECT 'sockets_open', coalesce(sum(sockets), 0)::bigint FROM switchboard.presence
     UNION ALL SELECT 'handlers_unserved', count(*) FROM switchboard.handlers WHERE NOT served
+    UNION ALL SELECT 'db_in_recovery', pg_is_in_recovery()::int
+    UNION ALL SELECT 'db_timeline', switchboard._timeline()
+    UNION ALL SELECT 'db_started_at', extract(epoch FROM pg_postmaster_start_time())::bigint
+    UNION ALL SELECT 'unlogged_state_since', extract(epoch FROM switchboard._unlogged_since())::bigint
 $$;
 COMMENT ON FUNCTION switchboard.status() IS
-    'One look at the system: due tasks, broken tasks (next fire time not computable: see tasks.last_error), runs by status, expired leases, live tickets, rate-limit keys, event backlog, live replicas, sockets, handlers that active tasks or pending runs need but no live replica serves (see the switchboard.handlers view).';
+    'One look at the system: due tasks, broken tasks (next fire time not computable: see tasks.last_error), runs by status, expired leases, live tickets, rate-limit keys, event backlog, live replicas, sockets, handlers that active tasks or pending runs need but no live replica serves (see the switchboard.handlers view); and the server itself: db_in_recovery (0/1), db_timeline (goes up by one at every promotion), db_started_at and unlogged_state_since (epoch seconds; the latter moves when crash recovery or a promotion emptied the UNLOGGED tables).';
 REVOKE ALL ON FUNCTION switchboard.status() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.status() TO switchboard_app;
 

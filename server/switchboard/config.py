@@ -37,6 +37,31 @@ def _list(name: str, default: str = "") -> list[str]:
     return [p.strip() for p in raw.split(",") if p.strip()]
 
 
+def prepare_threshold(listen_url: str | None) -> int | None:
+    """SWITCHBOARD_PREPARE_THRESHOLD: after how many executions psycopg prepares a statement
+    server-side on a request-pool connection; ``off`` never prepares.
+
+    Default: psycopg's 5 with a direct connection, ``off`` when
+    SWITCHBOARD_LISTEN_DATABASE_URL is set -- that setting means DATABASE_URL goes
+    through a transaction-mode pooler, and PgBouncer before 1.21 (and any pooler
+    without protocol-level prepared-statement support) hands the next transaction
+    a server connection that never saw the PREPARE ("prepared statement _pg3_0
+    does not exist"). The data layer also detects that error, turns preparation
+    off for the process and retries the statement once (it never ran)."""
+    raw = os.environ.get("SWITCHBOARD_PREPARE_THRESHOLD", "").strip().lower()
+    if raw == "":
+        return None if listen_url else 5
+    if raw in ("off", "none", "no", "false"):
+        return None
+    try:
+        val = int(raw)
+    except ValueError as exc:
+        raise ConfigError(f"SWITCHBOARD_PREPARE_THRESHOLD={raw!r} is not an integer or 'off'") from exc
+    if not 0 <= val <= 1_000_000:
+        raise ConfigError(f"SWITCHBOARD_PREPARE_THRESHOLD={val} is out of range [0, 1000000]")
+    return val
+
+
 def ws_compression_enabled() -> bool:
     """SWITCHBOARD_WS_COMPRESSION (default off): negotiate permessage-deflate on /ws.
 
@@ -59,6 +84,7 @@ class Config:
     pool_min: int = 2
     pool_size: int = 10
     pool_timeout: float = 10.0
+    prepare_threshold: int | None = 5
     jwt_ttl: int = 3600
     ticket_ttl: int = 30
     # scheduler
@@ -108,16 +134,18 @@ class Config:
                 proxies.append(ipaddress.ip_network(p, strict=False))
             except ValueError as exc:
                 raise ConfigError(f"SWITCHBOARD_TRUSTED_PROXIES: {p!r} is not an IP or CIDR") from exc
+        listen_url = os.environ.get("SWITCHBOARD_LISTEN_DATABASE_URL") or None
         return cls(
             database_url=db,
             jwt_secret=secret,
-            listen_database_url=os.environ.get("SWITCHBOARD_LISTEN_DATABASE_URL") or None,
+            listen_database_url=listen_url,
             migration_database_url=os.environ.get("SWITCHBOARD_MIGRATION_DATABASE_URL") or None,
             trusted_proxies=proxies,
             allowed_origins=_list("SWITCHBOARD_ALLOWED_ORIGINS", "*" if dev else ""),
             pool_min=_int("SWITCHBOARD_POOL_MIN", 2, 0, 1000),
             pool_size=_int("SWITCHBOARD_POOL_SIZE", 10, 1, 1000),
             pool_timeout=_float("SWITCHBOARD_POOL_TIMEOUT", 10.0, 0.1, 300),
+            prepare_threshold=prepare_threshold(listen_url),
             jwt_ttl=_int("SWITCHBOARD_JWT_TTL", 3600, 60, 86400),
             ticket_ttl=_int("SWITCHBOARD_TICKET_TTL", 30, 1, 3600),
             scheduler_enabled=os.environ.get("SWITCHBOARD_SCHEDULER", "on").lower() not in ("0", "off", "false", "no"),

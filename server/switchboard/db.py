@@ -11,6 +11,8 @@ import asyncio
 import logging
 import time
 import weakref
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
@@ -78,13 +80,25 @@ class CheckIfIdle:
         self._handed_out[conn] = now
 
 
+# "prepared statement ... does not exist" / "... already exists": a transaction-mode
+# pooler handed this session's statement to a server connection that never saw (or
+# already has) the PREPARE. Raised at Parse/Bind, before the statement ran.
+PREPARED_STATEMENT_SQLSTATES = ("26000", "42P05")
+
+
 class Database:
+    """The request pool. ``prepare_threshold`` is psycopg's (None: never prepare), see
+    config.prepare_threshold(); it is applied at every checkout, so turning it off
+    at run time reaches every pooled connection."""
+
     def __init__(self, url: str, min_size: int = 2, max_size: int = 10, timeout: float = 10.0,
-                 name: str = "switchboard", job_url: str | None = None) -> None:
+                 name: str = "switchboard", prepare_threshold: int | None = 5,
+                 job_url: str | None = None) -> None:
         self.url = url
         self.job_url = job_url or url
         self.timeout = timeout
         self._ping_task: asyncio.Future[None] | None = None
+        self.prepare_threshold = prepare_threshold
         kwargs = {"autocommit": True, "row_factory": dict_row, **conninfo_with_keepalives(),
                   "application_name": name}
         self.pool = AsyncConnectionPool(
@@ -99,15 +113,44 @@ class Database:
     async def close(self) -> None:
         await self.pool.close(timeout=5)
 
-    async def fetchall(self, sql: str, params: Any = None, timeout: float | None = None) -> list[dict]:
+    @asynccontextmanager
+    async def connection(self, timeout: float | None = None) -> AsyncIterator[psycopg.AsyncConnection]:
         async with self.pool.connection(timeout=timeout or self.timeout) as conn:
-            cur = await conn.execute(sql, params)
-            return await cur.fetchall() if cur.description else []
+            conn.prepare_threshold = self.prepare_threshold
+            yield conn
+
+    def _prepared_statements_broken(self, exc: psycopg.Error) -> bool:
+        """A pooler lost our prepared statement: stop preparing (once, loudly); True = retry."""
+        if exc.sqlstate not in PREPARED_STATEMENT_SQLSTATES or self.prepare_threshold is None:
+            return False
+        LOG.warning("the database connection lost a prepared statement (%s: %s): DATABASE_URL goes through "
+                    "a transaction-mode pooler; server-side prepared statements are now off for this process "
+                    "(set SWITCHBOARD_PREPARE_THRESHOLD=off to start that way)", exc.sqlstate,
+                    str(exc).strip())
+        self.prepare_threshold = None
+        return True
+
+    async def fetchall(self, sql: str, params: Any = None, timeout: float | None = None) -> list[dict]:
+        for attempt in (1, 2):
+            try:
+                async with self.connection(timeout) as conn:
+                    cur = await conn.execute(sql, params)
+                    return await cur.fetchall() if cur.description else []
+            except psycopg.Error as exc:
+                if attempt == 2 or not self._prepared_statements_broken(exc):
+                    raise
+        raise AssertionError("unreachable")
 
     async def fetchone(self, sql: str, params: Any = None, timeout: float | None = None) -> dict | None:
-        async with self.pool.connection(timeout=timeout or self.timeout) as conn:
-            cur = await conn.execute(sql, params)
-            return await cur.fetchone() if cur.description else None
+        for attempt in (1, 2):
+            try:
+                async with self.connection(timeout) as conn:
+                    cur = await conn.execute(sql, params)
+                    return await cur.fetchone() if cur.description else None
+            except psycopg.Error as exc:
+                if attempt == 2 or not self._prepared_statements_broken(exc):
+                    raise
+        raise AssertionError("unreachable")
 
     async def scalar(self, sql: str, params: Any = None, timeout: float | None = None) -> Any:
         row = await self.fetchone(sql, params, timeout)
@@ -132,8 +175,12 @@ class Database:
         t.result()
 
     async def _ping_once(self, timeout: float) -> None:
-        async with self.pool.connection(timeout=timeout) as conn:
+        async with self.connection(timeout) as conn:
             await conn.execute("SELECT 1")
+
+    async def db_instance(self) -> dict | None:
+        """Timeline, recovery state, start time and UNLOGGED-state epoch of the server."""
+        return await self.fetchone("SELECT * FROM switchboard.db_instance()")
 
     async def metrics_snapshot(self, timeout: float = 2.0) -> dict[str, float]:
         rows = await self.fetchall("SELECT item, value FROM switchboard.metrics_snapshot()",

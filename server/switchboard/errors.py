@@ -30,6 +30,10 @@ def status_for_sqlstate(sqlstate: str | None) -> str:
         return falcon.HTTP_503
     if s.startswith("08") or s.startswith("57") or s.startswith("53"):
         return falcon.HTTP_503
+    if s == "25006":
+        # read_only_sql_transaction: this connection reached a standby (a demoted old
+        # primary, or a Service that has not switched to the new leader yet)
+        return falcon.HTTP_503
     return falcon.HTTP_500
 
 
@@ -38,6 +42,10 @@ def http_error_from_db(exc: psycopg.Error) -> falcon.HTTPError:
         # refused client-side by psycopg (e.g. NUL in a text parameter): the input is bad
         return falcon.HTTPUnprocessableEntity(description=str(exc).strip())
     status = status_for_sqlstate(exc.sqlstate)
+    if exc.sqlstate is None and isinstance(exc, psycopg.OperationalError):
+        # the connection died under the statement (server crash, failover, network):
+        # no SQLSTATE, and nothing the client did wrong
+        status = falcon.HTTP_503
     diag = exc.diag
     if status == falcon.HTTP_500:
         LOG.error("database error %s: %s", exc.sqlstate, exc)

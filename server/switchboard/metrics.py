@@ -60,6 +60,12 @@ _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
         ()),
     "switchboard_metrics_snapshot_errors_total": (
         "Failed reads of switchboard.metrics_snapshot() (database gauges keep their last value)", ()),
+    # failover.py: what this replica observed of its PostgreSQL on each LISTEN (re)connect
+    "switchboard_db_failovers_total": ("PostgreSQL promotions observed (the server's WAL timeline changed)", ()),
+    "switchboard_db_restarts_total": ("PostgreSQL restarts observed (postmaster start time changed)", ()),
+    "switchboard_db_unlogged_resets_total": (
+        "Times the UNLOGGED state (tickets, rate buckets, registry, presence, tool calls) was found emptied "
+        "by crash recovery or a promotion", ()),
 }
 
 _HISTOGRAMS: dict[str, tuple[str, tuple[str, ...], tuple[float, ...]]] = {
@@ -89,6 +95,10 @@ _GAUGES: dict[str, tuple[str, str]] = {
                                          "livemostrecent"),
     "switchboard_event_backlog_seconds": ("Age of the oldest stored event", "livemostrecent"),
     "switchboard_live_replicas": ("Replica processes registered in the database", "livemostrecent"),
+    "switchboard_db_timeline": ("WAL timeline of the PostgreSQL primary this replica uses (NaN: not seen yet)",
+                                "livemax"),
+    "switchboard_db_last_change_timestamp_seconds": (
+        "When this replica last observed a failover, restart or UNLOGGED reset (0: never)", "livemax"),
 }
 SNAPSHOT_GAUGES = {
     "expired_leases": "switchboard_expired_leases",

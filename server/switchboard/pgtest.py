@@ -143,6 +143,16 @@ class ThrowawayPostgres:
     def start_server(self) -> None:
         self._pg.start()
 
+    # Used by the crash tests: kill -9 the postmaster (the next start runs crash recovery,
+    # which empties every UNLOGGED table). Its backends exit when they notice.
+    def kill_server(self) -> None:
+        proc = self._pg.child_process
+        if proc is None:
+            return
+        proc.kill()
+        proc.wait()
+        self._pg.child_process = None
+
     def __enter__(self) -> "ThrowawayPostgres":
         return self
 

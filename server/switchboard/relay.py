@@ -33,7 +33,7 @@ import random
 import time
 import uuid
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -229,8 +229,10 @@ class Relay:
 
     ``on_run_wake`` is called when a run was queued (the scheduler claims at once);
     ``on_tool_result(call_id)`` when a tool call this replica waits for may have been
-    answered (the bridge reads the answer itself). Both are plain callbacks, so the
-    relay knows neither component.
+    answered (the bridge reads the answer itself); ``on_connect(conn)`` (async) first
+    thing after every (re)connect, with the new reader connection -- the failover
+    watch uses it to notice a new primary. All plain callbacks, so the relay knows
+    none of those components.
     """
 
     READ_ROWS = 1000
@@ -238,7 +240,8 @@ class Relay:
 
     def __init__(self, db: Database, auth: AuthState, registry: Registry, metrics: Metrics,
                  config: Config, replica_id: str, *, on_run_wake: Callable[[], None],
-                 on_tool_result: Callable[[uuid.UUID], None]) -> None:
+                 on_tool_result: Callable[[uuid.UUID], None],
+                 on_connect: Callable[[psycopg.AsyncConnection], Awaitable[None]] | None = None) -> None:
         self.db = db
         self.auth = auth
         self.metrics = metrics
@@ -248,6 +251,7 @@ class Relay:
         self.registry = registry
         self.on_run_wake = on_run_wake
         self.on_tool_result = on_tool_result
+        self.on_connect = on_connect
         self.connected = False
         self.last_error: str | None = "not connected yet"
         self.down_since: float | None = time.monotonic()
@@ -329,7 +333,11 @@ class Relay:
                 await asyncio.wait_for(self._stop.wait(), delay * (0.5 + random.random()))
             except asyncio.TimeoutError:
                 pass
-            delay = min(delay * 2, 5.0)
+            # Capped at 2 s (x0.5-1.5 jitter): after a PostgreSQL failover the relay is what
+            # keeps the replica unready, and a 5 s cap left replicas 503 for up to ~7 s after
+            # the new primary took writes (tests/pgha). One connect attempt per replica every
+            # 1-3 s during an outage costs the database nothing.
+            delay = min(delay * 2, 2.0)
 
     async def _connect(self, name: str) -> psycopg.AsyncConnection:
         return await asyncio.wait_for(
@@ -376,6 +384,8 @@ class Relay:
     async def _after_connect(self) -> None:
         rconn = self._reader
         assert rconn is not None
+        if self.on_connect is not None:
+            await self.on_connect(rconn)
         try:
             self.auth.load_snapshot(await self.db.auth_snapshot(rconn, self.cfg.jwt_ttl + 60))
             for c in self.registry.clients():

@@ -11,6 +11,8 @@ and nothing is patched in afterwards:
                     on_tool_result=tools.resolve)
            -> heartbeat(db, registry, auth, handler names)
            -> sampler(metrics, gauges read from the components, db.metrics_snapshot)
+           -> failover watch(db, metrics, on reset: tools.database_reset, heartbeat.beat),
+              called by the relay on every (re)connect
 
 Only app.py (create_app) imports this module; components never do.
 """
@@ -25,6 +27,7 @@ from .builtin_handlers import builtin_handlers
 from .catalog import HandlerCatalog
 from .config import Config
 from .db import Database
+from .failover import FailoverWatch
 from .handlers import HandlerRegistry, load_handlers
 from .heartbeat import ReplicaHeartbeat
 from .metrics import GaugeSampler, Metrics
@@ -51,13 +54,14 @@ class Services:
     relay: Relay
     heartbeat: ReplicaHeartbeat
     sampler: GaugeSampler
+    failover: FailoverWatch
 
 
 def build_services(config: Config) -> Services:
     # sql jobs get a connection of their own; through the direct (session-mode) URL when
     # there is one, since a transaction-mode pooler would hand their session state on.
     db = Database(config.database_url, config.pool_min, config.pool_size, config.pool_timeout,
-                  job_url=config.listen_database_url)
+                  prepare_threshold=config.prepare_threshold, job_url=config.listen_database_url)
     metrics = Metrics()
     auth = AuthState(config.jwt_secret, config.jwt_ttl)
     registry = Registry()
@@ -68,9 +72,10 @@ def build_services(config: Config) -> Services:
     tools = ToolBridge(db, replica.replica_id)
     limiter = RateLimiter(db, metrics, config.ratelimit_timeout)
     scheduler = Scheduler(db, metrics, config, handlers, replica)
-    relay = Relay(db, auth, registry, metrics, config, replica.replica_id,
-                  on_run_wake=scheduler.wake, on_tool_result=tools.resolve)
     heartbeat = ReplicaHeartbeat(db, registry, auth, replica, config.heartbeat_interval, served, __version__)
+    failover = FailoverWatch(db, metrics, on_unlogged_reset=[tools.database_reset, heartbeat.beat])
+    relay = Relay(db, auth, registry, metrics, config, replica.replica_id,
+                  on_run_wake=scheduler.wake, on_tool_result=tools.resolve, on_connect=failover.observe)
 
     pool_stat = db.pool.get_stats
     sampler = GaugeSampler(
@@ -90,4 +95,4 @@ def build_services(config: Config) -> Services:
     )
     return Services(config=config, db=db, metrics=metrics, auth=auth, registry=registry, replica=replica,
                     handlers=handlers, catalog=catalog, tools=tools, limiter=limiter, scheduler=scheduler, relay=relay,
-                    heartbeat=heartbeat, sampler=sampler)
+                    heartbeat=heartbeat, sampler=sampler, failover=failover)

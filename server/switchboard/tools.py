@@ -40,6 +40,7 @@ class ToolBridge:
         # Wake-ups that overtook their waiter's registration. Bounded: forged call
         # ids must not grow it without limit.
         self._early: OrderedDict[uuid.UUID, None] = OrderedDict()
+        self._lost: set[uuid.UUID] = set()      # waiting calls the database lost
 
     def resolve(self, call_id: uuid.UUID) -> None:
         ev = self._waiters.get(call_id)
@@ -49,6 +50,14 @@ class ToolBridge:
                 self._early.popitem(last=False)
             return
         ev.set()
+
+    def database_reset(self) -> None:
+        """PostgreSQL lost its UNLOGGED state (crash recovery or a promotion): every waiting
+        call's row is gone and no answer can arrive. Fail them now (503) instead of letting
+        them wait out their timeout (504). Called by the failover watch, never by a NOTIFY."""
+        for call_id, ev in self._waiters.items():
+            self._lost.add(call_id)
+            ev.set()
 
     async def call(self, user_id: uuid.UUID, name: str, args: Any, timeout_ms: int) -> Any:
         db = self.db
@@ -73,12 +82,18 @@ class ToolBridge:
                 except asyncio.TimeoutError:
                     break
                 ev.clear()
+                if call_id in self._lost:
+                    raise falcon.HTTPServiceUnavailable(
+                        title="Service Unavailable", retry_after=1,
+                        description=f"tool call {call_id} was lost: the database failed over or restarted "
+                                    "and lost in-flight tool calls; nothing was answered, call again")
                 row = await db.tool_call_collect(call_id)  # None unless really answered
             if row is None:
                 row = await db.tool_call_collect(call_id, give_up=True)
         finally:
             self._waiters.pop(call_id, None)
             self._early.pop(call_id, None)
+            self._lost.discard(call_id)
         if row is None or not row["answered"]:
             raise falcon.HTTPGatewayTimeout(title="Gateway Timeout",
                                             description=f"no answer from the user within {timeout_ms} ms")
