@@ -33,8 +33,10 @@ if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
 fi
 command -v git >/dev/null 2>&1 || apt_install git
 # tests/faults: network namespaces, veth pairs and partitions (ip, iptables).
-command -v ip >/dev/null 2>&1 || apt_install iproute2
-command -v iptables >/dev/null 2>&1 || apt_install iptables
+# (/usr/sbin is not on an ordinary user's PATH, so look there too.)
+have_sbin() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]; }
+have_sbin ip || apt_install iproute2
+have_sbin iptables || apt_install iptables
 # tests/pgha: a real Patroni cluster (etcd + Patroni) and a real PgBouncer.
 missing=()
 command -v patroni >/dev/null 2>&1 || missing+=(patroni)

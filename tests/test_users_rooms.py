@@ -163,6 +163,7 @@ def test_status_counts_what_is_there(db: str) -> None:
         "events_retained": 4, "event_backlog_seconds": 0, "last_event_id": last,
         "live_replicas": 1, "users_online": 1, "sockets_open": 3,
         "handlers_unserved": 1,  # 's' has pending runs; r1 (previous-release heartbeat) registers none
+        "tasks_broken": 0,
     }
 
 

@@ -341,8 +341,15 @@ def test_postgres_restart_replicas_recover_and_nothing_is_lost(fresh_trio, own_p
     ticks = [r[0] for r in rows]
     assert all(r[1] == 1 for r in rows), rows
     assert all((b - a).total_seconds() % 1 == 0 for a, b in itertools.pairwise(ticks)), ticks  # fixed-rate grid
+    # Ticks due inside the outage window: a grid tick may still have been claimed between
+    # `SELECT now()` and the moment Postgres actually stopped (its run was created before the
+    # restart); after the restart the missed ticks fire exactly once.
+    created = dict(trio.sql("SELECT scheduled_for, created_at FROM switchboard.task_runs "
+                            "WHERE task_id = %s", (tick,)))
     during = [t for t in ticks if stopped_at < t < started_at]
-    assert len(during) == 1, (during, stopped_at, started_at)
+    caught_up = [t for t in during if created[t] >= started_at]
+    assert len(caught_up) == 1, (during, caught_up, stopped_at, started_at)
+    assert len(during) - len(caught_up) <= 1, (during, stopped_at, started_at)
 
 
 # -- 10. concurrent start on an empty database ---------------------------------------------------------------------
