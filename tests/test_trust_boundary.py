@@ -12,6 +12,8 @@ from __future__ import annotations
 import base64
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -23,7 +25,7 @@ import pytest
 from psycopg import sql
 from pgtap import throws_ok
 
-from harness import auth, make_user
+from harness import ROOT, WS, app_url_for, auth, make_user
 
 INTRUDER = f"sb_intruder_{os.getpid()}"
 
@@ -331,6 +333,86 @@ def test_members_see_no_task_definitions_and_role_or_password_changes_revoke_tok
         c.execute("SELECT switchboard.set_user_password_hash(%s, password_hash) FROM switchboard.users "
                   "WHERE id = %s", (uid, uid))
     assert _wait(lambda: httpx.get(s.base + "/me", headers=h).status_code == 401, 3)
+
+
+def _close_code(ws: WS, timeout: float) -> int | None:
+    """Read until the server closes the socket; its close code (None: still open at timeout)."""
+    from websockets.exceptions import ConnectionClosed
+    deadline = time.time() + timeout
+    try:
+        while (left := deadline - time.time()) > 0:
+            ws.conn.recv(timeout=left)
+    except TimeoutError:
+        return None
+    except ConnectionClosed as exc:
+        return exc.rcvd.code if exc.rcvd is not None else -1
+    return None
+
+
+def test_a_password_change_closes_the_users_sockets_on_every_replica(  # type: ignore[no-untyped-def]
+        server_factory, db: str, intruder_url: str) -> None:
+    uid = make_user(db, "pia")
+    s1, s2 = server_factory(), server_factory()
+
+    def sockets() -> tuple[WS, WS]:
+        a, b = s1.ws(s1.login("pia")), s2.ws(s2.login("pia"))
+        for w in (a, b):
+            assert w.hello["payload"]["user_id"] == uid
+        return a, b
+
+    def still_open(a: WS, b: WS, tag: str) -> None:
+        with psycopg.connect(db, autocommit=True) as c:
+            eid = c.execute("SELECT switchboard.notify_user(%s, %s, '{}')", (uid, tag)).fetchone()[0]
+        for w in (a, b):
+            assert w.recv_until(lambda f: f["event"] == tag, timeout=5)["id"] == eid
+
+    ws1, ws2 = sockets()
+    # Forged announcements (a CONNECT-only role, any payload) close nothing: the replicas
+    # re-read the user and find its epoch unchanged.
+    _forge_as_intruder(intruder_url, [
+        ("switchboard_control", json.dumps({"kind": "user", "user_id": uid, "disabled": True})),
+        ("switchboard_control", json.dumps({"kind": "user", "user_id": uid, "token_epoch": 1 << 20})),
+        ("switchboard_control", json.dumps({"kind": "password", "user_id": uid})),
+    ])
+    assert _close_code(ws1, 1.5) is None and _close_code(ws2, 0.1) is None
+    still_open(ws1, ws2, "after.forgery")
+    # A role change alone keeps the sockets (session.updated), though it bumps the epoch too.
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("SELECT switchboard.set_user_role(%s, 'admin')", (uid,))
+    for w in (ws1, ws2):
+        assert w.recv_until(lambda f: f["event"] == "session.updated", timeout=5)["payload"] == {"role": "admin"}
+    still_open(ws1, ws2, "after.role")
+
+    # The password change, in SQL: both sockets close with 1008 within a second or so.
+    with psycopg.connect(db, autocommit=True) as c:
+        t0 = time.monotonic()
+        c.execute("SELECT switchboard.set_user_password_hash(%s, password_hash) FROM switchboard.users "
+                  "WHERE id = %s", (uid, uid))
+    assert _close_code(ws1, 5) == 1008
+    assert _close_code(ws2, 5) == 1008
+    elapsed = time.monotonic() - t0
+    print(f"password change -> both sockets closed in {elapsed:.3f} s")
+    assert elapsed < 5
+
+    # ... and through `switchboard user set-password` (the application login, as documented).
+    ws1, ws2 = sockets()
+    env = {**os.environ, "DATABASE_URL": app_url_for(db), "PYTHONPATH": str(ROOT / "server")}
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "switchboard.cli", "user", "set-password", "pia",
+                          "--password-stdin"], input="pw-" + "t" * 12 + "\n", env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "password of pia changed" in out.stdout
+    assert _close_code(ws1, 5) == 1008
+    assert _close_code(ws2, 5) == 1008
+    assert time.monotonic() - t0 < 8  # includes the CLI's interpreter start and argon2 hashing
+    # the old password is gone, the new one logs in and its socket stays open
+    assert httpx.post(s1.base + "/auth/login", json={"username": "pia", "password": "pw-" + "s" * 12}
+                      ).status_code == 401
+    tok = s2.login("pia", "pw-" + "t" * 12)
+    ws3 = s2.ws(tok)
+    assert _close_code(ws3, 1.5) is None
+    ws3.close()
 
 
 # -- login throttling -------------------------------------------------------------------------

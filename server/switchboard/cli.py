@@ -288,7 +288,7 @@ def cmd_user(args: argparse.Namespace) -> int:
 
     with _connect() as c:
         try:
-            if args.user_cmd == "add":
+            if args.user_cmd in ("add", "set-password"):
                 if args.password_stdin:
                     password = sys.stdin.readline().rstrip("\n")
                 elif sys.stdin.isatty():
@@ -298,6 +298,12 @@ def cmd_user(args: argparse.Namespace) -> int:
                     print(f"generated password for {args.name}: {password}")
                 if not password:
                     _die("empty password")
+            if args.user_cmd == "set-password":
+                c.execute("SELECT switchboard.set_user_password_hash(%s, %s)",
+                          (_user_id(c, args.name), hash_password(password)))
+                print(f"password of {args.name} changed; its tokens are refused and its sockets "
+                      "close on every replica")
+            elif args.user_cmd == "add":
                 uid = c.execute("SELECT switchboard.create_user(%s, %s, %s)",
                                 (args.name, hash_password(password), args.role)).fetchone()[0]
                 print(f"user {args.name} ({args.role}) created: {uid}")
@@ -380,6 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
     ua.add_argument("name")
     ua.add_argument("--role", choices=["admin", "member"], default="member")
     ua.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
+    up = usub.add_parser("set-password", help="new password; revokes tokens, closes sockets")
+    up.add_argument("name")
+    up.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
     ur = usub.add_parser("set-role")
     ur.add_argument("name")
     ur.add_argument("role", choices=["admin", "member"])

@@ -196,6 +196,13 @@ class Database:
         return await self.fetchone(
             "SELECT id, username, role, disabled FROM switchboard.users WHERE id = %s", (user_id,))
 
+    async def get_user_session(self, user_id: UUID) -> dict | None:
+        """get_user plus token_epoch (read through user_states(): the app role may not
+        SELECT the column): what a WebSocket remembers when it is accepted."""
+        return await self.fetchone(
+            "SELECT u.id, u.username, s.role, s.disabled, s.token_epoch FROM switchboard.users u"
+            " JOIN switchboard.user_states(ARRAY[%s]::uuid[]) s ON s.user_id = u.id", (user_id,))
+
     async def revoke_token(self, jti: str, user_id: UUID, expires_at: Any) -> None:
         await self.fetchone("SELECT switchboard.revoke_token(%s, %s, %s)", (jti, user_id, expires_at))
 

@@ -123,6 +123,7 @@ class Client:
         self.refetch = False          # live events were dropped from the buffer: fetch again
         self.buffer: list[dict] = []
         self.closing: int | None = None
+        self.epoch = 0                # the user's token epoch when the socket was accepted
         self.close_task: asyncio.Task | None = None
         self._on_overflow = on_overflow
 
@@ -391,6 +392,8 @@ class Relay:
             for c in self.registry.clients():
                 if self.auth.is_disabled(c.user_id):
                     self.close_client(c, 1008, "user disabled")
+            # Announcements missed while deaf (a password change): re-check local sockets.
+            await self._recheck_users(rconn, list(self.registry.by_user))
         except Exception as exc:
             raise RuntimeError(f"auth reload failed: {exc}") from exc
         if not self._cursor_set:
@@ -513,22 +516,7 @@ class Relay:
                     self._catching_up = False
                     break
         if h.users:
-            ids = list(h.users)
-            found = {r["user_id"]: r for r in await db.user_states(rconn, ids)}
-            for uid in ids:
-                r = found.get(uid)
-                if r is None:  # no such user (any more): nothing it holds is valid
-                    self.auth.apply_user(uid, "member", True, 1 << 30)
-                    disabled, role = True, "member"
-                else:
-                    self.auth.apply_user(uid, r["role"], r["disabled"], r["token_epoch"])
-                    disabled, role = r["disabled"], r["role"]
-                for c in list(self.registry.by_user.get(uid, ())):
-                    if disabled:
-                        self.close_client(c, 1008, "user disabled")
-                    elif c.role != role:
-                        c.role = role
-                        c.offer(frame("session.updated", {"role": role}))
+            await self._recheck_users(rconn, list(h.users))
         if h.revoked:
             for r in await db.revoked_among(rconn, list(h.revoked)):
                 self.auth.apply_revoke(r["jti"], r["expires_at"].timestamp())
@@ -580,6 +568,37 @@ class Relay:
         self.metrics.observe("switchboard_delivery_latency_seconds", time.time() - f["ts"] / 1000)
 
     # -- closing ----------------------------------------------------------------------
+    async def _recheck_users(self, rconn: psycopg.AsyncConnection, ids: list[uuid.UUID]) -> None:
+        """Re-read these users' state with user_states() (never from a payload) and apply it
+        to the auth cache and to their local sockets.
+
+        A socket remembers the user's token epoch when it was accepted. Disabled: closed
+        (1008). Epoch moved on by more than a role change explains (a password change; or
+        anything else that revokes the user's tokens): closed (1008, "session revoked"), so
+        a password reset cuts existing sessions. A role change alone: the socket stays and
+        receives session.updated. Two changes coalesced into one read may close a socket
+        that a role change alone would have kept; closing is the safe side."""
+        for i in range(0, len(ids), 10000):
+            chunk = ids[i:i + 10000]
+            found = {r["user_id"]: r for r in await self.db.user_states(rconn, chunk)}
+            for uid in chunk:
+                r = found.get(uid)
+                if r is None:  # no such user (any more): nothing it holds is valid
+                    self.auth.apply_user(uid, "member", True, 1 << 30)
+                    disabled, role, epoch = True, "member", 1 << 30
+                else:
+                    self.auth.apply_user(uid, r["role"], r["disabled"], r["token_epoch"])
+                    disabled, role, epoch = r["disabled"], r["role"], int(r["token_epoch"])
+                for c in list(self.registry.by_user.get(uid, ())):
+                    if disabled:
+                        self.close_client(c, 1008, "user disabled")
+                    elif epoch > c.epoch + (1 if c.role != role else 0):
+                        self.close_client(c, 1008, "session revoked")
+                    elif c.role != role:
+                        c.role = role
+                        c.epoch = epoch
+                        c.offer(frame("session.updated", {"role": role}))
+
     def close_client(self, c: Client, code: int, reason: str) -> None:
         if c.closing is not None:
             return

@@ -96,7 +96,7 @@ class WebSocketResource:
         ticket = req.get_param("ticket") or ""
         try:
             user_id = await db.consume_ticket(ticket)
-            user = await db.get_user(user_id) if user_id else None
+            user = await db.get_user_session(user_id) if user_id else None
         except Exception as exc:  # database error, pool timeout, DB down
             LOG.warning("ticket check failed: %s", exc)
             await ws.close(1011)
@@ -133,6 +133,7 @@ class WebSocketResource:
         await ws.accept()
         client = Client(user_id, user["username"], user["role"], self.cfg.ws_queue_size,
                         relay.last_seen_id, relay.overflow)
+        client.epoch = int(user["token_epoch"])
         if after is not None:
             client.resuming = True  # buffer live events from the moment the socket is registered
             client.buffer = []
@@ -149,6 +150,11 @@ class WebSocketResource:
         # once registered, the relay may offer live events, and none may overtake hello
         # (a client that resumes from "the last id seen" would skip what it missed).
         n = registry.add(client)
+        # An announcement the relay applied between our read and add() found no socket to
+        # close: its auth cache has the newer state, so check against that now.
+        known = relay.auth.users.get(user_id)
+        if known is not None and (known[1] or known[2] > client.epoch + (1 if known[0] != client.role else 0)):
+            relay.close_client(client, 1008, "user disabled" if known[1] else "session revoked")
         client.queue.put_nowait(encode(frame(
             "hello", {"replica": self.replica.replica_id, "user_id": str(user_id), "username": user["username"],
                       "role": user["role"], "last_id": client.cursor, "rooms": sorted(rooms)})))
