@@ -133,3 +133,17 @@ def test_upper_case_hex_is_the_same_ticket(conn: psycopg.Connection) -> None:
     t = conn.execute("SELECT switchboard.issue_ticket(%s)", (uid,)).fetchone()[0]
     assert conn.execute("SELECT switchboard.consume_ticket(%s)", (t.upper(),)).fetchone()[0] == uid
     assert conn.execute("SELECT switchboard.consume_ticket(%s)", (t,)).fetchone()[0] is None
+
+
+def test_a_password_change_drops_the_users_unused_tickets(conn: psycopg.Connection) -> None:
+    # A ticket minted with the old credentials just before a password change must not
+    # open a socket after it; another user's ticket is untouched.
+    u = conn.execute("SELECT switchboard.create_user('pwchange', '$argon2id$h1', 'member')").fetchone()[0]
+    other = conn.execute("SELECT switchboard.create_user('bystander', '$argon2id$h2', 'member')").fetchone()[0]
+    old = conn.execute("SELECT switchboard.issue_ticket(%s)", (u,)).fetchone()[0]
+    keep = conn.execute("SELECT switchboard.issue_ticket(%s)", (other,)).fetchone()[0]
+    conn.execute("SELECT switchboard.set_user_password_hash(%s, '$argon2id$h3')", (u,))
+    assert conn.execute("SELECT switchboard.consume_ticket(%s)", (old,)).fetchone()[0] is None
+    assert conn.execute("SELECT switchboard.consume_ticket(%s)", (keep,)).fetchone()[0] == other
+    fresh = conn.execute("SELECT switchboard.issue_ticket(%s)", (u,)).fetchone()[0]
+    assert conn.execute("SELECT switchboard.consume_ticket(%s)", (fresh,)).fetchone()[0] == u

@@ -175,11 +175,13 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'user % does not exist', user_id USING ERRCODE = 'P0002';
     END IF;
+    -- A ticket minted with the old credentials must not open a socket after the change.
+    DELETE FROM switchboard.tickets t WHERE t.user_id = set_user_password_hash.user_id;
     PERFORM switchboard._user_changed(user_id);
 END
 $$;
 COMMENT ON FUNCTION switchboard.set_user_password_hash(uuid, text) IS
-    'Replace a user''s password hash (argon2/bcrypt, computed by the server). Revokes the user''s existing tokens on every replica.';
+    'Replace a user''s password hash (argon2/bcrypt, computed by the server). Revokes the user''s existing tokens and unused WebSocket tickets; every replica closes the user''s open sockets at COMMIT.';
 REVOKE ALL ON FUNCTION switchboard.set_user_password_hash(uuid, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.set_user_password_hash(uuid, text) TO switchboard_app;
 
