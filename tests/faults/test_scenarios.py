@@ -201,8 +201,19 @@ def test_full_partition_longer_than_the_lease(fault_cluster) -> None:  # type: i
     iso_pid = f":{iso.server.pid}:"
     cut = [e for e in res["outcome"].executions if iso_pid in e.worker and e.run_id in held]
     assert cut and all(e.how in ("cancelled", "lease-lost") for e in cut), cut
-    # its socket was closed (or told to reconnect) rather than left deaf
-    assert iso_tab.close_codes and iso_tab.close_codes[0] in (1011, 1012, 1013), iso_tab.close_codes
+    # its socket was closed (told to reconnect elsewhere) rather than left deaf. The replica
+    # closes it with 1012 once LISTEN has been down for SWITCHBOARD_WS_DEAF_CLOSE_SECONDS (its
+    # own log says so). Whether that close frame reaches the client is up to TCP: a frame sent
+    # into a DROP partition can be lost, and the connection then ends later with whatever
+    # close the server's transport manages after the heal (seen once in CI: 1000 after the
+    # heal instead of 1012). So: the replica must have closed it with 1012, and the tab must
+    # have been disconnected (any close) rather than left open and deaf.
+    iso_log = iso.server.log_path.read_text(errors="replace")
+    assert "socket(s) with 1012 so they reconnect elsewhere" in iso_log, iso_log[-3000:]
+    assert iso_tab.close_codes, "the isolated replica's tab was never disconnected"
+    if iso_tab.close_codes[0] not in (1011, 1012, 1013):
+        print(f"  note: the isolated tab's first close was {iso_tab.close_codes[0]} "
+              "(the 1012 frame was lost in the partition)", flush=True)
     # after the heal, its late hand-back of a rescued run was fenced (false, nothing changed)
     log = iso.server.log_path.read_text(errors="replace")
     assert any(f"run {r}: already rescued by another worker; late hand-back fenced" in log for r in held), \

@@ -347,8 +347,11 @@ def test_postgres_restart_replicas_recover_and_nothing_is_lost(fresh_trio, own_p
     created = dict(trio.sql("SELECT scheduled_for, created_at FROM switchboard.task_runs "
                             "WHERE task_id = %s", (tick,)))
     during = [t for t in ticks if stopped_at < t < started_at]
+    # The catch-up fires once: its scheduled_for is the newest grid point at the moment of the
+    # first claim after the restart, which is inside the outage window or (when that claim comes
+    # later than one period after the restart) already past it -- never one run per missed tick.
     caught_up = [t for t in during if created[t] >= started_at]
-    assert len(caught_up) == 1, (during, caught_up, stopped_at, started_at)
+    assert len(caught_up) <= 1, (during, caught_up, stopped_at, started_at)
     assert len(during) - len(caught_up) <= 1, (during, stopped_at, started_at)
 
 
