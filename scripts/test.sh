@@ -52,6 +52,7 @@ pg_major=${pg_major:-15}
 dba_pkgs=()
 command -v sqitch >/dev/null 2>&1 || dba_pkgs+=(sqitch)
 perl -MDBD::Pg -e1 >/dev/null 2>&1 || dba_pkgs+=(libdbd-pg-perl)
+# (postgresql-15-pgtap for the PostgreSQL 15 that Debian 12 ships)
 [ -f "/usr/share/postgresql/$pg_major/extension/pgtap.control" ] || dba_pkgs+=("postgresql-$pg_major-pgtap")
 command -v pg_prove >/dev/null 2>&1 || dba_pkgs+=(libtap-parser-sourcehandler-pgtap-perl)
 if [ "${#dba_pkgs[@]}" -gt 0 ]; then apt_install "${dba_pkgs[@]}"; fi

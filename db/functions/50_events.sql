@@ -350,17 +350,14 @@ COMMENT ON FUNCTION switchboard.publish_client_event(uuid, text, text, jsonb) IS
 REVOKE ALL ON FUNCTION switchboard.publish_client_event(uuid, text, text, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.publish_client_event(uuid, text, text, jsonb) TO switchboard_app;
 
--- The tool bridge's send and collect, replacing tool_call_start and
--- tool_call_take (db/functions/70_replicas.sql; kept for a previous-release
--- server during a rolling update). tool_call_start put the call's name and
--- args in the NOTIFY payload, so anybody could send a browser a forged
--- tool.call; here the call is an ephemeral row read by the relay. And a
--- forged tool_result wake-up made the waiter collect (and delete) an
--- unanswered call: tool_call_collect only takes an answered one.
-CREATE OR REPLACE FUNCTION switchboard.tool_call_send(
-    user_id uuid, replica_id text, name text, args jsonb DEFAULT '{}', timeout interval DEFAULT '30 seconds')
+-- One registration for both tool-call entry points (tool_call_send and the
+-- previous release's tool_call_start): validate, refuse an offline user (NULL),
+-- record who the call went to and which replica waits. The callers differ only
+-- in how the browser hears of the call.
+CREATE OR REPLACE FUNCTION switchboard._tool_call_register(
+    user_id uuid, replica_id text, name text, args jsonb, timeout interval)
 RETURNS uuid
-LANGUAGE plpgsql SECURITY DEFINER
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -376,6 +373,31 @@ BEGIN
     END IF;
     INSERT INTO switchboard.tool_calls (id, user_id, replica_id, name, expires_at)
     VALUES (v_id, user_id, replica_id, name, now() + timeout);
+    RETURN v_id;
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._tool_call_register(uuid, text, text, jsonb, interval) FROM PUBLIC;
+
+-- The tool bridge's send and collect, replacing tool_call_start and
+-- tool_call_take (db/functions/70_replicas.sql; kept for a previous-release
+-- server during a rolling update). tool_call_start put the call's name and
+-- args in the NOTIFY payload, so anybody could send a browser a forged
+-- tool.call; here the call is an ephemeral row read by the relay. And a
+-- forged tool_result wake-up made the waiter collect (and delete) an
+-- unanswered call: tool_call_collect only takes an answered one.
+CREATE OR REPLACE FUNCTION switchboard.tool_call_send(
+    user_id uuid, replica_id text, name text, args jsonb DEFAULT '{}', timeout interval DEFAULT '30 seconds')
+RETURNS uuid
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_id uuid;
+BEGIN
+    v_id := switchboard._tool_call_register(user_id, replica_id, name, args, timeout);
+    IF v_id IS NULL THEN
+        RETURN NULL;
+    END IF;
     PERFORM switchboard._publish_ephemeral(user_id, NULL, 'tool.call.' || v_id, NULL,
                                            jsonb_build_object('name', name, 'args', args));
     RETURN v_id;

@@ -241,18 +241,12 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_id uuid := gen_random_uuid();
+    v_id uuid;
 BEGIN
-    PERFORM switchboard._check_event(coalesce(name, ''), coalesce(args, 'null'), 6000);
-    IF timeout IS NULL OR timeout <= interval '0' OR timeout > interval '10 minutes' THEN
-        RAISE EXCEPTION 'invalid timeout "%"', timeout USING ERRCODE = '22023',
-            HINT = 'A tool call waits between 1 ms and 10 minutes.';
-    END IF;
-    IF NOT switchboard.user_online(user_id) THEN
+    v_id := switchboard._tool_call_register(user_id, replica_id, name, args, timeout);
+    IF v_id IS NULL THEN
         RETURN NULL;
     END IF;
-    INSERT INTO switchboard.tool_calls (id, user_id, replica_id, name, expires_at)
-    VALUES (v_id, user_id, replica_id, name, now() + timeout);
     PERFORM pg_notify('switchboard_events',
         json_build_object('id', NULL, 'user_id', user_id, 'room', NULL, 'event', 'tool.call.' || v_id,
                           'ts', (extract(epoch FROM clock_timestamp()) * 1000)::bigint,
