@@ -1,0 +1,128 @@
+"""Parsing outside input with bounds: one place, used at every entry point.
+
+Everything that comes from outside the replica — NOTIFY payloads (any role
+that can connect may send any payload on any channel), HTTP bodies and query
+parameters, WebSocket frames and handshake parameters, job arguments — is
+parsed here, so that a hostile input fails as *that input* (a ``BadInput``
+the caller turns into a 4xx, an error frame or a counted drop) and never as
+a ``RecursionError``, an overflow inside a database call, or a 500.
+
+No dependency on Falcon or psycopg: the relay, the HTTP layer and the CLI
+all use it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+# PostgreSQL bigint bounds: an id outside them must be refused before it
+# reaches a query (psycopg would raise NumericValueOutOfRange inside the call).
+BIGINT_MIN = -(2**63)
+BIGINT_MAX = 2**63 - 1
+
+# Deep enough for any real payload, shallow enough that json.dumps, psycopg's
+# Jsonb and PostgreSQL's own jsonb input (which stops at ~ max_stack_depth) all
+# cope with what passes.
+DEFAULT_MAX_DEPTH = 64
+
+_INT_RE = re.compile(r"-?[0-9]{1,19}")
+
+
+class BadInput(ValueError):
+    """An outside input that fails its bounds. ``reason`` is a short fixed code
+    (closed set, safe as a metric label); ``str(exc)`` is a human message that
+    never echoes more than a short, escaped excerpt of the input."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def json_depth_exceeds(value: Any, max_depth: int) -> bool:
+    """True when ``value`` nests containers deeper than ``max_depth``.
+
+    Iterative (an explicit stack), so a deep value cannot exhaust the Python
+    stack while being checked."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            if depth > max_depth:
+                return True
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            if depth > max_depth:
+                return True
+            stack.extend((v, depth + 1) for v in node)
+    return False
+
+
+def loads(data: str | bytes, *, max_bytes: int, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
+    """``json.loads`` with a size bound, a nesting bound, and no NaN/Infinity
+    (PostgreSQL's jsonb refuses them, so accepting them here would only move
+    the failure into a later database call)."""
+    if len(data) > max_bytes:
+        raise BadInput("too_large", f"JSON document of {len(data)} bytes exceeds {max_bytes}")
+    try:
+        value = json.loads(data, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise BadInput("too_deep", f"JSON nested deeper than {max_depth}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        if isinstance(exc, BadInput):
+            raise
+        raise BadInput("malformed", f"malformed JSON: {_short(str(exc))}") from None
+    if json_depth_exceeds(value, max_depth):
+        raise BadInput("too_deep", f"JSON nested deeper than {max_depth}")
+    return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise BadInput("malformed", f"{name} is not valid JSON")
+
+
+def bigint(value: object, *, name: str = "value", minimum: int = BIGINT_MIN,
+           maximum: int = BIGINT_MAX) -> int:
+    """An integer in [minimum, maximum] from a JSON number or a decimal string.
+
+    Refuses bools, floats with a fraction, NaN/inf, non-ASCII digits ('²',
+    Arabic-Indic digits: ``int()`` would accept some of them) and anything
+    outside the range."""
+    if isinstance(value, bool):
+        raise BadInput("bad_number", f"{name} must be an integer, not a boolean")
+    if isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            raise BadInput("bad_number", f"{name} must be an integer")
+        value = int(value)
+    if isinstance(value, str):
+        if not _INT_RE.fullmatch(value):
+            raise BadInput("bad_number", f"{name} must be a decimal integer, got {escape(value, 40)}")
+        value = int(value)
+    if not isinstance(value, int):
+        raise BadInput("bad_number", f"{name} must be an integer")
+    if not minimum <= value <= maximum:
+        raise BadInput("out_of_range", f"{name} {value} is outside [{minimum}, {maximum}]")
+    return value
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def escape(text: str, limit: int = 200) -> str:
+    """Printable, single-line, bounded text for logs and messages: control
+    characters (CR/LF included, so no forged log lines) become ``\\xNN`` /
+    ``\\uNNNN`` escapes, and the result is cut at ``limit`` characters."""
+    cut = text[:limit]
+    out = _CONTROL.sub(lambda m: _esc(m.group()), cut)
+    return out + ("…" if len(text) > limit else "")
+
+
+def _esc(ch: str) -> str:
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def _short(text: str) -> str:
+    return escape(text, 120)
