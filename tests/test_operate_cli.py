@@ -79,6 +79,7 @@ def test_runs_list_show_retry_cancel(db: str, app_url: str) -> None:
     assert refused.returncode == 1 and f"run {retry_id} is already queued" in refused.stderr
     assert "hint:" in refused.stderr
     assert cli(app_url, "runs", "cancel", str(retry_id)).stdout.strip() == f"run {retry_id} cancelled"
+    assert "cancelled by cli:" in cli(app_url, "runs", "show", str(retry_id)).stdout
     again = cli(app_url, "runs", "cancel", str(retry_id), check=False)
     assert again.returncode == 1 and "is cancelled" in again.stderr
     missing = cli(app_url, "runs", "show", "999999", check=False)

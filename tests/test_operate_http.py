@@ -168,6 +168,7 @@ def test_cancel_stops_a_handler_on_another_replica(db: str, server_factory) -> N
         time.sleep(1.0)   # a late finish, if any, would land now
         after = h.get(f"/runs/{rid}", headers=admin).json()["run"]
         assert (after["status"], after["result"]) == ("cancelled", None)
+        assert after["error"].startswith("cancelled by root (")   # the admin, then the database role
         assert after["error"].endswith(f"while running on {run['worker']}")
         assert h.get("/runs", headers=admin, params={"handler": "sleep"}).json()["runs"] == [
             {k: v for k, v in after.items() if k not in ("args", "result", "lease_expires_at", "scheduled_for",

@@ -124,6 +124,20 @@ COMMENT ON FUNCTION switchboard.list_runs(text, text, text, timestamptz, integer
 REVOKE ALL ON FUNCTION switchboard.list_runs(text, text, text, timestamptz, integer, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.list_runs(text, text, text, timestamptz, integer, bigint) TO switchboard_app;
 
+-- Who is acting, for the record a cancel leaves: the database role, and the
+-- person behind it when the caller said so (the server and the CLI set
+-- switchboard.actor for their transaction: the admin's username, the OS user).
+-- A label, not an authority: any session may set the setting.
+CREATE OR REPLACE FUNCTION switchboard._actor()
+RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(left(nullif(current_setting('switchboard.actor', true), ''), 100) || ' (' || session_user || ')',
+                    session_user::text)
+$$;
+REVOKE ALL ON FUNCTION switchboard._actor() FROM PUBLIC;
+
 -- cancel_run: a queued or a running run becomes 'cancelled' (final, never
 -- retried). For a running run the row is the fence: the worker's late
 -- finish_run / finish_runs / heartbeat_run / release_run all say
@@ -139,12 +153,13 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_status text;
+    v_who text := switchboard._actor();
 BEGIN
     UPDATE switchboard.task_runs r
        SET status = 'cancelled', finished_at = now(), lease_expires_at = NULL,
            error = CASE WHEN r.status = 'running'
-                        THEN 'cancelled by ' || session_user || ' while running on ' || coalesce(r.worker, '?')
-                        ELSE 'cancelled by ' || session_user || ' before it started' END
+                        THEN 'cancelled by ' || v_who || ' while running on ' || coalesce(r.worker, '?')
+                        ELSE 'cancelled by ' || v_who || ' before it started' END
      WHERE r.id = cancel_run.run_id AND r.status IN ('queued', 'running');
     IF FOUND THEN
         PERFORM switchboard._wake_workers();

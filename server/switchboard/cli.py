@@ -511,7 +511,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
             print(f"run {r['id']} queued: attempt {r['attempt']}, a retry of run {args.id}")
             return 0
         if args.runs_cmd == "cancel":
-            ok, r = await db.cancel_run(args.id)
+            ok, r = await db.cancel_run(args.id, actor=_os_user())
             if not ok:
                 _die(f"run {args.id} is {r['status'] if r else 'gone'}; only a queued or running run "
                      "can be cancelled", 1)
@@ -521,6 +521,14 @@ def cmd_runs(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     return _run_db(op)
+
+
+def _os_user() -> str:
+    """Who ran the command, for the record a cancel leaves (``cli:<login>``)."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):   # a container user with no passwd entry
+        return "cli"
 
 
 # -- handlers --------------------------------------------------------------------------------------

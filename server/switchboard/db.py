@@ -314,9 +314,12 @@ class Database:
     async def get_run(self, run_id: int) -> dict | None:
         return await self.fetchone(f"SELECT {RUN_DETAIL_COLUMNS} FROM switchboard.runs WHERE id = %s", (run_id,))
 
-    async def cancel_run(self, run_id: int) -> tuple[bool, dict | None]:
-        """cancel_run(), then the run as it is now. Admins hear run.updated iff it changed."""
+    async def cancel_run(self, run_id: int, actor: str | None = None) -> tuple[bool, dict | None]:
+        """cancel_run(), then the run as it is now. Admins hear run.updated iff it changed.
+        ``actor`` (who asked: an admin's username) goes into the run's error text."""
         async def op(conn: psycopg.AsyncConnection) -> tuple[bool, dict | None]:
+            if actor:
+                await conn.execute("SELECT set_config('switchboard.actor', %s, true)", (actor,))
             cur = await conn.execute("SELECT switchboard.cancel_run(%s) AS ok", (run_id,))
             ok = bool((await cur.fetchone())["ok"])  # type: ignore[index]
             if ok:

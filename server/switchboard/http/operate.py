@@ -126,8 +126,8 @@ class RunCancel:
         self.auth = auth
 
     async def on_post(self, req: falcon.Request, resp: falcon.Response, run_id: int) -> None:
-        require_admin(self.auth, req)
-        ok, run = await self.db.cancel_run(run_id)   # P0002 (no such run) -> 404
+        who = require_admin(self.auth, req)
+        ok, run = await self.db.cancel_run(run_id, actor=who.username)   # P0002 (no such run) -> 404
         if not ok:
             status = run["status"] if run else "gone"
             raise falcon.HTTPConflict(
