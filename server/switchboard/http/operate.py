@@ -28,7 +28,7 @@ from ..replica import ReplicaState
 from .common import jsonable_row, require_admin
 
 MAX_PAGE = 500
-CURSOR_RE = re.compile(r"^v1\.([0-9]{1,19})$")
+CURSOR_RE = re.compile(r"v1\.([0-9]{1,19})")
 STATUS_EPOCHS = ("db_started_at", "unlogged_state_since")
 
 
@@ -39,7 +39,7 @@ def _bad_param(name: str, msg: str) -> falcon.HTTPError:
 def _cursor(value: str | None) -> int | None:
     if value is None:
         return None
-    m = CURSOR_RE.match(value)
+    m = CURSOR_RE.fullmatch(value)   # not match(): "$" would accept a trailing newline
     if m is None:
         raise _bad_param("cursor", "not a cursor this API returned (pass next_cursor back unchanged)")
     try:
