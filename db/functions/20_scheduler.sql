@@ -343,7 +343,7 @@ BEGIN
     skipped := false;
     SELECT * INTO v_task FROM switchboard.tasks t
      WHERE t.is_active AND t.next_run_at <= _claim_tick.claim_at
-       AND NOT EXISTS (SELECT 1 FROM switchboard.paused_handlers p WHERE p.handler = t.handler)
+       AND t.handler <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
      ORDER BY t.next_run_at LIMIT 1 FOR UPDATE OF t SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN;
@@ -416,9 +416,12 @@ REVOKE ALL ON FUNCTION switchboard._tasks_broken() FROM PUBLIC;
 --   1. the due tick, if it is the oldest due work (_claim_tick);
 --   2. the queue head (the hot path: one UPDATE, no helper call);
 --   3. the due tick, if the queue head was older but locked by others.
--- A paused handler's queued runs and due ticks are passed over (NOT EXISTS on
--- switchboard.paused_handlers, a table of a few rows: when nothing is paused
--- the anti-join costs one probe of an empty index). A tick passed over keeps
+-- A paused handler's queued runs and due ticks are passed over: "handler <>
+-- ALL (ARRAY(SELECT ... FROM paused_handlers))" is an InitPlan, read once per
+-- statement, and a plain filter on the index scan that keeps the claim's
+-- ordered, LIMITed walk. (A NOT EXISTS anti-join here made the generic plan a
+-- hash anti-join over every due queued row plus a sort: 1.5 -> 86 ms per
+-- claim with 50,000 queued runs.) A tick passed over keeps
 -- its next_run_at, so when the handler is resumed the task catches up by its
 -- own rule: once, not once per missed tick; @every keeps its anchor.
 -- A round that only skipped ticks looks again, since more may be due; a
@@ -456,7 +459,7 @@ BEGIN
                     WHERE status = 'running' AND lease_expires_at < v_now),
            (SELECT t.next_run_at FROM switchboard.tasks t
              WHERE t.is_active AND t.next_run_at <= v_now
-               AND NOT EXISTS (SELECT 1 FROM switchboard.paused_handlers p WHERE p.handler = t.handler)
+               AND t.handler <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
              ORDER BY t.next_run_at LIMIT 1)
       INTO v_expired, v_task_at;
     IF v_expired THEN
@@ -467,7 +470,7 @@ BEGIN
         IF v_round > 1 THEN
             SELECT t.next_run_at INTO v_task_at FROM switchboard.tasks t
              WHERE t.is_active AND t.next_run_at <= v_now
-               AND NOT EXISTS (SELECT 1 FROM switchboard.paused_handlers p WHERE p.handler = t.handler)
+               AND t.handler <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
              ORDER BY t.next_run_at LIMIT 1;
         END IF;
         -- The queue's head is only worth a look of its own when a tick competes
@@ -476,7 +479,7 @@ BEGIN
         IF v_task_at IS NOT NULL THEN
             SELECT q.run_at INTO v_queued_at FROM switchboard.task_runs q
              WHERE q.status = 'queued' AND q.run_at <= v_now
-               AND NOT EXISTS (SELECT 1 FROM switchboard.paused_handlers p WHERE p.handler = q.handler)
+               AND q.handler <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
              ORDER BY q.run_at, q.id LIMIT 1;
         END IF;
         v_tick_first := v_task_at IS NOT NULL AND (v_queued_at IS NULL OR v_task_at <= v_queued_at);
@@ -499,8 +502,7 @@ BEGIN
                    started_at = v_now
              WHERE id = (SELECT q.id FROM switchboard.task_runs q
                           WHERE q.status = 'queued' AND q.run_at <= v_now
-                            AND NOT EXISTS (SELECT 1 FROM switchboard.paused_handlers p
-                                             WHERE p.handler = q.handler)
+                            AND q.handler <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
                           ORDER BY q.run_at, q.id LIMIT 1 FOR UPDATE OF q SKIP LOCKED)
             RETURNING * INTO v_run;
             IF FOUND THEN

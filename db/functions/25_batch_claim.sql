@@ -37,8 +37,7 @@ BEGIN
                lease_expires_at = v_now + claim_due_tasks.lease, started_at = v_now
          WHERE r.id = ANY (ARRAY(SELECT q.id FROM switchboard.task_runs q
                                   WHERE q.status = 'queued' AND q.run_at <= v_now
-                                    AND NOT EXISTS (SELECT 1 FROM switchboard.paused_handlers p
-                                                     WHERE p.handler = q.handler)
+                                    AND q.handler <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
                                   ORDER BY q.run_at, q.id
                                   LIMIT max_runs - 1 FOR UPDATE OF q SKIP LOCKED))
         RETURNING r.*;

@@ -218,7 +218,7 @@ class Scheduler:
         if watch is not None:
             watch.cancel()
         if run_id in self._lost:
-            await self._after_lease_lost(run_id)
+            await self._after_lease_lost(run_id, cancelled=ctx.cancelled.is_set())
             return
         try:
             if ok:
@@ -276,7 +276,7 @@ class Scheduler:
                 return
             await asyncio.sleep(left)
 
-    async def _after_lease_lost(self, run_id: int) -> None:
+    async def _after_lease_lost(self, run_id: int, cancelled: bool = False) -> None:
         """Free the slot, then hand the run back in the background (never record its outcome).
 
         release_run() is fenced: once the run was rescued it answers false and changes
@@ -286,11 +286,11 @@ class Scheduler:
         rescued meanwhile."""
         self._forget(run_id)
         self._wake.set()
-        task = asyncio.create_task(self._hand_back_lost(run_id), name=f"hand-back-{run_id}")
+        task = asyncio.create_task(self._hand_back_lost(run_id, cancelled), name=f"hand-back-{run_id}")
         self._handbacks.add(task)
         task.add_done_callback(self._handbacks.discard)
 
-    async def _hand_back_lost(self, run_id: int) -> None:
+    async def _hand_back_lost(self, run_id: int, cancelled: bool = False) -> None:
         deadline = time.monotonic() + 2 * self.cfg.lease_seconds + 10
         while True:
             try:
@@ -304,9 +304,12 @@ class Scheduler:
                 await asyncio.sleep(1.0)
         if released:
             LOG.info("run %s: handed back after its lease could not be renewed", run_id)
+        elif cancelled:
+            LOG.info("run %s: cancelled; its handler's outcome is discarded (hand-back fenced: "
+                     "returned false, changed nothing)", run_id)
         else:
-            LOG.info("run %s: already rescued by another worker or cancelled; late hand-back "
-                     "fenced (returned false, changed nothing)", run_id)
+            LOG.info("run %s: already rescued by another worker; late hand-back fenced "
+                     "(returned false, changed nothing)", run_id)
 
     async def _finish_ok(self, run_id: int, result: Any) -> bool:
         """Successes are recorded in batches: while one finish_runs() call is in flight,
