@@ -119,15 +119,14 @@ class Scheduler:
             return
         for row in await self.db.lost_runs(self.worker, ids):
             ctx = self._contexts.get(row["run_id"])
-            if ctx is None:
-                continue        # finished meanwhile
+            htask = self._htasks.get(row["run_id"])
+            if ctx is None or htask is None or htask.done():
+                continue        # the handler is done: its outcome is being recorded (or fenced)
             if row["status"] == "cancelled":
                 ctx.cancelled.set()
-                self._lose_lease(ctx, self._htasks.get(ctx.run_id), "the run was cancelled",
-                                 grace=CANCEL_GRACE, cancelled=True)
+                self._lose_lease(ctx, htask, "the run was cancelled", grace=CANCEL_GRACE, cancelled=True)
             else:
-                self._lose_lease(ctx, self._htasks.get(ctx.run_id),
-                                 f"the run is {row['status'] or 'gone'} (rescued by another worker?)",
+                self._lose_lease(ctx, htask, f"the run is {row['status'] or 'gone'} (rescued by another worker?)",
                                  grace=CANCEL_GRACE)
 
     @property
