@@ -317,31 +317,35 @@ class Database:
     async def cancel_run(self, run_id: int, actor: str | None = None) -> tuple[bool, dict | None]:
         """cancel_run(), then the run as it is now. Admins hear run.updated iff it changed.
         ``actor`` (who asked: an admin's username) goes into the run's error text."""
-        async def op(conn: psycopg.AsyncConnection) -> tuple[bool, dict | None]:
+        async def op(conn: psycopg.AsyncConnection[dict]) -> tuple[bool, dict | None]:
             if actor:
                 await conn.execute("SELECT set_config('switchboard.actor', %s, true)", (actor,))
             cur = await conn.execute("SELECT switchboard.cancel_run(%s) AS ok", (run_id,))
-            ok = bool((await cur.fetchone())["ok"])  # type: ignore[index]
+            row = await cur.fetchone()
+            ok = bool(row and row["ok"])
             if ok:
                 await self._announce_run(conn, run_id)
             cur = await conn.execute(f"SELECT {RUN_DETAIL_COLUMNS} FROM switchboard.runs WHERE id = %s",
                                      (run_id,))
             return ok, await cur.fetchone()
-        return await self._transaction(op)
+        return await self._transaction(op)  # type: ignore[no-any-return]
 
     async def retry_run(self, run_id: int) -> dict:
         """retry_run(): the new queued run. Admins hear run.updated."""
-        async def op(conn: psycopg.AsyncConnection) -> dict:
+        async def op(conn: psycopg.AsyncConnection[dict]) -> dict:
             cur = await conn.execute("SELECT id FROM switchboard.retry_run(%s)", (run_id,))
-            new_id = (await cur.fetchone())["id"]  # type: ignore[index]
-            await self._announce_run(conn, new_id)
+            row = await cur.fetchone()
+            assert row is not None      # retry_run returns its run or raises
+            await self._announce_run(conn, row["id"])
             cur = await conn.execute(f"SELECT {RUN_DETAIL_COLUMNS} FROM switchboard.runs WHERE id = %s",
-                                     (new_id,))
-            return await cur.fetchone()  # type: ignore[return-value]
-        return await self._transaction(op)
+                                     (row["id"],))
+            run = await cur.fetchone()
+            assert run is not None
+            return run
+        return await self._transaction(op)  # type: ignore[no-any-return]
 
     @staticmethod
-    async def _announce_run(conn: psycopg.AsyncConnection, run_id: int) -> None:
+    async def _announce_run(conn: psycopg.AsyncConnection[dict], run_id: int) -> None:
         """run.updated to every admin, last in the operator's transaction (notify_* hold the
         event-order lock until commit). In a savepoint: if publishing fails (55P03 while
         another publisher holds the lock) the operator's action still commits; a console
@@ -356,6 +360,7 @@ class Database:
             LOG.warning("run %s: run.updated not published (%s)", run_id, str(exc).strip())
 
     async def _transaction(self, op: Any) -> Any:
+        """``await op(conn)`` in one transaction on a pooled connection (dict rows)."""
         for attempt in (1, 2):
             try:
                 async with self.connection() as conn:
