@@ -14,7 +14,7 @@ import httpx
 import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness import FAST_ENV, JWT_SECRET, ROOT, app_url_for, auth, free_port, make_user
+from harness import FAST_ENV, JWT_SECRET, ROOT, app_url_for, auth, free_port, make_user, probe_token
 from monitoring import PROMETHEUS_SERIES, exported_name, used_metrics
 
 
@@ -135,11 +135,11 @@ def test_a_scrape_of_a_two_worker_pod_sums_both_workers(db, tmp_path) -> None:  
         replicas: dict[str, int] = {}
         deadline = time.time() + 60
         # Fresh connections, so the kernel spreads them over both workers' accept();
-        # the readiness answer names the worker (replica id) that served it.
+        # GET /me names the worker (replica id) that served it.
         while time.time() < deadline and (len(replicas) < 2 or sum(replicas.values()) < 20):
             assert proc.poll() is None, log.read_text()[-4000:]
             try:
-                r = httpx.get(base + "/healthz/ready", timeout=2, headers={"Connection": "close"})
+                r = httpx.get(base + "/me", timeout=2, headers={"Connection": "close", **auth(probe_token())})
             except httpx.HTTPError:
                 time.sleep(0.2)
                 continue

@@ -55,6 +55,11 @@ _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
         "Rate-limit checks that failed or timed out and let the request through", ("policy",)),
     "switchboard_ws_closed_total": ("WebSockets closed by the server, by code", ("code",)),
     "switchboard_listen_reconnects_total": ("LISTEN connection (re)connects", ()),
+    # bounded.SOURCES x bounded.REASONS: closed label sets, whatever the input was
+    "switchboard_bad_input_total": ("Outside inputs refused by their bounds, by entry point and reason",
+                                    ("source", "reason")),
+    "switchboard_sql_jobs_terminated_total": (
+        "sql task backends terminated after their timeout plus grace (the statement ignored the cancel)", ()),
     "switchboard_leases_lost_total": (
         "Runs whose lease this replica could no longer prove or was told it lost (handler told, then cancelled)",
         ()),

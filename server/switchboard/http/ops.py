@@ -42,12 +42,13 @@ class Ready:
         except Exception as exc:
             LOG.warning("readiness: database ping failed: %s", str(exc).strip() or type(exc).__name__)
             reasons.append("database_unavailable")
-        rid = self.replica.replica_id
+        # No replica id: the probe is anonymous, and an id tells an outsider how many
+        # replicas answer and which one it reached (GET /me names it to a user).
         if reasons:
             resp.status = falcon.HTTP_503
-            resp.media = {"status": "unavailable", "reasons": reasons, "replica": rid}
+            resp.media = {"status": "unavailable", "reasons": reasons}
         else:
-            resp.media = {"status": "ready", "reasons": [], "replica": rid}
+            resp.media = {"status": "ready", "reasons": []}
 
 
 class MetricsResource:
