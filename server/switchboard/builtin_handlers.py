@@ -12,7 +12,7 @@ import asyncio
 from typing import Any
 
 from .config import Config
-from .db import Database
+from .db import Database, SqlJobTimeout
 from .handlers import HandlerContext, HandlerError, HandlerRegistry
 
 
@@ -25,8 +25,11 @@ def builtin_handlers(db: Database, config: Config) -> HandlerRegistry:
 
     @reg.register("sleep")
     async def sleep(ctx: HandlerContext) -> Any:
-        seconds = float(ctx.args.get("seconds", 1))
-        await asyncio.sleep(min(max(seconds, 0), 3600))
+        raw = ctx.args.get("seconds", 1)
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 <= raw <= 3600:
+            raise HandlerError(f"args.seconds must be a number of seconds in [0, 3600], not {raw!r:.50}")
+        seconds = float(raw)
+        await asyncio.sleep(seconds)
         return {"slept": seconds}
 
     @reg.register("fail")
@@ -44,11 +47,17 @@ def builtin_handlers(db: Database, config: Config) -> HandlerRegistry:
             raise HandlerError('args.sql must be a SQL statement, e.g. {"sql": "SELECT 1"}')
         raw = ctx.args.get("timeout_seconds", config.lease_seconds)
         if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 <= raw <= 86400:
-            raise HandlerError(f"args.timeout_seconds must be a number of seconds (0 < t <= 86400), not {raw!r}")
+            raise HandlerError(f"args.timeout_seconds must be a number of seconds (0 < t <= 86400), not {raw!r:.50}")
         if raw == 0 and not config.sql_allow_no_timeout:
             raise HandlerError("args.timeout_seconds 0 (no timeout) is refused; give a bound, or set "
                                "SWITCHBOARD_SQL_ALLOW_NO_TIMEOUT=on on the replicas to allow it")
-        return await db.run_job_sql(statement, float(raw))
+        try:
+            return await db.run_job_sql(statement, float(raw), run_id=ctx.run_id,
+                                        grace_s=config.sql_kill_grace_seconds)
+        except SqlJobTimeout as exc:
+            if exc.terminated:
+                ctx.logger.warning("sql run %s: %s", ctx.run_id, exc)
+            raise HandlerError(str(exc)) from None
 
     @reg.register("notify")
     async def notify(ctx: HandlerContext) -> Any:

@@ -113,6 +113,7 @@ class Config:
     login_user_burst: int = 5
     ratelimit_timeout: float = 0.5
     sql_allow_no_timeout: bool = False
+    sql_kill_grace_seconds: float = 5.0
     max_body_bytes: int = 2 * 1024 * 1024
     handler_modules: list[str] = field(default_factory=list)
     log_level: str = "INFO"
@@ -172,6 +173,7 @@ class Config:
             ratelimit_timeout=_float("SWITCHBOARD_RATELIMIT_TIMEOUT", 0.5, 0.01, 60),
             sql_allow_no_timeout=os.environ.get("SWITCHBOARD_SQL_ALLOW_NO_TIMEOUT", "off").lower()
             in ("1", "on", "true", "yes"),
+            sql_kill_grace_seconds=_float("SWITCHBOARD_SQL_KILL_GRACE_SECONDS", 5.0, 0.5, 600),
             handler_modules=_list("SWITCHBOARD_HANDLERS"),
             log_level=os.environ.get("SWITCHBOARD_LOG_LEVEL", "INFO").upper(),
             dev=dev,
