@@ -35,9 +35,12 @@ LOG = logging.getLogger("switchboard.input")
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 # Responses that carry or decide credentials: never stored by a browser or a proxy.
 NO_STORE_ROUTES = frozenset({"/ws/ticket", "/me"})
-# For everything but the page (which sets its own, with its script's hash): JSON is
-# never a document to render or frame.
+# Responses that set no Content-Security-Policy of their own: JSON is never a document
+# to render or frame; an HTML page without its own (the demo page sets a stricter
+# one, with its script's hash) still may not be framed or load from elsewhere.
 API_CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+HTML_CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+            "img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
 SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
@@ -148,7 +151,8 @@ class AccessLog:
         for k, v in SECURITY_HEADERS.items():
             resp.set_header(k, v)
         if resp.get_header("Content-Security-Policy") is None:
-            resp.set_header("Content-Security-Policy", API_CSP)
+            html = (resp.content_type or "").startswith("text/html")
+            resp.set_header("Content-Security-Policy", HTML_CSP if html else API_CSP)
         if route.startswith("/auth/") or route in NO_STORE_ROUTES:
             resp.set_header("Cache-Control", "no-store")
         if ACCESS.isEnabledFor(logging.INFO):
