@@ -191,8 +191,13 @@ class Database:
         return await self.fetchone("SELECT * FROM switchboard.db_instance()")
 
     async def metrics_snapshot(self, timeout: float = 2.0) -> dict[str, float]:
-        rows = await self.fetchall("SELECT item, value FROM switchboard.metrics_snapshot()",
-                                   timeout=timeout)
+        # pg_notification_queue_usage() beside the snapshot, in the same round trip: a
+        # session that LISTENs and never reads (idle in transaction) pins the queue, and
+        # when it is full every NOTIFY -- every event, announcement and wake-up -- fails
+        # at COMMIT (docs/operations.md#switchboardnotifyqueuefilling).
+        rows = await self.fetchall("SELECT item, value FROM switchboard.metrics_snapshot() "
+                                   "UNION ALL SELECT 'notification_queue_usage', "
+                                   "pg_catalog.pg_notification_queue_usage()", timeout=timeout)
         return {r["item"]: r["value"] for r in rows}
 
     # -- users & auth -------------------------------------------------------
