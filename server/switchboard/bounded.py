@@ -71,7 +71,7 @@ def loads(data: str | bytes, *, max_bytes: int, max_depth: int = DEFAULT_MAX_DEP
     if len(data) > max_bytes:
         raise BadInput("too_large", f"JSON document of {len(data)} bytes exceeds {max_bytes}")
     try:
-        value = json.loads(data, parse_constant=_refuse_constant)
+        value = json.loads(data, parse_constant=_refuse_constant, parse_float=_finite_float)
     except RecursionError:
         raise BadInput("too_deep", f"JSON nested deeper than {max_depth}") from None
     except (ValueError, UnicodeDecodeError) as exc:
@@ -85,6 +85,14 @@ def loads(data: str | bytes, *, max_bytes: int, max_depth: int = DEFAULT_MAX_DEP
 
 def _refuse_constant(name: str) -> Any:
     raise BadInput("malformed", f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    # 1e999 parses as inf: refused like Infinity (jsonb cannot hold it either).
+    value = float(text)
+    if not math.isfinite(value):
+        raise BadInput("bad_number", f"number {escape(text, 40)} is out of range")
+    return value
 
 
 def bigint(value: object, *, name: str = "value", minimum: int = BIGINT_MIN,
@@ -175,9 +183,9 @@ class Rejections:
 
 
 def text(value: object, *, name: str, max_len: int, allow_empty: bool = False) -> str:
-    """A string from outside: a str, not too long, no NUL (PostgreSQL text cannot
-    hold it), no other C0 control but tab/newline (they forge log lines and
-    break display)."""
+    """A name-like string from outside (a room, an event name): a str, not too
+    long, no NUL (PostgreSQL text cannot hold it) and no other control
+    character (they forge log lines and break display)."""
     if not isinstance(value, str):
         raise BadInput("bad_type", f"{name} must be a string")
     if not value and not allow_empty:
@@ -189,7 +197,7 @@ def text(value: object, *, name: str, max_len: int, allow_empty: bool = False) -
     return value
 
 
-_C0 = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_C0 = re.compile(r"[\x00-\x1f\x7f]")
 
 # ASCII-only lower-casing, the same as PostgreSQL's lower() under COLLATE "C".
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
