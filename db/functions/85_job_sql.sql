@@ -141,7 +141,7 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v switchboard.sql_job_backends;
+    v record;
 BEGIN
     SELECT b.* INTO v FROM switchboard.sql_job_backends b
       JOIN pg_catalog.pg_stat_activity a ON a.pid = b.pid AND a.backend_start = b.backend_start
