@@ -434,3 +434,16 @@ def test_hostile_job_args_fail_their_run_only(server_factory, db: str) -> None: 
             == "succeeded"
     assert_healthy(s)
     assert_log_clean(s)
+
+
+def test_json_logs_escape_what_came_from_outside(server_factory, db: str) -> None:  # type: ignore[no-untyped-def]
+    s = server_factory(env={**ENV, "SWITCHBOARD_LOG_FORMAT": "json"})
+    raw_request(s.port, b"GET /healthz/live%0a{\"level\":%20\"INFO\"}forged HTTP/1.1")
+    time.sleep(0.5)
+    lines = [ln for ln in full_log(s).splitlines() if '"switchboard.access"' in ln]
+    assert lines, full_log(s)[-2000:]
+    records = [json.loads(ln) for ln in lines]
+    assert all(set(r) >= {"ts", "level", "logger", "message"} for r in records)
+    hit = [r for r in records if "forged" in r["message"]]
+    assert hit and "\\x0a" in hit[0]["message"] and "\n" not in hit[0]["message"], hit
+    assert_log_clean(s)
