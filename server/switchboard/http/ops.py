@@ -12,7 +12,7 @@ import falcon
 
 from ..db import Database
 from ..metrics import CONTENT_TYPE, GaugeSampler, Metrics
-from ..openapi import openapi_document
+from ..openapi import openapi_document, with_unsupported_media_type
 from ..relay import Relay
 from ..replica import ReplicaState
 
@@ -67,7 +67,7 @@ class MetricsResource:
 
 class OpenAPI:
     def __init__(self) -> None:
-        self.doc = openapi_document()
+        self.doc = with_unsupported_media_type(openapi_document())
 
     async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         resp.media = self.doc
