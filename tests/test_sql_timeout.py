@@ -110,3 +110,35 @@ def test_terminate_sql_job_ends_only_registered_overdue_backends(db: str, app_ur
         throws_ok(app, "SELECT switchboard.run_job_sql('SELECT switchboard.terminate_sql_job(1)')", "42501")
         throws_ok(app, "SELECT switchboard.run_job_sql('SELECT switchboard.sql_job_register(1, ''1 s'')')",
                   "42501")
+
+
+def test_a_statement_that_outlives_its_replica_is_ended_by_the_retry(server_factory, db: str) -> None:  # type: ignore[no-untyped-def]
+    """The replica stops while a statement ignores the cancel and has turned the
+    connection check off: the run is handed back, the next attempt's backend
+    registers and terminates the orphan of the earlier attempt."""
+    make_user(db, "admin", role="admin")
+    env = {"SWITCHBOARD_SHUTDOWN_GRACE_SECONDS": "1", "SWITCHBOARD_SQL_KILL_GRACE_SECONDS": "2"}
+    s1 = server_factory(env=env)
+    h = auth(s1.login("admin"))
+    r = httpx.post(s1.base + "/tasks", headers=h, json={
+        "name": "orphan", "handler": "sql", "max_attempts": 3,
+        "args": {"sql": SWALLOW_SLEEP, "timeout_seconds": 60}})
+    tid = r.json()["id"]
+    assert httpx.post(f"{s1.base}/tasks/{tid}/trigger", headers=h).status_code == 202
+    with psycopg.connect(db, autocommit=True) as c:
+        def backends() -> list[int]:
+            return [p for (p,) in c.execute("SELECT pid FROM pg_stat_activity WHERE application_name = "
+                                            "'switchboard-sql-job' AND state = 'active'")]
+        deadline = time.time() + 20
+        while time.time() < deadline and not backends():
+            time.sleep(0.2)
+        first = backends()
+        assert len(first) == 1, s1.log()[-2000:]
+        assert s1.terminate(timeout=30) == 0
+        assert backends() == first            # the orphan: still running, nobody's client
+        s2 = server_factory(env=env)          # claims the handed-back run: a new attempt registers
+        deadline = time.time() + 30
+        while time.time() < deadline and first[0] in backends():
+            time.sleep(0.2)
+        assert first[0] not in backends(), s2.log()[-2000:]
+        assert len(backends()) == 1            # the new attempt's own backend

@@ -88,7 +88,9 @@ GRANT EXECUTE ON FUNCTION switchboard.run_job_sql(text) TO switchboard_app;
 -- grace, through these two functions, which make that power narrow:
 --   * sql_job_register(run_id, kill_after) is called by the job's backend
 --     itself (it registers pg_backend_pid(), nothing else), only while run_id
---     is a running run of the sql handler;
+--     is a running run of the sql handler; it also ends orphans: a registered
+--     backend of an earlier attempt of the same run (its replica stopped while
+--     the statement ignored everything), or one past its kill_after;
 --   * terminate_sql_job(pid) terminates only a backend registered that way,
 --     still the same backend (pid and backend_start), after its kill_after.
 -- The application role cannot terminate anything else through them, and the
@@ -102,6 +104,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_start timestamptz;
+    v_orphan integer;
 BEGIN
     IF kill_after IS NULL OR kill_after < interval '0' OR kill_after > interval '2 days' THEN
         RAISE EXCEPTION 'invalid kill_after "%"', kill_after USING ERRCODE = '22023',
@@ -122,6 +125,19 @@ BEGIN
     DELETE FROM switchboard.sql_job_backends b
      WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a
                         WHERE a.pid = b.pid AND a.backend_start = b.backend_start);
+    -- Orphans: a backend still running an earlier attempt of this run (its replica
+    -- stopped or lost the lease while the statement ignored the cancel and the closed
+    -- connection), or any registered backend past its kill_after whose replica never
+    -- terminated it. One run, one backend; nothing outlives its timeout for long.
+    FOR v_orphan IN
+        SELECT b.pid FROM switchboard.sql_job_backends b
+          JOIN pg_catalog.pg_stat_activity a ON a.pid = b.pid AND a.backend_start = b.backend_start
+         WHERE b.pid <> pg_catalog.pg_backend_pid()
+           AND (b.run_id = sql_job_register.run_id OR b.kill_after <= now())
+    LOOP
+        PERFORM pg_catalog.pg_terminate_backend(v_orphan);
+        DELETE FROM switchboard.sql_job_backends b WHERE b.pid = v_orphan;
+    END LOOP;
     INSERT INTO switchboard.sql_job_backends AS b (pid, backend_start, run_id, kill_after)
     VALUES (pg_catalog.pg_backend_pid(), v_start, sql_job_register.run_id, now() + kill_after)
     ON CONFLICT ON CONSTRAINT sql_job_backends_pkey DO UPDATE

@@ -104,6 +104,7 @@ class Database:
                  job_url: str | None = None) -> None:
         self.url = url
         self.job_url = job_url or url
+        self._killers: set[asyncio.Future[None]] = set()   # terminate_sql_job calls still to make
         self.timeout = timeout
         self._ping_task: asyncio.Future[None] | None = None
         self.prepare_threshold = prepare_threshold
@@ -439,6 +440,7 @@ class Database:
             **conninfo_with_keepalives())
         pid: int | None = None
         task: asyncio.Future[dict] | None = None
+        t0 = time.monotonic()
         try:
             await conn.execute("SELECT set_config('client_connection_check_interval', '1000', false)")
             if timeout_s > 0 and run_id is not None:
@@ -449,7 +451,7 @@ class Database:
                 except psycopg.Error as exc:
                     LOG.warning("sql run %s: its backend could not be registered for termination (%s); "
                                 "only statement_timeout bounds it", run_id, str(exc).strip())
-            t0 = time.monotonic()
+            t0 = time.monotonic()   # the timeout counts from the statement's start
             task = asyncio.ensure_future(self._job_statement(conn, statement, timeout_s, t0))
             if timeout_s <= 0:
                 return await task
@@ -468,8 +470,26 @@ class Database:
             await conn.close()
             if task is not None and not task.done():
                 task.cancel()
+                if pid is not None:
+                    # We are being cancelled (lease lost, shutdown) with the statement still
+                    # running: closing the connection stops it within a second, unless it
+                    # turned client_connection_check_interval off -- so terminate it at its
+                    # kill_after all the same (terminate_sql_job is a no-op once it is gone).
+                    killer = asyncio.ensure_future(self._terminate_sql_job_at(
+                        pid, t0 + timeout_s + grace_s, run_id))
+                    self._killers.add(killer)
+                    killer.add_done_callback(self._killers.discard)
             if task is not None:
                 await asyncio.gather(task, return_exceptions=True)
+
+    async def _terminate_sql_job_at(self, pid: int, at: float, run_id: int | None) -> None:
+        await asyncio.sleep(max(0.0, at - time.monotonic()) + 0.1)
+        try:
+            if await self.scalar("SELECT switchboard.terminate_sql_job(%s)", (pid,)):
+                LOG.warning("sql run %s: its statement outlived its cancelled handler; backend %s terminated",
+                            run_id, pid)
+        except Exception as exc:
+            LOG.warning("sql run %s: terminating backend %s failed: %s", run_id, pid, str(exc).strip())
 
     @staticmethod
     async def _job_statement(conn: psycopg.AsyncConnection, statement: str, timeout_s: float,
