@@ -118,6 +118,7 @@ def test_http_routes_refuse_hostile_bodies_as_4xx(server_factory, db: str) -> No
     h = auth(s.login("admin"))
     tid = httpx.post(s.base + "/tasks", headers=h, json={"name": "t", "handler": "noop"}).json()["id"]
     json_h = {**h, "Content-Type": "application/json"}
+    rss_before = s.rss_kib()
     routes = [("POST", "/auth/login"), ("POST", "/events"), ("POST", "/tasks"), ("PATCH", f"/tasks/{tid}"),
               ("POST", "/tools/call")]
     client = httpx.Client(base_url=s.base, timeout=30)
@@ -185,6 +186,9 @@ def test_http_routes_refuse_hostile_bodies_as_4xx(server_factory, db: str) -> No
         "bad_text", "other"}
     assert {"too_deep", "bad_content_type"} <= label_values(text, "switchboard_bad_input_total", "reason")
     assert len(text) < METRICS_MAX_BYTES, len(text)
+    # Memory: parsing and refusing keep nothing per input (a generous bound: the
+    # allocator keeps what 2 MiB bodies and 100,000-deep documents needed once).
+    assert s.rss_kib() - rss_before < 96 * 1024, (rss_before, s.rss_kib())
 
 
 def raw_request(port: int, request_line: bytes) -> bytes:
