@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,16 @@ class Server:
 
     def ws(self, token: str, **kw: Any) -> "WS":
         return WS(connect(f"{self.ws_base}/ws?ticket={self.ticket(token)}", open_timeout=10, **kw))
+
+
+def probe_token() -> str:
+    """A valid member token for no particular user, for GET /me: which replica answered
+    (anonymous readiness no longer names it)."""
+    import jwt
+
+    now = int(time.time())
+    return jwt.encode({"sub": str(uuid.uuid4()), "name": "probe", "role": "member", "iat": now,
+                       "exp": now + 3600, "jti": uuid.uuid4().hex}, JWT_SECRET, algorithm="HS256")
 
 
 def auth(token: str) -> dict[str, str]:

@@ -191,7 +191,7 @@ LAYERS = [
      "switchboard.tools", "switchboard.ratelimit", "switchboard.builtin_handlers", "switchboard.failover"},
     {"switchboard.handlers"},
     {"switchboard", "switchboard.db", "switchboard.auth", "switchboard.metrics", "switchboard.replica",
-     "switchboard.config", "switchboard.migrate", "switchboard.pgtest"},
+     "switchboard.config", "switchboard.migrate", "switchboard.pgtest", "switchboard.bounded"},
 ]
 
 

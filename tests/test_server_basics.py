@@ -147,6 +147,8 @@ def test_errors_are_json_with_the_right_status(one) -> None:  # type: ignore[no-
     r = httpx.post(base + "/tasks", headers=h, json={"name": "x", "handler": "noop", "schedule": "61 * * * *"})
     assert r.status_code == 422 and "61" in r.json()["description"]
     r = httpx.post(base + "/tasks", headers=h, content=b"{not json")
+    assert r.status_code == 415   # not declared as JSON
+    r = httpx.post(base + "/tasks", headers={**h, "Content-Type": "application/json"}, content=b"{not json")
     assert r.status_code == 400
     r = httpx.post(base + "/tasks", headers=h, content=b"x" * (2 * 1024 * 1024 + 10))
     assert r.status_code == 413
@@ -181,7 +183,7 @@ def test_gunicorn_workers_are_replicas_and_exit_cleanly(db, tmp_path) -> None:  
     import psycopg
 
     from harness import app_url_for
-    from harness import JWT_SECRET, ROOT, free_port
+    from harness import JWT_SECRET, ROOT, free_port, probe_token
 
     port = free_port()
     env = dict(os.environ, DATABASE_URL=app_url_for(db), SWITCHBOARD_JWT_SECRET=JWT_SECRET,
@@ -195,7 +197,7 @@ def test_gunicorn_workers_are_replicas_and_exit_cleanly(db, tmp_path) -> None:  
         replicas: set[str] = set()
         while time.time() < deadline and len(replicas) < 2:
             try:
-                r = httpx.get(f"http://127.0.0.1:{port}/healthz/ready", timeout=2)
+                r = httpx.get(f"http://127.0.0.1:{port}/me", timeout=2, headers=auth(probe_token()))
                 if r.status_code == 200:
                     replicas.add(r.json()["replica"])
             except httpx.HTTPError:

@@ -25,6 +25,26 @@ LANGUAGE sql
 AS $$ SELECT pg_catalog.pg_notify('switchboard_control', msg::pg_catalog.text) $$;
 REVOKE ALL ON FUNCTION switchboard._announce(jsonb) FROM PUBLIC;
 
+-- The identity of a username (issue 21): its NFKC normal form, ASCII
+-- case-folded, so 'Alice' and 'ALICE' are one user. Stored names are ASCII
+-- (users_username_check), so the ASCII branch needs no normalize() (which also
+-- needs a UTF8 database). V0012 creates it first, for the unique index
+-- users_username_folded_key; this copy is the definition (same text). The
+-- server applies the same rule (bounded.fold_username) to its login throttle
+-- bucket and device cookie.
+CREATE OR REPLACE FUNCTION switchboard.fold_username(name text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE STRICT
+AS $$
+    SELECT pg_catalog.lower(
+        (CASE WHEN name OPERATOR(pg_catalog.~) '^[\x01-\x7f]*$' THEN name
+              ELSE pg_catalog.normalize(name, 'NFKC') END) COLLATE "C")
+$$;
+COMMENT ON FUNCTION switchboard.fold_username(text) IS
+    'The identity of a username: NFKC normal form, ASCII lower case. Unique over users (users_username_folded_key); login and find_user compare with it.';
+REVOKE ALL ON FUNCTION switchboard.fold_username(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.fold_username(text) TO switchboard_app;
+
 CREATE OR REPLACE FUNCTION switchboard._check_role(role text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
@@ -77,16 +97,19 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.create_user(text, text, text) IS
-    'Create a user with an argon2/bcrypt hash (hashed by the server) and a role (admin or member). Returns the id. 23505 if the name is taken.';
+    'Create a user with an argon2/bcrypt hash (hashed by the server) and a role (admin or member). Returns the id. 23505 if the name is taken, compared case-insensitively (fold_username).';
 REVOKE ALL ON FUNCTION switchboard.create_user(text, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.create_user(text, text, text) TO switchboard_app;
 
+-- Every lookup by name compares identities (switchboard.fold_username):
+-- 'ALICE' finds alice, through the unique index users_username_folded_key.
 CREATE OR REPLACE FUNCTION switchboard.find_user(username text)
 RETURNS TABLE (id uuid, username text, role text, disabled boolean)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT u.id, u.username, u.role, u.disabled FROM switchboard.users u WHERE u.username = find_user.username $$;
-COMMENT ON FUNCTION switchboard.find_user(text) IS 'Look a user up by name (no password hash). No row if unknown.';
+AS $$ SELECT u.id, u.username, u.role, u.disabled FROM switchboard.users u
+       WHERE switchboard.fold_username(u.username) = switchboard.fold_username($1) $$;
+COMMENT ON FUNCTION switchboard.find_user(text) IS 'Look a user up by name, compared case-insensitively after NFKC (fold_username; no password hash). No row if unknown.';
 REVOKE ALL ON FUNCTION switchboard.find_user(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.find_user(text) TO switchboard_app;
 
@@ -99,7 +122,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     RETURN QUERY SELECT u.id, u.password_hash, u.role, u.disabled
-                   FROM switchboard.users u WHERE u.username = login_lookup.username;
+                   FROM switchboard.users u
+                  WHERE switchboard.fold_username(u.username) = switchboard.fold_username(login_lookup.username);
 END
 $$;
 COMMENT ON FUNCTION switchboard.login_lookup(text) IS
@@ -117,7 +141,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     RETURN QUERY SELECT u.id, u.password_hash, u.role, u.disabled, u.token_epoch
-                   FROM switchboard.users u WHERE u.username = login_lookup_v2.username;
+                   FROM switchboard.users u
+                  WHERE switchboard.fold_username(u.username) = switchboard.fold_username(login_lookup_v2.username);
 END
 $$;
 COMMENT ON FUNCTION switchboard.login_lookup_v2(text) IS

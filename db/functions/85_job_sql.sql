@@ -80,3 +80,107 @@ COMMENT ON FUNCTION switchboard.run_job_sql(text) IS
     'Run one SQL statement as the restricted role switchboard_job (the sql task handler). The statement cannot switch roles; it must schema-qualify table names. Session state it leaves behind stays with the session: run it on a connection that is closed afterwards. Returns {"rowcount", "role"}.';
 REVOKE ALL ON FUNCTION switchboard.run_job_sql(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.run_job_sql(text) TO switchboard_app;
+
+-- A sql task's statement can outlive statement_timeout: PL/pgSQL may catch
+-- query_canceled and go on, and a closed client connection is noticed only
+-- where client_connection_check_interval (which the statement may SET to 0)
+-- is checked. So the replica terminates the job's backend after timeout +
+-- grace, through these two functions, which make that power narrow:
+--   * sql_job_register(run_id, kill_after) is called by the job's backend
+--     itself (it registers pg_backend_pid(), nothing else), only while run_id
+--     is a running run of the sql handler; it also ends orphans: a registered
+--     backend of an earlier attempt of the same run (its replica stopped while
+--     the statement ignored everything), or one past its kill_after;
+--   * terminate_sql_job(pid) terminates only a backend registered that way,
+--     still the same backend (pid and backend_start), after its kill_after.
+-- The application role cannot terminate anything else through them, and the
+-- job role (switchboard_job, what the statement runs as) can call neither.
+-- PL/pgSQL, bound at first call: the file is also applied on top of an older
+-- schema (pgmigrate -t N) that has no sql_job_backends yet.
+CREATE OR REPLACE FUNCTION switchboard.sql_job_register(run_id bigint, kill_after interval)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_start timestamptz;
+    v_orphan integer;
+BEGIN
+    IF kill_after IS NULL OR kill_after < interval '0' OR kill_after > interval '2 days' THEN
+        RAISE EXCEPTION 'invalid kill_after "%"', kill_after USING ERRCODE = '22023',
+            HINT = 'The statement''s timeout plus a grace period, between 0 and 2 days.';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM switchboard.task_runs r
+                    WHERE r.id = sql_job_register.run_id AND r.status = 'running' AND r.handler = 'sql') THEN
+        RAISE EXCEPTION 'run % is not a running sql task run', run_id USING ERRCODE = '22023',
+            HINT = 'Only the backend of a running sql task registers itself, just before its statement.';
+    END IF;
+    SELECT a.backend_start INTO v_start FROM pg_catalog.pg_stat_activity a WHERE a.pid = pg_catalog.pg_backend_pid();
+    IF v_start IS NULL THEN
+        RAISE EXCEPTION 'the owner of switchboard.sql_job_register cannot see this backend''s start time'
+            USING ERRCODE = '42501',
+                  HINT = 'GRANT pg_signal_backend, pg_read_all_stats TO the role that runs the migrations.';
+    END IF;
+    -- Rows of backends that are gone (ended normally, or terminated) go first.
+    DELETE FROM switchboard.sql_job_backends b
+     WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a
+                        WHERE a.pid = b.pid AND a.backend_start = b.backend_start);
+    -- Orphans: a backend still running an earlier attempt of this run (its replica
+    -- stopped or lost the lease while the statement ignored the cancel and the closed
+    -- connection), or any registered backend past its kill_after whose replica never
+    -- terminated it. One run, one backend; nothing outlives its timeout for long.
+    FOR v_orphan IN
+        SELECT b.pid FROM switchboard.sql_job_backends b
+          JOIN pg_catalog.pg_stat_activity a ON a.pid = b.pid AND a.backend_start = b.backend_start
+         WHERE b.pid <> pg_catalog.pg_backend_pid()
+           AND (b.run_id = sql_job_register.run_id OR b.kill_after <= now())
+    LOOP
+        PERFORM pg_catalog.pg_terminate_backend(v_orphan);
+        DELETE FROM switchboard.sql_job_backends b WHERE b.pid = v_orphan;
+    END LOOP;
+    INSERT INTO switchboard.sql_job_backends AS b (pid, backend_start, run_id, kill_after)
+    VALUES (pg_catalog.pg_backend_pid(), v_start, sql_job_register.run_id, now() + kill_after)
+    ON CONFLICT ON CONSTRAINT sql_job_backends_pkey DO UPDATE
+       SET backend_start = excluded.backend_start, run_id = excluded.run_id,
+           kill_after = excluded.kill_after, registered_at = now();
+    RETURN pg_catalog.pg_backend_pid();
+END
+$$;
+COMMENT ON FUNCTION switchboard.sql_job_register(bigint, interval) IS
+    'Called by a sql task''s own backend before its statement: registers this backend (pid, backend_start) for run_id, which must be a running run of the sql handler, so that terminate_sql_job may end it after kill_after. Returns the pid.';
+REVOKE ALL ON FUNCTION switchboard.sql_job_register(bigint, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.sql_job_register(bigint, interval) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.terminate_sql_job(pid integer)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v record;
+BEGIN
+    SELECT b.* INTO v FROM switchboard.sql_job_backends b
+      JOIN pg_catalog.pg_stat_activity a ON a.pid = b.pid AND a.backend_start = b.backend_start
+     WHERE b.pid = terminate_sql_job.pid;
+    IF NOT FOUND THEN
+        -- Not registered, or that backend has ended: nothing of ours to stop.
+        DELETE FROM switchboard.sql_job_backends b WHERE b.pid = terminate_sql_job.pid;
+        RETURN false;
+    END IF;
+    IF now() < v.kill_after THEN
+        RAISE EXCEPTION 'sql job backend % (run %) may not be terminated before %', v.pid, v.run_id, v.kill_after
+            USING ERRCODE = '55000', HINT = 'Its timeout plus grace has not passed yet.';
+    END IF;
+    -- Waits (up to 5 s) until the backend has exited: its locks are free on return.
+    IF NOT pg_catalog.pg_terminate_backend(v.pid, 5000) THEN
+        RAISE EXCEPTION 'sql job backend % (run %) did not exit within 5 s of being terminated', v.pid, v.run_id
+            USING ERRCODE = '57000', HINT = 'Retry; see pg_stat_activity for the backend.';
+    END IF;
+    DELETE FROM switchboard.sql_job_backends b WHERE b.pid = v.pid;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION switchboard.terminate_sql_job(integer) IS
+    'Terminate the backend of a sql task that ran past its timeout plus grace: only a backend registered by sql_job_register, still the same backend, after its kill_after. Waits until it has exited. False if it had already ended.';
+REVOKE ALL ON FUNCTION switchboard.terminate_sql_job(integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.terminate_sql_job(integer) TO switchboard_app;

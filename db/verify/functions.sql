@@ -4,8 +4,8 @@ BEGIN;
 DO $verify$
 BEGIN
     -- exactly the functions the files define: no left-over overload of an older release
-    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 100) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected exactly 100 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
+    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 103) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected exactly 103 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.cron_next(text, timestamptz, text)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.cron_next(text, timestamptz, text)' USING ERRCODE = 'P0004';
@@ -508,6 +508,15 @@ BEGIN
     IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._announce(jsonb)'))) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._announce(jsonb)' USING ERRCODE = 'P0004';
     END IF;
+    IF (to_regprocedure('switchboard.fold_username(text)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.fold_username(text)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.fold_username(text)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.fold_username(text)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard.fold_username(text)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.fold_username(text)' USING ERRCODE = 'P0004';
+    END IF;
     IF (to_regprocedure('switchboard._check_role(text)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard._check_role(text)' USING ERRCODE = 'P0004';
     END IF;
@@ -835,6 +844,24 @@ BEGIN
     IF (has_function_privilege('switchboard_app', 'switchboard.run_job_sql(text)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.run_job_sql(text)' USING ERRCODE = 'P0004';
     END IF;
+    IF (to_regprocedure('switchboard.sql_job_register(bigint, interval)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.sql_job_register(bigint, interval)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.sql_job_register(bigint, interval)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.sql_job_register(bigint, interval)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard.sql_job_register(bigint, interval)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.sql_job_register(bigint, interval)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard.terminate_sql_job(integer)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.terminate_sql_job(integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.terminate_sql_job(integer)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.terminate_sql_job(integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard.terminate_sql_job(integer)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.terminate_sql_job(integer)' USING ERRCODE = 'P0004';
+    END IF;
     IF (obj_description(to_regprocedure('switchboard.cron_next(text, timestamptz, text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.cron_next(text, timestamptz, text)' USING ERRCODE = 'P0004';
     END IF;
@@ -958,6 +985,9 @@ BEGIN
     IF (obj_description(to_regprocedure('switchboard.tool_call_collect(uuid, boolean)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.tool_call_collect(uuid, boolean)' USING ERRCODE = 'P0004';
     END IF;
+    IF (obj_description(to_regprocedure('switchboard.fold_username(text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.fold_username(text)' USING ERRCODE = 'P0004';
+    END IF;
     IF (obj_description(to_regprocedure('switchboard.create_user(text, text, text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.create_user(text, text, text)' USING ERRCODE = 'P0004';
     END IF;
@@ -1056,6 +1086,12 @@ BEGIN
     END IF;
     IF (obj_description(to_regprocedure('switchboard.run_job_sql(text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.run_job_sql(text)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (obj_description(to_regprocedure('switchboard.sql_job_register(bigint, interval)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.sql_job_register(bigint, interval)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (obj_description(to_regprocedure('switchboard.terminate_sql_job(integer)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.terminate_sql_job(integer)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regclass('switchboard.runs') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected view switchboard.runs' USING ERRCODE = 'P0004';

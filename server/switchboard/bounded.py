@@ -14,8 +14,12 @@ all use it.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
+import time
+import unicodedata
+from collections.abc import Callable
 from typing import Any
 
 # PostgreSQL bigint bounds: an id outside them must be refused before it
@@ -67,7 +71,7 @@ def loads(data: str | bytes, *, max_bytes: int, max_depth: int = DEFAULT_MAX_DEP
     if len(data) > max_bytes:
         raise BadInput("too_large", f"JSON document of {len(data)} bytes exceeds {max_bytes}")
     try:
-        value = json.loads(data, parse_constant=_refuse_constant)
+        value = json.loads(data, parse_constant=_refuse_constant, parse_float=_finite_float)
     except RecursionError:
         raise BadInput("too_deep", f"JSON nested deeper than {max_depth}") from None
     except (ValueError, UnicodeDecodeError) as exc:
@@ -81,6 +85,14 @@ def loads(data: str | bytes, *, max_bytes: int, max_depth: int = DEFAULT_MAX_DEP
 
 def _refuse_constant(name: str) -> Any:
     raise BadInput("malformed", f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    # 1e999 parses as inf: refused like Infinity (jsonb cannot hold it either).
+    value = float(text)
+    if not math.isfinite(value):
+        raise BadInput("bad_number", f"number {escape(text, 40)} is out of range")
+    return value
 
 
 def bigint(value: object, *, name: str = "value", minimum: int = BIGINT_MIN,
@@ -126,3 +138,77 @@ def _esc(ch: str) -> str:
 
 def _short(text: str) -> str:
     return escape(text, 120)
+
+
+# -- what a refusal looks like from outside: a counted, rate-limited log line ------------
+# The label values of switchboard_bad_input_total. Closed sets: a reason or a
+# source that is not listed is counted as "other", so no input can add a series.
+SOURCES = ("http", "ws", "handshake", "job", "other")
+REASONS = ("too_large", "too_deep", "malformed", "bad_number", "out_of_range", "bad_type",
+           "bad_content_type", "bad_text", "other")
+
+
+class Rejections:
+    """Counts refused inputs by (source, reason) and logs at most one line per
+    (source, reason) per ``interval`` seconds (with how many were suppressed),
+    so a flood of hostile input costs a counter increment each, not a log line
+    each. The state is keyed by the closed label sets: it cannot grow."""
+
+    def __init__(self, count: Callable[[str, str], None], logger: logging.Logger,
+                 interval: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._count = count
+        self._log = logger
+        self.interval = interval
+        self._clock = clock
+        self._last: dict[tuple[str, str], float] = {}
+        self._suppressed: dict[tuple[str, str], int] = {}
+
+    def record(self, source: str, reason: str, detail: str = "") -> None:
+        source = source if source in SOURCES else "other"
+        reason = reason if reason in REASONS else "other"
+        try:
+            self._count(source, reason)
+        except Exception:  # a metric must never turn a refusal into a 500
+            self._log.debug("counting a refused input failed", exc_info=True)
+        key = (source, reason)
+        now = self._clock()
+        last = self._last.get(key)
+        if last is not None and now - last < self.interval:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return
+        self._last[key] = now
+        n = self._suppressed.pop(key, 0)
+        more = f" ({n} more since the last report)" if n else ""
+        self._log.warning("refused %s input (%s): %s%s", source, reason, escape(detail, 200), more)
+
+
+def text(value: object, *, name: str, max_len: int, allow_empty: bool = False) -> str:
+    """A name-like string from outside (a room, an event name): a str, not too
+    long, no NUL (PostgreSQL text cannot hold it) and no other control
+    character (they forge log lines and break display)."""
+    if not isinstance(value, str):
+        raise BadInput("bad_type", f"{name} must be a string")
+    if not value and not allow_empty:
+        raise BadInput("bad_text", f"{name} must not be empty")
+    if len(value) > max_len:
+        raise BadInput("too_large", f"{name} is longer than {max_len} characters")
+    if _C0.search(value):
+        raise BadInput("bad_text", f"{name} must not contain control characters")
+    return value
+
+
+_C0 = re.compile(r"[\x00-\x1f\x7f]")
+
+# ASCII-only lower-casing, the same as PostgreSQL's lower() under COLLATE "C".
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def fold_username(name: str) -> str:
+    """The identity of a username: NFKC-normalised, then ASCII case-folded.
+
+    The one rule, the same as SQL's switchboard.fold_username() (the unique
+    index on users): 'Alice', 'ALICE' and the full-width 'ＡＬＩＣＥ' are one
+    identity for uniqueness, login, the login throttle and the device cookie.
+    Usernames are ASCII (create_user's pattern), so NFKC folds compatibility
+    forms of ASCII onto it and ASCII case-folding is the whole case rule."""
+    return unicodedata.normalize("NFKC", name).translate(_ASCII_LOWER)

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
+from uuid import UUID
 
+import psycopg
+
+from . import bounded
 from .config import Config
-from .db import Database
+from .db import Database, SqlJobTimeout
 from .handlers import HandlerContext, HandlerError, HandlerRegistry
 
 
@@ -25,8 +29,11 @@ def builtin_handlers(db: Database, config: Config) -> HandlerRegistry:
 
     @reg.register("sleep")
     async def sleep(ctx: HandlerContext) -> Any:
-        seconds = float(ctx.args.get("seconds", 1))
-        await asyncio.sleep(min(max(seconds, 0), 3600))
+        raw = ctx.args.get("seconds", 1)
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 <= raw <= 3600:
+            raise HandlerError(f"args.seconds must be a number of seconds in [0, 3600], not {raw!r:.50}")
+        seconds = float(raw)
+        await asyncio.sleep(seconds)
         return {"slept": seconds}
 
     @reg.register("fail")
@@ -44,25 +51,53 @@ def builtin_handlers(db: Database, config: Config) -> HandlerRegistry:
             raise HandlerError('args.sql must be a SQL statement, e.g. {"sql": "SELECT 1"}')
         raw = ctx.args.get("timeout_seconds", config.lease_seconds)
         if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 <= raw <= 86400:
-            raise HandlerError(f"args.timeout_seconds must be a number of seconds (0 < t <= 86400), not {raw!r}")
+            raise HandlerError(f"args.timeout_seconds must be a number of seconds (0 < t <= 86400), not {raw!r:.50}")
         if raw == 0 and not config.sql_allow_no_timeout:
             raise HandlerError("args.timeout_seconds 0 (no timeout) is refused; give a bound, or set "
                                "SWITCHBOARD_SQL_ALLOW_NO_TIMEOUT=on on the replicas to allow it")
-        return await db.run_job_sql(statement, float(raw))
+        try:
+            return await db.run_job_sql(statement, float(raw), run_id=ctx.run_id,
+                                        grace_s=config.sql_kill_grace_seconds)
+        except SqlJobTimeout as exc:
+            if exc.terminated:
+                ctx.logger.warning("sql run %s: %s", ctx.run_id, exc)
+            raise HandlerError(str(exc)) from None
+        except psycopg.Error as exc:   # the statement's own error: the run's error, not a traceback
+            raise HandlerError(_db_message(exc)) from None
 
     @reg.register("notify")
     async def notify(ctx: HandlerContext) -> Any:
+        # Job args are outside input too (whoever created the task or job): checked
+        # here, so a bad one fails the run with a message, not a traceback.
         a = ctx.args
-        event = a.get("event")
-        payload = a.get("payload", {})
-        if a.get("user_id"):
-            return {"event_id": await ctx.notify_user(str(a["user_id"]), event, payload)}  # type: ignore[arg-type]
-        if a.get("room"):
-            return {"event_id": await ctx.notify_room(str(a["room"]), event, payload)}  # type: ignore[arg-type]
-        raise HandlerError('notify needs args {"user_id" or "room", "event", "payload"}')
+        usage = 'notify needs args {"user_id" or "room", "event": "<name>", "payload": {...}}'
+        try:
+            event = bounded.text(a.get("event"), name="args.event", max_len=128)
+            payload = a.get("payload", {})
+            if a.get("user_id"):
+                try:
+                    user_id = UUID(str(a["user_id"]))
+                except ValueError:
+                    raise HandlerError(f"args.user_id must be a UUID; {usage}") from None
+                return {"event_id": await ctx.notify_user(user_id, event, payload)}
+            if a.get("room"):
+                room = bounded.text(a.get("room"), name="args.room", max_len=128)
+                return {"event_id": await ctx.notify_room(room, event, payload)}
+        except bounded.BadInput as exc:
+            raise HandlerError(f"{exc}; {usage}") from None
+        except psycopg.Error as exc:
+            raise HandlerError(_db_message(exc)) from None
+        raise HandlerError(usage)
 
     @reg.register("maintenance")
     async def maintenance(ctx: HandlerContext) -> Any:
         return await db.maintenance(config.event_retention_seconds, config.replica_stale_seconds)
 
     return reg
+
+
+def _db_message(exc: psycopg.Error) -> str:
+    diag = exc.diag
+    text = diag.message_primary or str(exc).strip() or type(exc).__name__
+    hint = f" (hint: {diag.message_hint})" if diag.message_hint else ""
+    return f"{exc.sqlstate or type(exc).__name__}: {bounded.escape(text + hint, 2000)}"

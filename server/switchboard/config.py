@@ -73,6 +73,28 @@ def ws_compression_enabled() -> bool:
     return os.environ.get("SWITCHBOARD_WS_COMPRESSION", "off").lower() in ("1", "on", "true", "yes")
 
 
+def server_limits() -> dict[str, int]:
+    """uvicorn's connection limits (used by `serve` alone and by the gunicorn worker).
+
+    * ``timeout_keep_alive`` (SWITCHBOARD_KEEPALIVE_TIMEOUT, default 5 s): an idle
+      keep-alive connection is closed after it.
+    * ``limit_concurrency`` (SWITCHBOARD_LIMIT_CONCURRENCY, default 4096): open
+      connections (WebSockets included) plus requests in flight per process; above
+      it uvicorn answers 503 at once instead of queueing without bound. Size it
+      above the sockets one replica holds (see BENCHMARKS.md) plus headroom.
+    * ``h11_max_incomplete_event_size`` (SWITCHBOARD_MAX_HEADER_BYTES, default
+      16 KiB): the request line and headers of one request; more is refused 400
+      (431-like) before any of it reaches the application.
+    uvicorn has no header or body *read* timeout: a slow client holds a connection
+    slot (bounded by limit_concurrency). Put a proxy with client header/body
+    timeouts in front on the open Internet (docs/operations.md)."""
+    return {
+        "timeout_keep_alive": _int("SWITCHBOARD_KEEPALIVE_TIMEOUT", 5, 1, 3600),
+        "limit_concurrency": _int("SWITCHBOARD_LIMIT_CONCURRENCY", 4096, 16, 1_000_000),
+        "h11_max_incomplete_event_size": _int("SWITCHBOARD_MAX_HEADER_BYTES", 16 * 1024, 1024, 1024 * 1024),
+    }
+
+
 @dataclass
 class Config:
     database_url: str
@@ -106,6 +128,8 @@ class Config:
     ws_frame_burst: int = 40
     ws_max_sockets_per_user: int = 10
     ws_compression: bool = False
+    ws_ticket_rate: float = 1.0
+    ws_ticket_burst: int = 30
     # rate limits
     login_ip_rate: float = 10 / 60
     login_ip_burst: int = 10
@@ -113,6 +137,7 @@ class Config:
     login_user_burst: int = 5
     ratelimit_timeout: float = 0.5
     sql_allow_no_timeout: bool = False
+    sql_kill_grace_seconds: float = 5.0
     max_body_bytes: int = 2 * 1024 * 1024
     handler_modules: list[str] = field(default_factory=list)
     log_level: str = "INFO"
@@ -165,6 +190,8 @@ class Config:
             ws_frame_burst=_int("SWITCHBOARD_WS_FRAME_BURST", 40, 1, 100000),
             ws_max_sockets_per_user=_int("SWITCHBOARD_WS_MAX_SOCKETS_PER_USER", 10, 1, 10000),
             ws_compression=ws_compression_enabled(),
+            ws_ticket_rate=_float("SWITCHBOARD_WS_TICKET_RATE", 1.0, 0.0001, 1e6),
+            ws_ticket_burst=_int("SWITCHBOARD_WS_TICKET_BURST", 30, 1, 1_000_000),
             login_ip_rate=_float("SWITCHBOARD_LOGIN_IP_RATE", 10 / 60, 0.0001, 1e6),
             login_ip_burst=_int("SWITCHBOARD_LOGIN_IP_BURST", 10, 1, 1_000_000),
             login_user_rate=_float("SWITCHBOARD_LOGIN_USER_RATE", 5 / 60, 0.0001, 1e6),
@@ -172,6 +199,7 @@ class Config:
             ratelimit_timeout=_float("SWITCHBOARD_RATELIMIT_TIMEOUT", 0.5, 0.01, 60),
             sql_allow_no_timeout=os.environ.get("SWITCHBOARD_SQL_ALLOW_NO_TIMEOUT", "off").lower()
             in ("1", "on", "true", "yes"),
+            sql_kill_grace_seconds=_float("SWITCHBOARD_SQL_KILL_GRACE_SECONDS", 5.0, 0.5, 600),
             handler_modules=_list("SWITCHBOARD_HANDLERS"),
             log_level=os.environ.get("SWITCHBOARD_LOG_LEVEL", "INFO").upper(),
             dev=dev,

@@ -96,6 +96,14 @@ class CheckIfIdle:
 PREPARED_STATEMENT_SQLSTATES = ("26000", "42P05")
 
 
+class SqlJobTimeout(Exception):
+    """A sql task's statement ran into its timeout (cancelled, rolled back or terminated)."""
+
+    def __init__(self, message: str, terminated: bool = False) -> None:
+        super().__init__(message)
+        self.terminated = terminated
+
+
 class Database:
     """The request pool. ``prepare_threshold`` is psycopg's (None: never prepare), see
     config.prepare_threshold(); it is applied at every checkout, so turning it off
@@ -106,6 +114,7 @@ class Database:
                  job_url: str | None = None) -> None:
         self.url = url
         self.job_url = job_url or url
+        self._killers: set[asyncio.Future[None]] = set()   # terminate_sql_job calls still to make
         self.timeout = timeout
         self._ping_task: asyncio.Future[None] | None = None
         self.prepare_threshold = prepare_threshold
@@ -193,8 +202,13 @@ class Database:
         return await self.fetchone("SELECT * FROM switchboard.db_instance()")
 
     async def metrics_snapshot(self, timeout: float = 2.0) -> dict[str, float]:
-        rows = await self.fetchall("SELECT item, value FROM switchboard.metrics_snapshot()",
-                                   timeout=timeout)
+        # pg_notification_queue_usage() beside the snapshot, in the same round trip: a
+        # session that LISTENs and never reads (idle in transaction) pins the queue, and
+        # when it is full every NOTIFY -- every event, announcement and wake-up -- fails
+        # at COMMIT (docs/operations.md#switchboardnotifyqueuefilling).
+        rows = await self.fetchall("SELECT item, value FROM switchboard.metrics_snapshot() "
+                                   "UNION ALL SELECT 'notification_queue_usage', "
+                                   "pg_catalog.pg_notification_queue_usage()", timeout=timeout)
         return {r["item"]: r["value"] for r in rows}
 
     # -- users & auth -------------------------------------------------------
@@ -522,7 +536,8 @@ class Database:
         return await self.fetchone("SELECT * FROM switchboard.tool_call_collect(%s, %s)", (call_id, give_up))
 
     # -- sql handler ----------------------------------------------------------------------
-    async def run_job_sql(self, statement: str, timeout_s: float) -> dict:
+    async def run_job_sql(self, statement: str, timeout_s: float, run_id: int | None = None,
+                          grace_s: float = 5.0) -> dict:
         """Run an admin-created task's statement as the restricted job role.
 
         Through switchboard.run_job_sql(), a SECURITY DEFINER function owned by
@@ -537,16 +552,87 @@ class Database:
         extension may keep per session, and would also reset the pool's own
         settings. A connection costs a few ms; sql tasks are admin chores.
         timeout_s == 0 means no statement_timeout (the handler allows it only
-        when the operator did)."""
+        when the operator did).
+
+        The timeout holds whatever the statement does. statement_timeout
+        cancels it at timeout_s; a statement that catches query_canceled
+        (PL/pgSQL) and goes on is stopped by the replica: the backend registered
+        itself (sql_job_register) and, timeout_s + grace_s after the start, is
+        terminated through terminate_sql_job() on a pooled connection, which
+        returns once it has exited (its locks free, nothing in
+        pg_stat_activity). client_connection_check_interval makes the backend
+        notice a closed client (a cancelled handler) within a second as well.
+        A statement that swallowed the cancel but ended within the grace is
+        rolled back. Both raise SqlJobTimeout."""
         conn = await psycopg.AsyncConnection.connect(
-            self.job_url, row_factory=dict_row, application_name="switchboard-sql-job",
+            self.job_url, row_factory=dict_row, application_name="switchboard-sql-job", autocommit=True,
             **conninfo_with_keepalives())
+        pid: int | None = None
+        task: asyncio.Future[dict] | None = None
+        t0 = time.monotonic()
+        try:
+            await conn.execute("SELECT set_config('client_connection_check_interval', '1000', false)")
+            if timeout_s > 0 and run_id is not None:
+                try:
+                    cur = await conn.execute("SELECT switchboard.sql_job_register(%s, %s) AS pid",
+                                             (run_id, timedelta(seconds=timeout_s + grace_s)))
+                    pid = (await cur.fetchone())["pid"]  # type: ignore[index]
+                except psycopg.Error as exc:
+                    LOG.warning("sql run %s: its backend could not be registered for termination (%s); "
+                                "only statement_timeout bounds it", run_id, str(exc).strip())
+            t0 = time.monotonic()   # the timeout counts from the statement's start
+            task = asyncio.ensure_future(self._job_statement(conn, statement, timeout_s, t0))
+            if timeout_s <= 0:
+                return await task
+            done, _ = await asyncio.wait({task}, timeout=timeout_s + grace_s)
+            if task in done:
+                return task.result()
+            terminated = False
+            if pid is not None:
+                terminated = await self.scalar("SELECT switchboard.terminate_sql_job(%s)", (pid,))
+            await asyncio.wait({task}, timeout=5.0)
+            raise SqlJobTimeout(
+                f"the statement ignored its timeout of {timeout_s:g} s; "
+                + (f"its backend was terminated after {timeout_s:g} s + {grace_s:g} s grace" if terminated
+                   else "its connection was closed"), terminated=terminated)
+        finally:
+            await conn.close()
+            if task is not None and not task.done():
+                task.cancel()
+                if pid is not None:
+                    # We are being cancelled (lease lost, shutdown) with the statement still
+                    # running: closing the connection stops it within a second, unless it
+                    # turned client_connection_check_interval off -- so terminate it at its
+                    # kill_after all the same (terminate_sql_job is a no-op once it is gone).
+                    killer = asyncio.ensure_future(self._terminate_sql_job_at(
+                        pid, t0 + timeout_s + grace_s, run_id))
+                    self._killers.add(killer)
+                    killer.add_done_callback(self._killers.discard)
+            if task is not None:
+                await asyncio.gather(task, return_exceptions=True)
+
+    async def _terminate_sql_job_at(self, pid: int, at: float, run_id: int | None) -> None:
+        await asyncio.sleep(max(0.0, at - time.monotonic()) + 0.1)
+        try:
+            if await self.scalar("SELECT switchboard.terminate_sql_job(%s)", (pid,)):
+                LOG.warning("sql run %s: its statement outlived its cancelled handler; backend %s terminated",
+                            run_id, pid)
+        except Exception as exc:
+            LOG.warning("sql run %s: terminating backend %s failed: %s", run_id, pid, str(exc).strip())
+
+    @staticmethod
+    async def _job_statement(conn: psycopg.AsyncConnection, statement: str, timeout_s: float,
+                             t0: float) -> dict:
         try:
             async with conn.transaction():
                 await conn.execute("SELECT set_config('statement_timeout', %s, true)",
                                    (str(int(timeout_s * 1000)),))
                 cur = await conn.execute("SELECT switchboard.run_job_sql(%s) AS r", (statement,))
                 row = await cur.fetchone()
+                if timeout_s > 0 and time.monotonic() - t0 > timeout_s:
+                    # It caught the cancel and ended within the grace: its work does not count.
+                    raise SqlJobTimeout(f"the statement ignored its timeout of {timeout_s:g} s and "
+                                        "was rolled back")
                 return row["r"]  # type: ignore[index]
-        finally:
-            await conn.close()
+        except psycopg.errors.QueryCanceled:
+            raise SqlJobTimeout(f"the statement was cancelled at its timeout of {timeout_s:g} s") from None

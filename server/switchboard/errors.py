@@ -13,6 +13,8 @@ import falcon
 import psycopg
 import psycopg_pool
 
+from .bounded import escape
+
 LOG = logging.getLogger("switchboard.errors")
 
 
@@ -89,7 +91,7 @@ async def handle_route_not_found(req: falcon.Request, resp: falcon.Response, exc
     """Falcon answers an unknown path with {"title": "404 Not Found"} only; every other
     error carries a description, so this one does too."""
     raise falcon.HTTPNotFound(title="Not Found",
-                              description=f"no resource at {req.path[:200]}; the API is described at /openapi.json")
+                              description=f"no resource at {escape(req.path, 200)}; the API is described at /openapi.json")
 
 
 async def handle_method_not_allowed(req: falcon.Request, resp: falcon.Response, exc: Exception,
@@ -97,7 +99,8 @@ async def handle_method_not_allowed(req: falcon.Request, resp: falcon.Response, 
     allowed = (getattr(exc, "headers", None) or {}).get("Allow", "")
     raise falcon.HTTPMethodNotAllowed(
         [m.strip() for m in allowed.split(",") if m.strip()], title="Method Not Allowed",
-        description=f"{req.method} is not allowed on {req.path[:200]}; allowed: {allowed or 'none'}")
+        description=f"{escape(req.method, 20)} is not allowed on {escape(req.path, 200)}; "
+                    f"allowed: {allowed or 'none'}")
 
 
 def register(app: falcon.asgi.App) -> None:

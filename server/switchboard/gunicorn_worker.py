@@ -4,12 +4,13 @@ uvicorn and gunicorn trust X-Forwarded-For from loopback by default; the
 client IP for rate limiting is decided by SWITCHBOARD_TRUSTED_PROXIES alone,
 so the server's own proxy-header handling is disabled. The access log is
 ours (it never records the ticket in /ws?ticket=…). permessage-deflate follows
-SWITCHBOARD_WS_COMPRESSION (off by default), as with uvicorn alone.
+SWITCHBOARD_WS_COMPRESSION (off by default), and the connection limits follow
+config.server_limits(), as with uvicorn alone.
 """
 
 from uvicorn_worker import UvicornWorker
 
-from .config import ws_compression_enabled
+from .config import server_limits, ws_compression_enabled
 
 
 class Worker(UvicornWorker):
@@ -22,4 +23,5 @@ class Worker(UvicornWorker):
         "access_log": False,
         "ws_max_size": 2 * 1024 * 1024,
         "ws_per_message_deflate": ws_compression_enabled(),
+        **server_limits(),   # keep-alive timeout, connection cap, header size (config.server_limits)
     }

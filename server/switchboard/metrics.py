@@ -55,6 +55,9 @@ _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
         "Rate-limit checks that failed or timed out and let the request through", ("policy",)),
     "switchboard_ws_closed_total": ("WebSockets closed by the server, by code", ("code",)),
     "switchboard_listen_reconnects_total": ("LISTEN connection (re)connects", ()),
+    # bounded.SOURCES x bounded.REASONS: closed label sets, whatever the input was
+    "switchboard_bad_input_total": ("Outside inputs refused by their bounds, by entry point and reason",
+                                    ("source", "reason")),
     "switchboard_leases_lost_total": (
         "Runs whose lease this replica could no longer prove or was told it lost (handler told, then cancelled)",
         ()),
@@ -95,6 +98,9 @@ _GAUGES: dict[str, tuple[str, str]] = {
                                          "livemostrecent"),
     "switchboard_event_backlog_seconds": ("Age of the oldest stored event", "livemostrecent"),
     "switchboard_live_replicas": ("Replica processes registered in the database", "livemostrecent"),
+    "switchboard_notification_queue_usage": (
+        "Fraction of PostgreSQL's NOTIFY queue in use (pg_notification_queue_usage()); near 0 unless a "
+        "listener stopped reading", "livemostrecent"),
     "switchboard_db_timeline": ("WAL timeline of the PostgreSQL primary this replica uses (NaN: not seen yet)",
                                 "livemax"),
     "switchboard_db_last_change_timestamp_seconds": (
@@ -106,6 +112,7 @@ SNAPSHOT_GAUGES = {
     "runs_due_age_seconds": "switchboard_runs_due_age_seconds",
     "event_backlog_seconds": "switchboard_event_backlog_seconds",
     "live_replicas": "switchboard_live_replicas",
+    "notification_queue_usage": "switchboard_notification_queue_usage",
 }
 
 

@@ -276,3 +276,18 @@ def operate_paths() -> dict[str, Any]:
                     "reasons": {"type": "array", "items": {"type": "string"}}}}}}})}},
             (401, 403, 503))},
     }
+
+# -- issue 21 (e21): JSON endpoints refuse other media types ---------------------------------
+def with_unsupported_media_type(doc: dict[str, Any]) -> dict[str, Any]:
+    """Every operation that takes a JSON request body may answer 415 (the body is read
+    only when declared ``application/json``): added here, beside the document, so the
+    routes' declarations stay as they are."""
+    responses = doc.get("components", {}).get("responses", {})
+    name = next((n for n in ("Problem", "Error") if n in responses), None)
+    resp: dict[str, Any] = ({"$ref": f"#/components/responses/{name}"} if name
+                            else {"description": "Unsupported Media Type: send 'Content-Type: application/json'"})
+    for item in doc.get("paths", {}).values():
+        for op in item.values():
+            if isinstance(op, dict) and "requestBody" in op:
+                op.setdefault("responses", {}).setdefault("415", resp)
+    return doc

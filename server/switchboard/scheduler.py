@@ -170,7 +170,9 @@ class Scheduler:
                 raise
             self._claims.discard(claim)
             for run in runs:
-                self.metrics.inc("switchboard_claims_total", handler=run["handler"])
+                # a label from the registry (a closed set), whatever name a task or job carries
+                self.metrics.inc("switchboard_claims_total",
+                                 handler=run["handler"] if self.handlers.get(run["handler"]) else "unknown")
                 self._lease_until[run["id"]] = sent + self.cfg.lease_seconds
                 if run.get("started_at") and run.get("run_at"):  # both on the database clock
                     self.metrics.observe("switchboard_claim_latency_seconds",

@@ -10,7 +10,6 @@ close with 1003/1007/1008/1009 -- never an exception out of the relay.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import time
@@ -22,6 +21,7 @@ import falcon
 import falcon.asgi
 import psycopg
 
+from . import bounded
 from .config import Config
 from .db import Database
 from .relay import Client, Registry, Relay, encode, frame, frame_from_row
@@ -35,6 +35,8 @@ LOG = logging.getLogger("switchboard.ws")
 ROOM_MAX = 128
 TOOL_RESULT_RE = re.compile(r"^tool\.result\.([0-9a-fA-F-]{36})$")
 REPLAY_PAGE = 200   # events per events_since() call during a resume
+TICKET_RE = re.compile(r"[0-9A-Fa-f]{1,64}")   # issue_ticket's 32 hex digits; more is never a ticket
+HANDSHAKE_ROOMS_MAX = 50
 
 
 class _FrameBucket:
@@ -78,6 +80,9 @@ class WebSocketResource:
         self.registry = registry
         self.cfg = config
         self.replica = replica
+        self.rejections = bounded.Rejections(
+            lambda source, reason: relay.metrics.inc("switchboard_bad_input_total", source=source, reason=reason),
+            LOG)
 
     async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         raise falcon.HTTPBadRequest(title="Bad Request",
@@ -94,6 +99,10 @@ class WebSocketResource:
             await ws.close(1008)
             return
         ticket = req.get_param("ticket") or ""
+        if not TICKET_RE.fullmatch(ticket):   # never a ticket: refused without a database call
+            self.rejections.record("handshake", "malformed", "ticket is not hex")
+            await ws.close(1008)
+            return
         try:
             user_id = await db.consume_ticket(ticket)
             user = await db.get_user_session(user_id) if user_id else None
@@ -111,18 +120,21 @@ class WebSocketResource:
         # and replays everything after N *before* any live frame can be sent, so a
         # reconnecting client has no window in which a live event overtakes the replay.
         after, rooms, refused = None, [], []
-        after_raw = req.get_param("after")
-        if after_raw is not None:
-            if not after_raw.isdigit() or len(after_raw) > 19:
-                await ws.close(1008)
-                return
-            after = int(after_raw)
-        rooms_raw = req.get_param("rooms")
-        if rooms_raw:
-            wanted = [r for r in rooms_raw.split(",") if r][:50]
-            if any(len(r) > ROOM_MAX or "\x00" in r for r in wanted):
-                await ws.close(1008)
-                return
+        try:
+            after_raw = req.get_param("after")
+            if after_raw is not None:
+                after = bounded.bigint(after_raw, name="after", minimum=0)
+            rooms_raw = req.get_param("rooms")
+            wanted = [r for r in (rooms_raw or "").split(",") if r]
+            if len(wanted) > HANDSHAKE_ROOMS_MAX:
+                raise bounded.BadInput("too_large", f"more than {HANDSHAKE_ROOMS_MAX} rooms")
+            for r in wanted:
+                bounded.text(r, name="room", max_len=ROOM_MAX)
+        except bounded.BadInput as exc:   # refused before accept: the client sees HTTP 403
+            self.rejections.record("handshake", exc.reason, str(exc))
+            await ws.close(1008)
+            return
+        if wanted:
             try:
                 for r in wanted:
                     (rooms if await db.is_room_member(r, user_id) else refused).append(r)
@@ -225,9 +237,10 @@ class WebSocketResource:
                     return
                 continue
             try:
-                msg = json.loads(text)
-            except ValueError:
-                self._error(client, "bad_json", "frames must be JSON objects")
+                msg = bounded.loads(text, max_bytes=self.cfg.ws_max_frame_bytes)
+            except bounded.BadInput as exc:   # deep, malformed, NaN: this frame only
+                self.rejections.record("ws", exc.reason, str(exc))
+                self._error(client, "bad_json", f"frames must be JSON objects ({exc.reason})")
                 continue
             if not isinstance(msg, dict):
                 self._error(client, "bad_frame", "frames must be JSON objects")
@@ -264,8 +277,10 @@ class WebSocketResource:
                 self.registry.leave(client, room)
             client.offer(frame("left", {}, room=room if isinstance(room, str) else None))
         elif action == "resume":
-            after = msg.get("after")
-            if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+            try:
+                after = bounded.bigint(msg.get("after"), name="after", minimum=0)
+            except bounded.BadInput as exc:
+                self.rejections.record("ws", exc.reason, str(exc))
                 self._error(client, "bad_resume", "after must be the last event id seen (an integer >= 0)")
                 return
             await self._resume(client, after)

@@ -27,7 +27,7 @@ import httpx
 import psycopg
 import pytest
 
-from harness import ROOT, auth, make_user
+from harness import ROOT, auth, make_user, probe_token
 from lbproxy import RoundRobinProxy
 
 pytestmark = pytest.mark.browser
@@ -79,7 +79,7 @@ def shot(page, name: str) -> Path:  # type: ignore[no-untyped-def]
 
 
 def replica_id(server) -> str:  # type: ignore[no-untyped-def]
-    r = httpx.get(server.base + "/healthz/ready", timeout=10)
+    r = httpx.get(server.base + "/me", timeout=10, headers=auth(probe_token()))
     assert r.status_code == 200, r.text
     return r.json()["replica"]
 

@@ -35,6 +35,7 @@ EXPECTED_ALERTS = {
     "SwitchboardEventBacklogNearRetention", "SwitchboardEventsNotReaped",
     "SwitchboardRateLimiterFailOpen", "SwitchboardHigh5xxRate", "SwitchboardSlowRequests",
     "SwitchboardPoolExhausted",
+    "SwitchboardNotifyQueueFilling",   # issue 21: a pinned NOTIFY queue stops every event
 }
 
 

@@ -59,3 +59,62 @@ def test_escape_makes_one_line() -> None:
 def test_round_trip_of_valid_documents(value: object) -> None:
     doc = json.dumps(value)
     assert bounded.loads(doc, max_bytes=len(doc), max_depth=1000) == value
+
+
+# -- issue 21 additions ---------------------------------------------------------------------
+def test_numbers_that_overflow_to_infinity_are_refused() -> None:
+    for doc in ("1e999", "[-1e400]", '{"a": 1E+999}'):
+        with pytest.raises(BadInput) as e:
+            bounded.loads(doc, max_bytes=100)
+        assert e.value.reason == "bad_number"
+    with pytest.raises(BadInput) as e:   # Python's int() digit limit
+        bounded.loads("1" * 5000, max_bytes=10_000)
+    assert e.value.reason == "malformed"
+
+
+@pytest.mark.parametrize("value", ["a\nb", "a\x00", "\x1b[31m", "a\x7f"])
+def test_text_refuses_control_characters(value: str) -> None:
+    with pytest.raises(BadInput) as e:
+        bounded.text(value, name="room", max_len=10)
+    assert e.value.reason == "bad_text"
+
+
+def test_text_bounds() -> None:
+    assert bounded.text("lobby", name="room", max_len=10) == "lobby"
+    with pytest.raises(BadInput):
+        bounded.text("x" * 11, name="room", max_len=10)
+    with pytest.raises(BadInput):
+        bounded.text(5, name="room", max_len=10)
+    with pytest.raises(BadInput):
+        bounded.text("", name="room", max_len=10)
+
+
+def test_fold_username_is_one_identity() -> None:
+    assert bounded.fold_username("Alice") == bounded.fold_username("ALICE") == "alice"
+    assert bounded.fold_username("\uff21\uff2c\uff29\uff23\uff25") == "alice"    # full-width
+    assert bounded.fold_username("\u212aarl") == "karl"                          # Kelvin sign
+    assert bounded.fold_username("\u00c9mile") == "\u00c9mile"   # non-ASCII case is not folded (names are ASCII)
+
+
+def test_rejections_count_everything_and_log_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    counted: list[tuple[str, str]] = []
+    now = [0.0]
+    r = bounded.Rejections(lambda s, rs: counted.append((s, rs)), logging.getLogger("t.rej"), interval=60,
+                           clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="t.rej"):
+        for _ in range(100):
+            r.record("ws", "too_deep", "x\ny")
+        r.record("made-up source", "made-up reason", "")
+        now[0] = 61.0
+        r.record("ws", "too_deep", "again")
+    assert len(counted) == 102 and ("other", "other") in counted
+    lines = [m for m in caplog.messages if "too_deep" in m]
+    assert len(lines) == 2 and "\n" not in lines[0] and "99 more" in lines[1]
+
+
+@given(st.text(max_size=300))
+def test_escape_never_leaves_a_line_break(text: str) -> None:
+    out = bounded.escape(text, 100)
+    assert "\n" not in out and "\r" not in out and len(out) <= 100 * 6 + 1

@@ -2,32 +2,56 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
 import falcon
 
+from .. import bounded
 from ..auth import AuthState, Principal
 
 
+def _too_large(req: falcon.Request, limit: int) -> falcon.HTTPError:
+    req.context.bad_input = ("too_large", f"body over {limit} bytes")
+    return falcon.HTTPContentTooLarge(title="Content Too Large",
+                                      description=f"request bodies are limited to {limit} bytes")
+
+
+def is_json_media_type(content_type: str | None) -> bool:
+    """application/json, or a structured-syntax +json type (RFC 6839), any parameters."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 async def read_json(req: falcon.Request, limit: int) -> dict:
+    """The request body as a JSON object, within bounds: at most ``limit`` bytes
+    (413), declared as JSON (415: a form post from another origin cannot
+    become a JSON request), nested at most bounded.DEFAULT_MAX_DEPTH deep, no
+    NaN/Infinity (400). A refusal is noted on ``req.context.bad_input`` so the
+    access middleware counts it (switchboard_bad_input_total) and logs it at
+    most once per interval."""
     if req.content_length is not None and req.content_length > limit:
-        raise falcon.HTTPContentTooLarge(title="Content Too Large",
-                                         description=f"request bodies are limited to {limit} bytes")
+        raise _too_large(req, limit)
+    if not is_json_media_type(req.content_type):
+        req.context.bad_input = ("bad_content_type", f"Content-Type {req.content_type!r}")
+        raise falcon.HTTPUnsupportedMediaType(
+            title="Unsupported Media Type",
+            description="send the body as JSON with 'Content-Type: application/json'")
     raw = await req.stream.read(limit + 1)
     if len(raw) > limit:
-        raise falcon.HTTPContentTooLarge(title="Content Too Large",
-                                         description=f"request bodies are limited to {limit} bytes")
+        raise _too_large(req, limit)
     if not raw:
         raise falcon.HTTPBadRequest(title="Bad Request", description="a JSON body is required")
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise falcon.HTTPBadRequest(title="Bad Request", description="the body is not valid JSON") from None
+        body = bounded.loads(raw, max_bytes=limit)
+    except bounded.BadInput as exc:
+        req.context.bad_input = (exc.reason, str(exc))
+        raise falcon.HTTPBadRequest(title="Bad Request", description=f"the body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
+        req.context.bad_input = ("bad_type", "body is not an object")
         raise falcon.HTTPBadRequest(title="Bad Request", description="the body must be a JSON object")
     if _has_nul(body):
+        req.context.bad_input = ("bad_text", "NUL in a string")
         raise unprocessable("strings must not contain NUL (\\u0000) characters")
     return body
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import logging
+import re
 from pathlib import Path
 
 import falcon
 
 from ..db import Database
 from ..metrics import CONTENT_TYPE, GaugeSampler, Metrics
-from ..openapi import openapi_document, operate_paths
+from ..openapi import openapi_document, operate_paths, with_unsupported_media_type
 from ..relay import Relay
 from ..replica import ReplicaState
 
@@ -42,12 +45,13 @@ class Ready:
         except Exception as exc:
             LOG.warning("readiness: database ping failed: %s", str(exc).strip() or type(exc).__name__)
             reasons.append("database_unavailable")
-        rid = self.replica.replica_id
+        # No replica id: the probe is anonymous, and an id tells an outsider how many
+        # replicas answer and which one it reached (GET /me names it to a user).
         if reasons:
             resp.status = falcon.HTTP_503
-            resp.media = {"status": "unavailable", "reasons": reasons, "replica": rid}
+            resp.media = {"status": "unavailable", "reasons": reasons}
         else:
-            resp.media = {"status": "ready", "reasons": [], "replica": rid}
+            resp.media = {"status": "ready", "reasons": []}
 
 
 class MetricsResource:
@@ -63,11 +67,30 @@ class MetricsResource:
 
 class OpenAPI:
     def __init__(self) -> None:
-        self.doc = openapi_document()
-        self.doc["paths"].update(operate_paths())   # issue 20's block
+        doc = openapi_document()
+        doc["paths"].update(operate_paths())   # issue 20's block
+        self.doc = with_unsupported_media_type(doc)
 
     async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         resp.media = self.doc
+
+
+_HOST_RE = re.compile(r"[A-Za-z0-9.-]{1,253}(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]{2,45}\](:[0-9]{1,5})?")
+
+
+def page_csp(html: str, host: str | None) -> str:
+    """The page's Content-Security-Policy: its one inline script allowed by hash (no
+    'unsafe-inline' for scripts: an injected <script> does not run), inline styles
+    (the page uses style attributes), requests and its WebSocket to its own origin
+    only, never framed (clickjacking), no plugins, no <base> rewrites."""
+    scripts = re.findall(r"<script>(.*?)</script>", html, flags=re.S)
+    hashes = " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(sc.encode()).digest()).decode()}'"
+                      for sc in scripts)
+    # CSP3 lets 'self' cover ws(s): to the same host; older engines need it spelled out.
+    ws = f" ws://{host} wss://{host}" if host and _HOST_RE.fullmatch(host) else ""
+    return (f"default-src 'self'; script-src {hashes or chr(39) + 'none' + chr(39)}; "
+            f"style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'{ws}; "
+            "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 
 
 class Page:
@@ -76,4 +99,5 @@ class Page:
 
     async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         resp.content_type = falcon.MEDIA_HTML
+        resp.set_header("Content-Security-Policy", page_csp(self.html, req.get_header("Host")))
         resp.text = self.html
