@@ -70,6 +70,11 @@ CREATE UNLOGGED TABLE switchboard.sql_job_backends (
 REVOKE ALL ON TABLE switchboard.sql_job_backends FROM PUBLIC;
 COMMENT ON TABLE switchboard.sql_job_backends IS
     'Backends running a sql task statement, registered by themselves (sql_job_register); terminate_sql_job may end one after its kill_after.';
+COMMENT ON COLUMN switchboard.sql_job_backends.pid IS 'The backend running the job''s statement (pg_backend_pid() at registration).';
+COMMENT ON COLUMN switchboard.sql_job_backends.backend_start IS 'That backend''s start time: with pid, identifies the backend (a reused pid never matches).';
+COMMENT ON COLUMN switchboard.sql_job_backends.run_id IS 'The running sql run this backend executes (task_runs.id).';
+COMMENT ON COLUMN switchboard.sql_job_backends.kill_after IS 'Timeout plus grace: terminate_sql_job ends the backend only after this instant.';
+COMMENT ON COLUMN switchboard.sql_job_backends.registered_at IS 'When the backend registered itself.';
 
 -- terminate_sql_job runs as the function owner (the migrating role), which must
 -- be allowed to signal the application login's backends and to read their
