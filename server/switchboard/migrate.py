@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from importlib import resources
 from pathlib import Path
 
 import pgmigrate
@@ -23,22 +24,33 @@ class MigrationError(RuntimeError):
 
 
 def db_dir() -> Path:
-    """Where db/ (migrations, functions, migrations.yml) lives.
+    """Where db/ (migrations/, functions/, migrations.yml) lives: inside the package.
 
-    $SWITCHBOARD_DB_DIR wins (the container sets /app/db); otherwise the source
-    tree next to the package (editable installs and the test suite).
+    The wheel carries db/ as package data (switchboard/db); in the source tree
+    server/switchboard/db is a link to the repository's db/. Either way
+    importlib.resources finds it, from any working directory, with no setting.
+    $SWITCHBOARD_DB_DIR still overrides it (a DBA testing another copy of db/).
     """
     env = os.environ.get("SWITCHBOARD_DB_DIR")
-    candidates = [Path(env)] if env else []
-    here = Path(__file__).resolve()
-    candidates += [here.parents[2] / "db", Path.cwd() / "db", Path("/app/db")]
-    for cand in candidates:
-        if (cand / "migrations").is_dir() and (cand / "migrations.yml").exists():
-            return cand
+    if env:
+        cand = Path(env)
+        if not _is_db_dir(cand):
+            raise MigrationError(f"SWITCHBOARD_DB_DIR={env} holds no migrations/ and migrations.yml")
+        return cand
+    packaged = resources.files("switchboard") / "db"
+    # pgmigrate reads a directory; an installed wheel is a directory on disk (a
+    # zipimport install would give a Traversable that is not a Path).
+    if isinstance(packaged, Path) and _is_db_dir(packaged):
+        return packaged
     raise MigrationError(
-        "migrations directory not found; set SWITCHBOARD_DB_DIR to the folder holding "
-        "migrations/, functions/ and migrations.yml"
+        f"the package's SQL files are missing ({packaged}); reinstall switchboard from its "
+        "wheel or sdist, or set SWITCHBOARD_DB_DIR to a folder holding migrations/, "
+        "functions/ and migrations.yml"
     )
+
+
+def _is_db_dir(cand: Path) -> bool:
+    return (cand / "migrations").is_dir() and (cand / "migrations.yml").is_file()
 
 
 def _libpq_dsn(url: str) -> str:
