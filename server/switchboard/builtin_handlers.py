@@ -56,9 +56,9 @@ def builtin_handlers(db: Database, config: Config) -> HandlerRegistry:
         event = a.get("event")
         payload = a.get("payload", {})
         if a.get("user_id"):
-            return {"event_id": await ctx.notify_user(str(a["user_id"]), event, payload)}  # type: ignore[arg-type]
+            return {"event_id": await ctx.notify_user(str(a["user_id"]), event, payload)}  # type: ignore[arg-type]  # a missing event: the SQL function refuses NULL (22023)
         if a.get("room"):
-            return {"event_id": await ctx.notify_room(str(a["room"]), event, payload)}  # type: ignore[arg-type]
+            return {"event_id": await ctx.notify_room(str(a["room"]), event, payload)}  # type: ignore[arg-type]  # as above
         raise HandlerError('notify needs args {"user_id" or "room", "event", "payload"}')
 
     @reg.register("maintenance")

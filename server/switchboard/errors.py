@@ -8,6 +8,7 @@ with its traceback server-side and answered with a bare 500 JSON body.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import falcon
 import psycopg
@@ -61,14 +62,14 @@ def http_error_from_db(exc: psycopg.Error) -> falcon.HTTPError:
     return falcon.HTTPError(status, description=desc)
 
 
-async def handle_db_error(req: falcon.Request, resp: falcon.Response, exc: Exception, params: dict) -> None:
+async def handle_db_error(req: falcon.Request, resp: falcon.Response, exc: Exception, params: dict[str, Any]) -> None:
     if isinstance(exc, psycopg.Error):
         raise http_error_from_db(exc)
     raise exc
 
 
 async def handle_pool_timeout(req: falcon.Request, resp: falcon.Response, exc: Exception,
-                              params: dict) -> None:
+                              params: dict[str, Any]) -> None:
     LOG.warning("database pool: %s", exc)
     raise falcon.HTTPServiceUnavailable(title="Service Unavailable",
                                         description="The database is unavailable; retry shortly.",
@@ -76,7 +77,7 @@ async def handle_pool_timeout(req: falcon.Request, resp: falcon.Response, exc: E
 
 
 async def handle_unexpected(req: falcon.Request, resp: falcon.Response, exc: Exception,
-                            params: dict) -> None:
+                            params: dict[str, Any]) -> None:
     if isinstance(exc, falcon.HTTPError):
         raise exc
     LOG.exception("unhandled error on %s %s", req.method, req.path)
@@ -85,7 +86,7 @@ async def handle_unexpected(req: falcon.Request, resp: falcon.Response, exc: Exc
 
 
 async def handle_route_not_found(req: falcon.Request, resp: falcon.Response, exc: Exception,
-                                 params: dict) -> None:
+                                 params: dict[str, Any]) -> None:
     """Falcon answers an unknown path with {"title": "404 Not Found"} only; every other
     error carries a description, so this one does too."""
     raise falcon.HTTPNotFound(title="Not Found",
@@ -93,14 +94,14 @@ async def handle_route_not_found(req: falcon.Request, resp: falcon.Response, exc
 
 
 async def handle_method_not_allowed(req: falcon.Request, resp: falcon.Response, exc: Exception,
-                                    params: dict) -> None:
+                                    params: dict[str, Any]) -> None:
     allowed = (getattr(exc, "headers", None) or {}).get("Allow", "")
     raise falcon.HTTPMethodNotAllowed(
         [m.strip() for m in allowed.split(",") if m.strip()], title="Method Not Allowed",
         description=f"{req.method} is not allowed on {req.path[:200]}; allowed: {allowed or 'none'}")
 
 
-def register(app: falcon.asgi.App) -> None:
+def register(app: falcon.asgi.App[Any, Any]) -> None:
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(falcon.HTTPRouteNotFound, handle_route_not_found)
     app.add_error_handler(falcon.HTTPMethodNotAllowed, handle_method_not_allowed)

@@ -34,7 +34,7 @@ import asyncio
 import importlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from datetime import datetime, timezone
 from importlib.metadata import entry_points
 from types import ModuleType
@@ -90,12 +90,12 @@ class HandlerContext:
     __slots__ = ("run_id", "attempt", "max_attempts", "args", "task_id", "handler", "trigger",
                  "scheduled_for", "logger", "lease_lost", "_db", "_deadline")
 
-    def __init__(self, run: dict, db: Database, *, lease_seconds: float,
+    def __init__(self, run: dict[str, Any], db: Database, *, lease_seconds: float,
                  lease_lost: asyncio.Event | None = None) -> None:
         self.run_id: int = run["id"]
         self.attempt: int = run.get("attempt") or 1
         self.max_attempts: int = run.get("max_attempts") or 1
-        self.args: dict = run.get("args") or {}
+        self.args: dict[str, Any] = run.get("args") or {}
         self.task_id: UUID | None = run.get("task_id")
         self.handler: str = run["handler"]
         self.trigger: str | None = run.get("trigger")
@@ -129,7 +129,7 @@ class HandlerContext:
     async def notify_room(self, room: str, event: str, payload: Any = None) -> int:
         return await self._db.notify_room(room, event, {} if payload is None else payload)
 
-    async def enqueue(self, handler: str, args: dict | None = None, *, run_at: datetime | None = None,
+    async def enqueue(self, handler: str, args: dict[str, Any] | None = None, *, run_at: datetime | None = None,
                       queueing_lock: str | None = None, max_attempts: int = 3) -> int | None:
         row = await self._db.enqueue(handler, args or {}, run_at, queueing_lock, max_attempts)
         return None if row is None else row["id"]
@@ -147,7 +147,7 @@ def _cap_deadline(ctx: HandlerContext, until: float) -> None:
     ctx._deadline = min(ctx._deadline, until)
 
 
-Handler = Callable[[HandlerContext], Awaitable[Any]]
+Handler = Callable[[HandlerContext], Coroutine[Any, Any, Any]]  # an `async def` (run as a task)
 
 
 class HandlerRegistry:

@@ -73,7 +73,7 @@ def too_many(d: Decision) -> falcon.HTTPTooManyRequests:
         headers=d.headers())
 
 
-def client_ip(req: falcon.Request, trusted: list[ipaddress._BaseNetwork]) -> str:
+def client_ip(req: falcon.Request, trusted: list[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> str:
     """The socket peer, unless the peer is a trusted proxy: then the right-most
     X-Forwarded-For address that is not itself a trusted proxy."""
     peer = req.remote_addr or "unknown"

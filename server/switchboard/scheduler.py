@@ -63,14 +63,14 @@ class Scheduler:
         self._contexts: dict[int, HandlerContext] = {}
         self._wake = asyncio.Event()
         self._stopping = False
-        self._running: dict[int, asyncio.Task] = {}
-        self._loop_task: asyncio.Task | None = None
+        self._running: dict[int, asyncio.Task[None]] = {}
+        self._loop_task: asyncio.Task[None] | None = None
         self._done: list[tuple[int, Any, asyncio.Future[bool]]] = []
         self._flushing = False
-        self._claims: set[asyncio.Future[list[dict]]] = set()   # claim round trips in flight
+        self._claims: set[asyncio.Future[list[dict[str, Any]]]] = set()   # claim round trips in flight
         self._lease_until: dict[int, float] = {}    # run id -> local time its lease is proven until
         self._lost: set[int] = set()                # runs whose lease was lost (handler cancelled)
-        self._handbacks: set[asyncio.Task] = set()   # release_run() after a lost lease, retried
+        self._handbacks: set[asyncio.Task[None]] = set()   # release_run() after a lost lease, retried
 
     def wake(self) -> None:
         self._wake.set()
@@ -128,14 +128,14 @@ class Scheduler:
             if len(runs) < free:
                 return  # nothing more is due right now
 
-    async def _execute(self, run: dict) -> None:
+    async def _execute(self, run: dict[str, Any]) -> None:
         run_id = run["id"]
         ctx = HandlerContext(run, self.db, lease_seconds=self.cfg.lease_seconds)
         self._contexts[run_id] = ctx
         self._lease_until.setdefault(run_id, time.time() + self.cfg.lease_seconds)
         ok, result, error = False, None, None
         handler = self.handlers.get(run["handler"])
-        htask: asyncio.Task | None = None
+        htask: asyncio.Task[Any] | None = None
         if handler is not None:
             htask = asyncio.create_task(handler(ctx), name=f"handler-{run_id}")
         hb = asyncio.create_task(self._heartbeat(ctx, htask))
@@ -187,7 +187,7 @@ class Scheduler:
         self._lease_until.pop(run_id, None)
         self._lost.discard(run_id)
 
-    def _lose_lease(self, ctx: HandlerContext, htask: asyncio.Task | None, why: str,
+    def _lose_lease(self, ctx: HandlerContext, htask: asyncio.Task[Any] | None, why: str,
                     grace: float | None = None) -> None:
         """Tell the handler (ctx.lease_lost) and cancel it ``grace`` s later (default
         margin/2): its run may be rescued elsewhere."""
@@ -207,7 +207,7 @@ class Scheduler:
     def _margin(self) -> float:
         return min(max(self.cfg.lease_seconds * 0.2, 0.2), 5.0)
 
-    async def _watch_lease(self, ctx: HandlerContext, htask: asyncio.Task) -> None:
+    async def _watch_lease(self, ctx: HandlerContext, htask: asyncio.Task[Any]) -> None:
         """Cancel the handler once its lease can no longer be proven (see the module docstring)."""
         lease = self.cfg.lease_seconds
         margin = self._margin()
@@ -278,7 +278,7 @@ class Scheduler:
         finally:
             self._flushing = False
 
-    async def _heartbeat(self, ctx: HandlerContext, htask: asyncio.Task | None) -> None:
+    async def _heartbeat(self, ctx: HandlerContext, htask: asyncio.Task[Any] | None) -> None:
         """Extend the lease every lease/3. An acknowledged heartbeat proves the lease until
         its send time + lease; when the database says this worker no longer owns the run,
         the handler is told (ctx.lease_lost) and cancelled."""

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import Any, Literal, overload
 
 import falcon
 
 from ..auth import AuthState, Principal
 
 
-async def read_json(req: falcon.Request, limit: int) -> dict:
+async def read_json(req: falcon.asgi.Request, limit: int) -> dict[str, Any]:
     if req.content_length is not None and req.content_length > limit:
         raise falcon.HTTPContentTooLarge(title="Content Too Large",
                                          description=f"request bodies are limited to {limit} bytes")
@@ -47,8 +47,15 @@ def unprocessable(msg: str) -> falcon.HTTPError:
     return falcon.HTTPUnprocessableEntity(title="Unprocessable Entity", description=msg)
 
 
-def field_str(body: dict, name: str, *, required: bool = True, max_len: int = 10000,
+@overload
+def field_str(body: dict[str, Any], name: str, *, required: Literal[True] = ..., max_len: int = ...,
+              nullable: Literal[False] = ...) -> str: ...
+@overload
+def field_str(body: dict[str, Any], name: str, *, required: bool = ..., max_len: int = ...,
+              nullable: bool = ...) -> str | None: ...
+def field_str(body: dict[str, Any], name: str, *, required: bool = True, max_len: int = 10000,
               nullable: bool = False) -> str | None:
+    """A required, non-nullable field is a str (the overloads say so to the type checker)."""
     if name not in body:
         if required:
             raise unprocessable(f"'{name}' is required")
@@ -61,7 +68,7 @@ def field_str(body: dict, name: str, *, required: bool = True, max_len: int = 10
     return v
 
 
-def check_fields(body: dict, allowed: set[str]) -> None:
+def check_fields(body: dict[str, Any], allowed: set[str]) -> None:
     extra = sorted(set(body) - allowed)
     if extra:
         raise unprocessable(f"unknown field(s): {', '.join(extra)}; allowed: {', '.join(sorted(allowed))}")
@@ -74,7 +81,7 @@ def parse_uuid(value: Any, name: str) -> uuid.UUID:
         raise unprocessable(f"'{name}' must be a UUID") from None
 
 
-def jsonable_row(row: dict) -> dict:
+def jsonable_row(row: dict[str, Any]) -> dict[str, Any]:
     return {k: (str(v) if isinstance(v, uuid.UUID) else v) for k, v in row.items()}
 
 
