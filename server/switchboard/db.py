@@ -1,8 +1,9 @@
 """The data layer: the request pool and every SQL statement the server sends.
 
-Python never builds SQL from input: each method calls one switchboard.*
-function with bound parameters. Keeping them here keeps the SQL reviewable in
-one place.
+Python never builds SQL from input: every statement is a constant with bound
+parameters. Most methods call one switchboard.* function; a few read the tables
+and views the application role may SELECT (tasks, task_runs, users), with the
+column lists below. Keeping them here keeps the SQL reviewable in one place.
 """
 
 from __future__ import annotations
