@@ -192,7 +192,7 @@ LAYERS = [
     {"switchboard.handlers"},
     {"switchboard", "switchboard.db", "switchboard.auth", "switchboard.metrics", "switchboard.replica",
      "switchboard.config", "switchboard.migrate", "switchboard.pgtest", "switchboard.bounded",
-     "switchboard.domain_errors"},
+     "switchboard.domain_errors", "switchboard.rows"},
 ]
 HTTP_ROW = 3  # http/, ws, errors, openapi: the only modules that speak HTTP
 

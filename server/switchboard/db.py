@@ -23,6 +23,8 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from .rows import Run
+
 LOG = logging.getLogger("switchboard.db")
 
 # A row as the pool's connections return it (row_factory=dict_row).
@@ -258,9 +260,10 @@ class Database:
 
     # -- scheduler --------------------------------------------------------------
 
-    async def claim_many(self, worker: str, lease: float, max_runs: int) -> list[Row]:
-        return await self.fetchall(f"SELECT {RUN_COLUMNS} FROM switchboard.claim_due_tasks(%s, %s, %s)",
+    async def claim_due_tasks(self, worker: str, lease: float, max_runs: int) -> list[Run]:
+        rows = await self.fetchall(f"SELECT {RUN_COLUMNS} FROM switchboard.claim_due_tasks(%s, %s, %s)",
                                    (worker, timedelta(seconds=lease), max_runs))
+        return [Run.from_row(r) for r in rows]
 
     async def finish_runs(self, worker: str, run_ids: list[int], results: list[Any]) -> set[int]:
         rows = await self.fetchall(

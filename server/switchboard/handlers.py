@@ -34,7 +34,7 @@ import asyncio
 import importlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from datetime import datetime, timezone
 from importlib.metadata import entry_points
 from types import ModuleType
@@ -42,6 +42,7 @@ from typing import Any
 from uuid import UUID
 
 from .db import Database
+from .rows import Run
 
 ENTRY_POINT_GROUP = "switchboard.handlers"
 LOG = logging.getLogger("switchboard.handlers")
@@ -90,16 +91,18 @@ class HandlerContext:
     __slots__ = ("run_id", "attempt", "max_attempts", "args", "task_id", "handler", "trigger",
                  "scheduled_for", "logger", "lease_lost", "_db", "_deadline")
 
-    def __init__(self, run: dict[str, Any], db: Database, *, lease_seconds: float,
+    def __init__(self, run: Run | Mapping[str, Any], db: Database, *, lease_seconds: float,
                  lease_lost: asyncio.Event | None = None) -> None:
-        self.run_id: int = run["id"]
-        self.attempt: int = run.get("attempt") or 1
-        self.max_attempts: int = run.get("max_attempts") or 1
-        self.args: dict[str, Any] = run.get("args") or {}
-        self.task_id: UUID | None = run.get("task_id")
-        self.handler: str = run["handler"]
-        self.trigger: str | None = run.get("trigger")
-        self.scheduled_for: datetime | None = run.get("scheduled_for")
+        if not isinstance(run, Run):
+            run = Run.from_row(run)  # a row of db.RUN_COLUMNS (bench/ passes those)
+        self.run_id: int = run.id
+        self.attempt: int = run.attempt or 1
+        self.max_attempts: int = run.max_attempts or 1
+        self.args: dict[str, Any] = run.args or {}
+        self.task_id: UUID | None = run.task_id
+        self.handler: str = run.handler
+        self.trigger: str | None = run.trigger
+        self.scheduled_for: datetime | None = run.scheduled_for
         self.logger = logging.LoggerAdapter(logging.getLogger(f"switchboard.handler.{self.handler}"),
                                             {"run_id": self.run_id})
         self.lease_lost = lease_lost if lease_lost is not None else asyncio.Event()

@@ -47,6 +47,7 @@ from .db import Database
 from .handlers import HandlerContext, HandlerError, HandlerRegistry, _cap_deadline, _extend_deadline
 from .metrics import Metrics
 from .replica import ReplicaState
+from .rows import Run
 
 LOG = logging.getLogger("switchboard.scheduler")
 
@@ -67,7 +68,7 @@ class Scheduler:
         self._loop_task: asyncio.Task[None] | None = None
         self._done: list[tuple[int, Any, asyncio.Future[bool]]] = []
         self._flushing = False
-        self._claims: set[asyncio.Future[list[dict[str, Any]]]] = set()   # claim round trips in flight
+        self._claims: set[asyncio.Future[list[Run]]] = set()   # claim round trips in flight
         self._lease_until: dict[int, float] = {}    # run id -> local time its lease is proven until
         self._lost: set[int] = set()                # runs whose lease was lost (handler cancelled)
         self._handbacks: set[asyncio.Task[None]] = set()   # release_run() after a lost lease, retried
@@ -108,7 +109,7 @@ class Scheduler:
             sent = time.time()
             # Shielded: if this task is cancelled mid-claim, the claim itself runs to its end
             # and stop() hands back what it got (see the module docstring).
-            claim = asyncio.ensure_future(self.db.claim_many(self.worker, self.cfg.lease_seconds, free))
+            claim = asyncio.ensure_future(self.db.claim_due_tasks(self.worker, self.cfg.lease_seconds, free))
             self._claims.add(claim)
             try:
                 runs = await asyncio.shield(claim)
@@ -119,22 +120,22 @@ class Scheduler:
                 raise
             self._claims.discard(claim)
             for run in runs:
-                self.metrics.inc("switchboard_claims_total", handler=run["handler"])
-                self._lease_until[run["id"]] = sent + self.cfg.lease_seconds
-                if run.get("started_at") and run.get("run_at"):  # both on the database clock
+                self.metrics.inc("switchboard_claims_total", handler=run.handler)
+                self._lease_until[run.id] = sent + self.cfg.lease_seconds
+                if run.started_at and run.run_at:  # both on the database clock
                     self.metrics.observe("switchboard_claim_latency_seconds",
-                                         (run["started_at"] - run["run_at"]).total_seconds())
-                self._running[run["id"]] = asyncio.create_task(self._execute(run), name=f"run-{run['id']}")
+                                         (run.started_at - run.run_at).total_seconds())
+                self._running[run.id] = asyncio.create_task(self._execute(run), name=f"run-{run.id}")
             if len(runs) < free:
                 return  # nothing more is due right now
 
-    async def _execute(self, run: dict[str, Any]) -> None:
-        run_id = run["id"]
+    async def _execute(self, run: Run) -> None:
+        run_id = run.id
         ctx = HandlerContext(run, self.db, lease_seconds=self.cfg.lease_seconds)
         self._contexts[run_id] = ctx
         self._lease_until.setdefault(run_id, time.time() + self.cfg.lease_seconds)
         ok, result, error = False, None, None
-        handler = self.handlers.get(run["handler"])
+        handler = self.handlers.get(run.handler)
         htask: asyncio.Task[Any] | None = None
         if handler is not None:
             htask = asyncio.create_task(handler(ctx), name=f"handler-{run_id}")
@@ -142,7 +143,7 @@ class Scheduler:
         watch = asyncio.create_task(self._watch_lease(ctx, htask)) if htask is not None else None
         try:
             if htask is None:
-                error = f"unknown handler {run['handler']!r} (registered: {', '.join(self.handlers.names())})"
+                error = f"unknown handler {run.handler!r} (registered: {', '.join(self.handlers.names())})"
             else:
                 try:
                     result = await htask
@@ -154,7 +155,7 @@ class Scheduler:
                     error = str(exc)
                 except Exception as exc:
                     error = f"{type(exc).__name__}: {exc}"
-                    LOG.warning("run %s (%s) failed:\n%s", run_id, run["handler"], traceback.format_exc())
+                    LOG.warning("run %s (%s) failed:\n%s", run_id, run.handler, traceback.format_exc())
         except asyncio.CancelledError:
             hb.cancel()
             if watch is not None:
@@ -341,10 +342,10 @@ class Scheduler:
                 self._claims.discard(claim)
             for run in runs:
                 try:
-                    if await self.db.release_run(run["id"], self.worker):
-                        LOG.info("run %s (claimed while stopping) handed back", run["id"])
+                    if await self.db.release_run(run.id, self.worker):
+                        LOG.info("run %s (claimed while stopping) handed back", run.id)
                 except Exception as exc:
-                    LOG.warning("run %s: hand-back failed (%s); its lease will expire", run["id"], exc)
+                    LOG.warning("run %s: hand-back failed (%s); its lease will expire", run.id, exc)
 
 
 def _jsonable(v: Any) -> Any:

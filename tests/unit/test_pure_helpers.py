@@ -21,6 +21,7 @@ from switchboard.handlers import HandlerContext, _cap_deadline, _extend_deadline
 from switchboard.http.common import check_fields, field_str, jsonable_row, read_json
 from switchboard.migrate import db_dir, known_versions, missing_below_head, not_a_prefix_message
 from switchboard.ratelimit import Decision, client_ip, ip_key
+from switchboard.rows import RUN_FIELDS
 
 
 # -- migrate: the prefix rule ---------------------------------------------------------------
@@ -141,8 +142,15 @@ def test_decision_headers_follow_the_ietf_draft() -> None:
 
 
 # -- lease arithmetic -----------------------------------------------------------------------
+def _run(**over: object) -> dict[str, object]:
+    row: dict[str, object] = {name: None for name in RUN_FIELDS}
+    row.update({"handler": "h", "attempt": 1, "max_attempts": 3, "args": {}})
+    row.update(over)
+    return row
+
+
 def test_a_deadline_is_extended_by_the_heartbeat_and_capped_by_the_shutdown() -> None:
-    ctx = HandlerContext({"id": 1, "handler": "h"}, None, lease_seconds=30)  # type: ignore[arg-type]  # no db use
+    ctx = HandlerContext(_run(id=1), None, lease_seconds=30)  # type: ignore[arg-type]  # no db use
     start = ctx.seconds_left()
     assert 29 < start <= 30
     _extend_deadline(ctx, time.time() + 60)
@@ -157,7 +165,7 @@ def test_a_deadline_is_extended_by_the_heartbeat_and_capped_by_the_shutdown() ->
 
 
 def test_a_context_reads_defaults_from_a_sparse_row() -> None:
-    ctx = HandlerContext({"id": 7, "handler": "h", "attempt": None, "args": None}, None,  # type: ignore[arg-type]
+    ctx = HandlerContext(_run(id=7, attempt=None, max_attempts=None, args=None), None,  # type: ignore[arg-type]
                          lease_seconds=1)
     assert (ctx.attempt, ctx.max_attempts, ctx.args, ctx.task_id) == (1, 1, {}, None)
     assert not ctx.lease_lost.is_set()
