@@ -49,5 +49,16 @@ class Run:
         """The row again, in column order (for JSON answers)."""
         return {name: getattr(self, name) for name in RUN_FIELDS}
 
+    # Transitional, for the 0.2.0 merge: code written on other branches against dict rows
+    # (run["id"], run.get("attempt")) keeps working on a Run. New code uses attributes;
+    # remove these two once nothing subscripts a Run (mypy flags no such use today).
+    def __getitem__(self, name: str) -> Any:
+        if name not in RUN_FIELDS:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self, name) if name in RUN_FIELDS else default
+
 
 RUN_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Run))

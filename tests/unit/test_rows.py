@@ -48,3 +48,10 @@ def test_a_handler_context_takes_a_run_or_its_row() -> None:
         ctx = HandlerContext(given, None, lease_seconds=1)  # type: ignore[arg-type]  # no db use
         assert (ctx.run_id, ctx.handler, ctx.args, ctx.attempt, ctx.max_attempts, ctx.trigger) == \
             (9, "h", {"a": 1}, 2, 5, "manual")
+
+
+def test_a_run_still_answers_dict_style_reads_during_the_merge() -> None:
+    run = Run.from_row({name: None for name in RUN_FIELDS} | {"id": 3, "handler": "h"})
+    assert run["id"] == 3 and run.get("handler") == "h" and run.get("nope", 7) == 7
+    with pytest.raises(KeyError):
+        run["nope"]
