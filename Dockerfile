@@ -2,15 +2,20 @@
 #
 # Switchboard server image.
 #
-#   docker build -t switchboard:0.1.0 .
+#   docker build -t switchboard .
 #   docker run --read-only --tmpfs /tmp -p 8000:8000 \
-#     -e DATABASE_URL=... -e SWITCHBOARD_JWT_SECRET=... switchboard:0.1.0
+#     -e DATABASE_URL=... -e SWITCHBOARD_JWT_SECRET=... switchboard
 #
-# Two stages: the builder creates a virtualenv in /opt/venv, the final stage is
-# python-slim plus that venv, the SQL migrations and an unprivileged user. No
-# compiler, no pip cache, no system libpq: psycopg 3 comes as psycopg[binary]
-# and psycopg2 (for pgmigrate) as psycopg2-binary, both with libpq bundled.
-# The root filesystem can be mounted read-only; only /tmp must be writable.
+# Two stages: the builder builds the project's wheel and installs it (with its
+# dependencies) into a virtualenv in /opt/venv; the final stage is python-slim
+# plus that venv and an unprivileged user. The SQL (migrations, functions, the
+# sqitch project, pgTAP tests) is package data inside the wheel
+# (site-packages/switchboard/db), so the image runs exactly what `pip install
+# switchboard-<version>-py3-none-any.whl` gives a user, not the source tree.
+# No compiler, no pip cache, no system libpq: psycopg 3 comes as
+# psycopg[binary] and psycopg2 (for pgmigrate) as psycopg2-binary, both with
+# libpq bundled. The root filesystem can be mounted read-only; only /tmp must
+# be writable.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -41,14 +46,21 @@ RUN pip install "psycopg2-binary>=2.9.11" "PyYAML>=6.0.3" "sqlparse>=0.4" \
  && pip install --no-deps -r /tmp/pgmigrate.txt \
  && pip install -r /tmp/requirements.txt
 
+# server/switchboard/db is a link to db/: the build copies the SQL files into
+# the wheel through it.
 COPY server/ server/
+COPY db/ db/
 
-# The project itself, without re-resolving dependencies (that would pull the
-# psycopg2 source distribution back in). Bytecode is compiled here because the
-# final image's site-packages are read-only.
-RUN pip install --no-deps . \
+# The project as a wheel, installed without re-resolving dependencies (that
+# would pull the psycopg2 source distribution back in). Bytecode is compiled
+# here because the final image's site-packages are read-only.
+RUN pip wheel --no-deps -w /tmp/dist . \
+ && pip install --no-deps /tmp/dist/switchboard-*.whl \
+ && rm -rf /tmp/dist build \
  && python -m compileall -q /opt/venv/lib \
- && python -c 'import psycopg, psycopg2, pgmigrate, switchboard.cli'
+ && python -c 'import psycopg, psycopg2, pgmigrate, switchboard.cli' \
+ && cd / && switchboard --version \
+ && python -c 'from switchboard.migrate import db_dir; d = db_dir(); assert str(d).startswith("/opt/venv/"), d'
 
 # ---------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE}
@@ -62,16 +74,9 @@ RUN groupadd --system --gid 10001 switchboard \
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    HOME=/tmp \
-    SWITCHBOARD_DB_DIR=/app/db
+    HOME=/tmp
 
 COPY --from=builder /opt/venv /opt/venv
-
-# Migrations and function files, read-only and owned by root. db/migrations.yml
-# is a relative symlink to ../pgmigrate.yml, so copying both keeps it valid at
-# /app/db/migrations.yml -> /app/pgmigrate.yml.
-COPY db/ /app/db/
-COPY pgmigrate.yml /app/pgmigrate.yml
 
 WORKDIR /app
 USER 10001:10001

@@ -96,6 +96,14 @@ fi
 # PostgreSQL and `switchboard dev`) and its test extra.
 python3 -m pip install -q --disable-pip-version-check -e '.[dev,test]'
 
+# The checks contributors rely on, before any test runs (seconds, not minutes):
+# ruff with the configured rules, and mypy (strict on server/switchboard; the
+# configuration and its few per-module exceptions are in pyproject.toml).
+echo "scripts/test.sh: ruff check server tests bench scripts" >&2
+python3 -m ruff check --quiet server tests bench scripts || { echo "ruff found problems (above): fix them first" >&2; exit 1; }
+echo "scripts/test.sh: mypy (pyproject.toml [tool.mypy])" >&2
+python3 -m mypy || { echo "mypy found problems (above): fix them first" >&2; exit 1; }
+
 # Debian's Chromium for the browser test (never a downloaded browser).
 if [ -f tests/browser/install.sh ]; then bash tests/browser/install.sh; fi
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 import uuid
 
-import falcon
 import jwt
 import pytest
 
 from switchboard.auth import ALGORITHM, AuthState
+from switchboard.domain_errors import AuthError
 
 SECRET = "s" * 40
 
@@ -28,8 +28,8 @@ def _status(auth: AuthState, token: str) -> str:
     try:
         auth.authenticate(f"Bearer {token}")
         return "ok"
-    except falcon.HTTPUnauthorized as e:
-        return e.description or ""
+    except AuthError as e:
+        return e.description
 
 
 def test_a_cached_token_still_expires() -> None:

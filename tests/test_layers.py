@@ -191,8 +191,10 @@ LAYERS = [
      "switchboard.tools", "switchboard.ratelimit", "switchboard.builtin_handlers", "switchboard.failover"},
     {"switchboard.handlers"},
     {"switchboard", "switchboard.db", "switchboard.auth", "switchboard.metrics", "switchboard.replica",
-     "switchboard.config", "switchboard.migrate", "switchboard.pgtest", "switchboard.bounded"},
+     "switchboard.config", "switchboard.migrate", "switchboard.pgtest", "switchboard.bounded",
+     "switchboard.domain_errors", "switchboard.rows"},
 ]
+HTTP_ROW = 3  # http/, ws, errors, openapi: the only modules that speak HTTP
 
 
 def _layer(mod: str) -> int:
@@ -206,3 +208,30 @@ def test_imports_only_point_down_the_layers() -> None:
     g = import_graph()
     upward = sorted((m, t) for m, ts in g.items() for t in ts if _layer(t) < _layer(m))
     assert upward == []
+
+
+def _imports_of(path: Path) -> set[str]:
+    """Top-level names of every module an import statement in ``path`` names."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_nothing_below_http_imports_falcon() -> None:
+    """Components and foundations raise domain errors (switchboard.domain_errors); only the
+    HTTP row maps them to responses (errors.DOMAIN_STATUS), so the relay, the scheduler,
+    auth, tools and ratelimit never depend on Falcon."""
+    below = {mod: path for mod, path in _modules().items() if _layer(mod) > HTTP_ROW}
+    assert {"switchboard.auth", "switchboard.tools", "switchboard.ratelimit", "switchboard.relay"} <= set(below)
+    offenders = sorted(mod for mod, path in below.items() if "falcon" in _imports_of(path))
+    assert offenders == [], f"{offenders} import falcon: raise a switchboard.domain_errors error instead"
+
+
+def test_the_falcon_check_sees_a_planted_import(tmp_path: Path) -> None:
+    planted = tmp_path / "m.py"
+    planted.write_text("def f():\n    import falcon.asgi\n    from falcon import HTTPError\n")
+    assert "falcon" in _imports_of(planted)

@@ -89,3 +89,24 @@ def test_no_function_overload_outside_db_functions(db: str) -> None:
     with psycopg.connect(db) as c:
         c.execute("CREATE FUNCTION switchboard.create_task(name text) RETURNS void LANGUAGE sql AS ''")
     assert orphan_overloads(db) == ["switchboard.create_task(text)"]
+
+
+def test_release_metadata_agree() -> None:
+    """One version, written once (switchboard.__version__, which the wheel, `switchboard
+    --version` and the OpenAPI document read), and the places a release must also touch:
+    the chart's appVersion (the image tag it deploys) and a CHANGELOG section."""
+    import re
+
+    import yaml
+
+    sys.path.insert(0, str(ROOT / "server"))
+    from switchboard import __version__
+
+    chart = yaml.safe_load((ROOT / "chart" / "Chart.yaml").read_text())
+    assert str(chart["appVersion"]) == __version__
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    assert "## [Unreleased]" in changelog
+    assert re.search(rf"^## \[{re.escape(__version__)}\] - ", changelog, re.MULTILINE), __version__
+    # every release tag of db/functions.lock has its CHANGELOG section
+    for _, tag in sqitch_gen.releases(sqitch_gen.read_lock()):
+        assert re.search(rf"^## \[{re.escape(tag.lstrip('v'))}\]", changelog, re.MULTILINE), tag

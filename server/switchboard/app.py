@@ -12,6 +12,7 @@ import json
 import logging
 import signal
 from functools import partial
+from collections.abc import Mapping
 from typing import Any
 
 import falcon
@@ -34,7 +35,7 @@ class Lifecycle:
     def __init__(self, svc: Services) -> None:
         self.svc = svc
 
-    async def process_startup(self, scope: dict, event: dict) -> None:
+    async def process_startup(self, scope: Mapping[str, Any], event: Mapping[str, Any]) -> None:
         svc = self.svc
         install_log_redaction()
         await svc.db.open()
@@ -67,7 +68,7 @@ class Lifecycle:
             except ValueError:  # not the main thread (tests embedding the app)
                 pass
 
-    async def process_shutdown(self, scope: dict, event: dict) -> None:
+    async def process_shutdown(self, scope: Mapping[str, Any], event: Mapping[str, Any]) -> None:
         svc = self.svc
         svc.replica.draining = True
         LOG.info("replica %s shutting down", svc.replica.replica_id)
@@ -81,7 +82,7 @@ class Lifecycle:
         await svc.db.close()
 
 
-class SwitchboardApp(falcon.asgi.App):
+class SwitchboardApp(falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response]):
     """falcon.asgi.App plus a handle on its Services (for the CLI and tests)."""
 
     services: Services

@@ -23,8 +23,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import argon2
-import falcon
 import jwt
+
+from .domain_errors import AuthError
 
 ALGORITHM = "HS256"
 VERIFIED_CACHE_SIZE = 4096
@@ -83,13 +84,10 @@ class AuthState:
 
     def authenticate(self, header: str | None) -> Principal:
         if not header:
-            raise falcon.HTTPUnauthorized(title="Unauthorized", description="A bearer token is required.",
-                                          challenges=["Bearer"])
+            raise AuthError("A bearer token is required.", challenge="Bearer")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            raise falcon.HTTPUnauthorized(title="Unauthorized",
-                                          description="Use 'Authorization: Bearer <token>'.",
-                                          challenges=["Bearer"])
+            raise AuthError("Use 'Authorization: Bearer <token>'.", challenge="Bearer")
         token = token.strip()
         try:
             hit = self._verified.get(token)
@@ -106,28 +104,21 @@ class AuthState:
                 if len(self._verified) > VERIFIED_CACHE_SIZE:
                     self._verified.popitem(last=False)
         except jwt.ExpiredSignatureError:
-            raise falcon.HTTPUnauthorized(title="Unauthorized", description="The token has expired.",
-                                          challenges=['Bearer error="invalid_token"']) from None
+            raise AuthError("The token has expired.") from None
         except (jwt.InvalidTokenError, ValueError, KeyError, TypeError):
-            raise falcon.HTTPUnauthorized(title="Unauthorized", description="The token is invalid.",
-                                          challenges=['Bearer error="invalid_token"']) from None
+            raise AuthError("The token is invalid.") from None
         jti = str(claims["jti"])
         if jti in self.revoked:
-            raise falcon.HTTPUnauthorized(title="Unauthorized", description="The token was revoked.",
-                                          challenges=['Bearer error="invalid_token"'])
+            raise AuthError("The token was revoked.")
         role = str(claims.get("role", "member"))
         known = self.users.get(user_id)
         if known is not None:
             role, disabled, epoch = known
             if disabled:
-                raise falcon.HTTPUnauthorized(title="Unauthorized", description="The user is disabled.",
-                                              challenges=['Bearer error="invalid_token"'])
+                raise AuthError("The user is disabled.")
             gen = claims.get("gen", 0)
             if not isinstance(gen, int) or gen < epoch:
-                raise falcon.HTTPUnauthorized(
-                    title="Unauthorized",
-                    description="The token was revoked (the user's role or password changed); log in again.",
-                    challenges=['Bearer error="invalid_token"'])
+                raise AuthError("The token was revoked (the user's role or password changed); log in again.")
         return Principal(user_id, str(claims.get("name", "")), role, jti, int(claims["exp"]))
 
     # -- fed by the relay's control channel ------------------------------------

@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Any
 
+from . import __version__
+
 EXIT_USAGE = 2
 LOG = logging.getLogger("switchboard.cli")
 
@@ -591,6 +593,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="switchboard",
                                 description="N stateless replicas with PostgreSQL as the only coordination layer")
     p.add_argument("--log-level", default=os.environ.get("SWITCHBOARD_LOG_LEVEL", "INFO"))
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     m = sub.add_parser("migrate", help="apply migrations and functions under an advisory lock")

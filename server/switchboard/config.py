@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 
@@ -11,7 +12,8 @@ class ConfigError(ValueError):
     """A setting is missing or malformed; the message names it."""
 
 
-def _number(name: str, default: float, lo: float, hi: float, cast: type, kind: str) -> float:
+def _number(name: str, default: float, lo: float, hi: float, cast: Callable[[str], float],
+            kind: str) -> float:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -101,7 +103,7 @@ class Config:
     jwt_secret: str
     listen_database_url: str | None = None
     migration_database_url: str | None = None
-    trusted_proxies: list[ipaddress._BaseNetwork] = field(default_factory=list)
+    trusted_proxies: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = field(default_factory=list)
     allowed_origins: list[str] = field(default_factory=list)  # [] = own origin; ["*"] = any
     pool_min: int = 2
     pool_size: int = 10

@@ -1,8 +1,9 @@
 """The data layer: the request pool and every SQL statement the server sends.
 
-Python never builds SQL from input: each method calls one switchboard.*
-function with bound parameters. Keeping them here keeps the SQL reviewable in
-one place.
+Python never builds SQL from input: every statement is a constant with bound
+parameters. Most methods call one switchboard.* function; a few read the tables
+and views the application role may SELECT (tasks, task_runs, users), with the
+column lists below. Keeping them here keeps the SQL reviewable in one place.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 import psycopg
@@ -22,7 +23,12 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from .rows import Run
+
 LOG = logging.getLogger("switchboard.db")
+
+# A row as the pool's connections return it (row_factory=dict_row).
+Row = dict[str, Any]
 
 def _ts(col: str) -> str:
     """A timestamptz column as Python can hold it: psycopg cannot load 'infinity',
@@ -82,7 +88,7 @@ class CheckIfIdle:
         self.fresh = fresh
         self._handed_out: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
 
-    async def __call__(self, conn: psycopg.AsyncConnection) -> None:
+    async def __call__(self, conn: psycopg.AsyncConnection[Any]) -> None:
         now = time.monotonic()
         last = self._handed_out.get(conn)
         if last is None or now - last >= self.fresh:
@@ -149,23 +155,23 @@ class Database:
         self.prepare_threshold = None
         return True
 
-    async def fetchall(self, sql: str, params: Any = None, timeout: float | None = None) -> list[dict]:
+    async def fetchall(self, sql: str, params: Any = None, timeout: float | None = None) -> list[Row]:
         for attempt in (1, 2):
             try:
                 async with self.connection(timeout) as conn:
                     cur = await conn.execute(sql, params)
-                    return await cur.fetchall() if cur.description else []
+                    return cast(list[Row], await cur.fetchall()) if cur.description else []
             except psycopg.Error as exc:
                 if attempt == 2 or not self._prepared_statements_broken(exc):
                     raise
         raise AssertionError("unreachable")
 
-    async def fetchone(self, sql: str, params: Any = None, timeout: float | None = None) -> dict | None:
+    async def fetchone(self, sql: str, params: Any = None, timeout: float | None = None) -> Row | None:
         for attempt in (1, 2):
             try:
                 async with self.connection(timeout) as conn:
                     cur = await conn.execute(sql, params)
-                    return await cur.fetchone() if cur.description else None
+                    return cast(Row | None, await cur.fetchone()) if cur.description else None
             except psycopg.Error as exc:
                 if attempt == 2 or not self._prepared_statements_broken(exc):
                     raise
@@ -197,7 +203,7 @@ class Database:
         async with self.connection(timeout) as conn:
             await conn.execute("SELECT 1")
 
-    async def db_instance(self) -> dict | None:
+    async def db_instance(self) -> Row | None:
         """Timeline, recovery state, start time and UNLOGGED-state epoch of the server."""
         return await self.fetchone("SELECT * FROM switchboard.db_instance()")
 
@@ -212,15 +218,15 @@ class Database:
         return {r["item"]: r["value"] for r in rows}
 
     # -- users & auth -------------------------------------------------------
-    async def login_lookup(self, username: str) -> dict | None:
+    async def login_lookup(self, username: str) -> Row | None:
         return await self.fetchone("SELECT * FROM switchboard.login_lookup_v2(%s)", (username,))
 
 
-    async def get_user(self, user_id: UUID) -> dict | None:
+    async def get_user(self, user_id: UUID) -> Row | None:
         return await self.fetchone(
             "SELECT id, username, role, disabled FROM switchboard.users WHERE id = %s", (user_id,))
 
-    async def get_user_session(self, user_id: UUID) -> dict | None:
+    async def get_user_session(self, user_id: UUID) -> Row | None:
         """get_user plus token_epoch (read through user_states(): the app role may not
         SELECT the column): what a WebSocket remembers when it is accepted."""
         return await self.fetchone(
@@ -237,50 +243,51 @@ class Database:
         return await self.scalar("SELECT switchboard.consume_ticket(%s)", (ticket,))
 
     async def rate_check(self, key: str, rate: float, burst: int, cost: int = 1,
-                         timeout: float | None = None) -> dict:
+                         timeout: float | None = None) -> Row:
         return await self.fetchone("SELECT * FROM switchboard.rate_check(%s, %s, %s, %s)",
-                                   (key, rate, burst, cost), timeout=timeout)  # type: ignore[return-value]
+                                   (key, rate, burst, cost), timeout=timeout)  # type: ignore[return-value]  # one row, always
 
     # -- tasks ----------------------------------------------------------------
-    async def list_tasks(self) -> list[dict]:
+    async def list_tasks(self) -> list[Row]:
         return await self.fetchall(f"SELECT {TASK_COLUMNS} FROM switchboard.tasks ORDER BY name")
 
-    async def get_task(self, task_id: UUID) -> dict | None:
+    async def get_task(self, task_id: UUID) -> Row | None:
         return await self.fetchone(f"SELECT {TASK_COLUMNS} FROM switchboard.tasks WHERE id = %s", (task_id,))
 
 
-    async def create_task(self, name: str, schedule: str | None, handler: str, args: dict,
-                          timezone: str, max_attempts: int) -> dict:
+    async def create_task(self, name: str, schedule: str | None, handler: str, args: dict[str, Any],
+                          timezone: str, max_attempts: int) -> Row:
         return await self.fetchone(
             f"SELECT {TASK_COLUMNS} FROM switchboard.create_task(%s, %s, %s, %s, %s, %s)",
-            (name, schedule, handler, Jsonb(args), timezone, max_attempts))  # type: ignore[return-value]
+            (name, schedule, handler, Jsonb(args), timezone, max_attempts))  # type: ignore[return-value]  # one row or an error
 
-    async def update_task(self, task_id: UUID, changes: dict) -> dict:
+    async def update_task(self, task_id: UUID, changes: dict[str, Any]) -> Row:
         return await self.fetchone(f"SELECT {TASK_COLUMNS} FROM switchboard.update_task(%s, %s)",
-                                   (task_id, Jsonb(changes)))  # type: ignore[return-value]
+                                   (task_id, Jsonb(changes)))  # type: ignore[return-value]  # one row or an error
 
     async def delete_task(self, task_id: UUID) -> bool:
         return await self.scalar("SELECT switchboard.delete_task(%s)", (task_id,))
 
-    async def create_run_exclusive(self, task_id: UUID, trigger: str = "manual") -> dict | None:
+    async def create_run_exclusive(self, task_id: UUID, trigger: str = "manual") -> Row | None:
         return await self.fetchone(
             f"SELECT {RUN_COLUMNS} FROM switchboard.create_run_exclusive(%s, %s)", (task_id, trigger))
 
-    async def active_run(self, task_id: UUID) -> dict | None:
+    async def active_run(self, task_id: UUID) -> Row | None:
         return await self.fetchone(
             f"SELECT {RUN_COLUMNS} FROM switchboard.task_runs WHERE task_id = %s "
             "AND status IN ('queued', 'running') LIMIT 1", (task_id,))
 
-    async def task_runs(self, task_id: UUID, limit: int) -> list[dict]:
+    async def task_runs(self, task_id: UUID, limit: int) -> list[Row]:
         return await self.fetchall(
             f"SELECT {RUN_COLUMNS} FROM switchboard.task_runs WHERE task_id = %s ORDER BY id DESC LIMIT %s",
             (task_id, limit))
 
     # -- scheduler --------------------------------------------------------------
 
-    async def claim_many(self, worker: str, lease: float, max_runs: int) -> list[dict]:
-        return await self.fetchall(f"SELECT {RUN_COLUMNS} FROM switchboard.claim_due_tasks(%s, %s, %s)",
+    async def claim_due_tasks(self, worker: str, lease: float, max_runs: int) -> list[Run]:
+        rows = await self.fetchall(f"SELECT {RUN_COLUMNS} FROM switchboard.claim_due_tasks(%s, %s, %s)",
                                    (worker, timedelta(seconds=lease), max_runs))
+        return [Run.from_row(r) for r in rows]
 
     async def finish_runs(self, worker: str, run_ids: list[int], results: list[Any]) -> set[int]:
         rows = await self.fetchall(
@@ -299,12 +306,12 @@ class Database:
     async def release_run(self, run_id: int, worker: str) -> bool:
         return await self.scalar("SELECT switchboard.release_run(%s, %s)", (run_id, worker))
 
-    async def enqueue(self, handler: str, args: dict, run_at: Any = None, queueing_lock: str | None = None,
-                      max_attempts: int = 3) -> dict | None:
+    async def enqueue(self, handler: str, args: dict[str, Any], run_at: Any = None, queueing_lock: str | None = None,
+                      max_attempts: int = 3) -> Row | None:
         return await self.fetchone(f"SELECT {RUN_COLUMNS} FROM switchboard.enqueue(%s, %s, %s, %s, %s)",
                                    (handler, Jsonb(args), run_at, queueing_lock, max_attempts))
 
-    async def maintenance(self, keep_events: int, replica_stale: float) -> dict:
+    async def maintenance(self, keep_events: int, replica_stale: float) -> Row:
         return await self.scalar(
             "SELECT switchboard.maintenance(keep_events => %s, replica_stale => %s)",
             (timedelta(seconds=keep_events), timedelta(seconds=replica_stale)))
@@ -435,7 +442,7 @@ class Database:
     async def notify_room(self, room: str, event: str, payload: Any) -> int:
         return await self.scalar("SELECT switchboard.notify_room(%s, %s, %s)", (room, event, Jsonb(payload)))
 
-    async def events_since(self, user_id: UUID, after_id: int, rooms: list[str], limit: int) -> list[dict]:
+    async def events_since(self, user_id: UUID, after_id: int, rooms: list[str], limit: int) -> list[Row]:
         return await self.fetchall(
             "SELECT id, user_id, room, event, payload, created_at FROM switchboard.events_since(%s, %s, %s, %s)",
             (user_id, after_id, rooms, limit))
@@ -448,36 +455,36 @@ class Database:
     # must not delay delivery). NOTIFY payloads are hints; these reads are what a
     # replica acts on (docs/security.md).
     @staticmethod
-    async def relay_read(conn: psycopg.AsyncConnection, after_id: int, ephemeral_ids: list[int],
-                         max_rows: int) -> list[dict]:
+    async def relay_read(conn: psycopg.AsyncConnection[Any], after_id: int, ephemeral_ids: list[int],
+                         max_rows: int) -> list[Row]:
         cur = await conn.execute(
             "SELECT id, ephemeral, user_id, room, event, sender, payload, ts "
             "FROM switchboard.relay_read(%s, %s, %s)", (after_id, ephemeral_ids, max_rows))
         return await cur.fetchall()
 
     @staticmethod
-    async def auth_snapshot(conn: psycopg.AsyncConnection, since_seconds: int) -> list[dict]:
+    async def auth_snapshot(conn: psycopg.AsyncConnection[Any], since_seconds: int) -> list[Row]:
         cur = await conn.execute("SELECT * FROM switchboard.auth_snapshot_v2(%s)", (timedelta(seconds=since_seconds),))
         return await cur.fetchall()
 
     @staticmethod
-    async def event_head(conn: psycopg.AsyncConnection) -> int:
+    async def event_head(conn: psycopg.AsyncConnection[Any]) -> int:
         cur = await conn.execute("SELECT switchboard.event_head() AS head")
-        return int((await cur.fetchone())["head"])
+        return int((await cur.fetchone())["head"])  # type: ignore[index]  # SELECT f(): always one row
 
     @staticmethod
-    async def user_states(conn: psycopg.AsyncConnection, user_ids: list[UUID]) -> list[dict]:
+    async def user_states(conn: psycopg.AsyncConnection[Any], user_ids: list[UUID]) -> list[Row]:
         cur = await conn.execute("SELECT user_id, role, disabled, token_epoch FROM switchboard.user_states(%s)",
                                  (user_ids,))
         return await cur.fetchall()
 
     @staticmethod
-    async def revoked_among(conn: psycopg.AsyncConnection, jtis: list[str]) -> list[dict]:
+    async def revoked_among(conn: psycopg.AsyncConnection[Any], jtis: list[str]) -> list[Row]:
         cur = await conn.execute("SELECT jti, expires_at FROM switchboard.revoked_among(%s)", (jtis,))
         return await cur.fetchall()
 
     @staticmethod
-    async def still_members(conn: psycopg.AsyncConnection, pairs: list[tuple[str, UUID]]) -> set[tuple[str, UUID]]:
+    async def still_members(conn: psycopg.AsyncConnection[Any], pairs: list[tuple[str, UUID]]) -> set[tuple[str, UUID]]:
         cur = await conn.execute(
             "SELECT t.room, t.user_id FROM unnest(%s::text[], %s::uuid[]) AS t(room, user_id) "
             "WHERE switchboard.is_room_member(t.room, t.user_id)",
@@ -498,14 +505,14 @@ class Database:
     async def remove_room_member(self, room: str, user_id: UUID) -> bool:
         return await self.scalar("SELECT switchboard.remove_room_member(%s, %s)", (room, user_id))
 
-    async def room_members(self, room: str) -> list[dict]:
+    async def room_members(self, room: str) -> list[Row]:
         return await self.fetchall("SELECT * FROM switchboard.room_members_online(%s)", (room,))
 
     async def room_exists(self, room: str) -> bool:
         return bool(await self.scalar("SELECT EXISTS (SELECT 1 FROM switchboard.rooms WHERE name = %s)", (room,)))
 
     # -- replicas, presence, tools ------------------------------------------------------
-    async def replica_heartbeat(self, replica_id: str, info: dict, handlers: list[str],
+    async def replica_heartbeat(self, replica_id: str, info: dict[str, Any], handlers: list[str],
                                 interval: float, version: str) -> None:
         await self.fetchone("SELECT switchboard.replica_heartbeat(%s, %s, %s::text[], %s, %s)",
                             (replica_id, Jsonb(info), handlers, timedelta(seconds=interval), version))
@@ -532,12 +539,12 @@ class Database:
         return await self.scalar("SELECT switchboard.tool_call_answer(%s, %s, %s)",
                                  (call_id, sender, Jsonb(result)))
 
-    async def tool_call_collect(self, call_id: UUID, give_up: bool = False) -> dict | None:
+    async def tool_call_collect(self, call_id: UUID, give_up: bool = False) -> Row | None:
         return await self.fetchone("SELECT * FROM switchboard.tool_call_collect(%s, %s)", (call_id, give_up))
 
     # -- sql handler ----------------------------------------------------------------------
     async def run_job_sql(self, statement: str, timeout_s: float, run_id: int | None = None,
-                          grace_s: float = 5.0) -> dict:
+                          grace_s: float = 5.0) -> Row:
         """Run an admin-created task's statement as the restricted job role.
 
         Through switchboard.run_job_sql(), a SECURITY DEFINER function owned by
@@ -633,6 +640,6 @@ class Database:
                     # It caught the cancel and ended within the grace: its work does not count.
                     raise SqlJobTimeout(f"the statement ignored its timeout of {timeout_s:g} s and "
                                         "was rolled back")
-                return row["r"]  # type: ignore[index]
+                return row["r"]  # type: ignore[index]  # SELECT f() AS r: always one row
         except psycopg.errors.QueryCanceled:
             raise SqlJobTimeout(f"the statement was cancelled at its timeout of {timeout_s:g} s") from None

@@ -1,4 +1,4 @@
-"""Error translation in one place: psycopg SQLSTATEs -> HTTP statuses.
+"""Error translation in one place: psycopg SQLSTATEs and domain errors -> HTTP statuses.
 
 Modelled on PostgREST's mapping. Anything a client can send must end as a
 4xx with a JSON body naming the problem; an unexpected exception is logged
@@ -8,14 +8,42 @@ with its traceback server-side and answered with a bare 500 JSON body.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import falcon
 import psycopg
 import psycopg_pool
 
 from .bounded import escape
+from .domain_errors import (AuthError, DomainError, NotFound, RateLimited, ToolCallLost,
+                            ToolCallTimeout, Unavailable)
 
 LOG = logging.getLogger("switchboard.errors")
+
+# The one table from what a lower layer raised to the HTTP status it answers with,
+# keyed on the domain error's type (the most specific class in its MRO wins). The
+# body is {"title", "description"} from the error; its headers are passed through.
+DOMAIN_STATUS: dict[type[DomainError], str] = {
+    AuthError: falcon.HTTP_401,
+    NotFound: falcon.HTTP_404,
+    RateLimited: falcon.HTTP_429,
+    Unavailable: falcon.HTTP_503,
+    ToolCallLost: falcon.HTTP_503,
+    ToolCallTimeout: falcon.HTTP_504,
+    DomainError: falcon.HTTP_500,
+}
+
+
+def status_for_domain_error(exc: DomainError) -> str:
+    for cls in type(exc).__mro__:
+        if cls in DOMAIN_STATUS:
+            return DOMAIN_STATUS[cls]
+    return falcon.HTTP_500
+
+
+def http_error_from_domain(exc: DomainError) -> falcon.HTTPError:
+    return falcon.HTTPError(status_for_domain_error(exc), title=exc.title,
+                            description=exc.description, headers=exc.headers or None)
 
 
 def status_for_sqlstate(sqlstate: str | None) -> str:
@@ -63,14 +91,21 @@ def http_error_from_db(exc: psycopg.Error) -> falcon.HTTPError:
     return falcon.HTTPError(status, description=desc)
 
 
-async def handle_db_error(req: falcon.Request, resp: falcon.Response, exc: Exception, params: dict) -> None:
+async def handle_db_error(req: falcon.Request, resp: falcon.Response, exc: Exception, params: dict[str, Any]) -> None:
     if isinstance(exc, psycopg.Error):
         raise http_error_from_db(exc)
     raise exc
 
 
+async def handle_domain_error(req: falcon.Request, resp: falcon.Response, exc: Exception,
+                              params: dict[str, Any]) -> None:
+    if isinstance(exc, DomainError):
+        raise http_error_from_domain(exc)
+    raise exc
+
+
 async def handle_pool_timeout(req: falcon.Request, resp: falcon.Response, exc: Exception,
-                              params: dict) -> None:
+                              params: dict[str, Any]) -> None:
     LOG.warning("database pool: %s", exc)
     raise falcon.HTTPServiceUnavailable(title="Service Unavailable",
                                         description="The database is unavailable; retry shortly.",
@@ -78,7 +113,7 @@ async def handle_pool_timeout(req: falcon.Request, resp: falcon.Response, exc: E
 
 
 async def handle_unexpected(req: falcon.Request, resp: falcon.Response, exc: Exception,
-                            params: dict) -> None:
+                            params: dict[str, Any]) -> None:
     if isinstance(exc, falcon.HTTPError):
         raise exc
     LOG.exception("unhandled error on %s %s", req.method, req.path)
@@ -87,7 +122,7 @@ async def handle_unexpected(req: falcon.Request, resp: falcon.Response, exc: Exc
 
 
 async def handle_route_not_found(req: falcon.Request, resp: falcon.Response, exc: Exception,
-                                 params: dict) -> None:
+                                 params: dict[str, Any]) -> None:
     """Falcon answers an unknown path with {"title": "404 Not Found"} only; every other
     error carries a description, so this one does too."""
     raise falcon.HTTPNotFound(title="Not Found",
@@ -95,7 +130,7 @@ async def handle_route_not_found(req: falcon.Request, resp: falcon.Response, exc
 
 
 async def handle_method_not_allowed(req: falcon.Request, resp: falcon.Response, exc: Exception,
-                                    params: dict) -> None:
+                                    params: dict[str, Any]) -> None:
     allowed = (getattr(exc, "headers", None) or {}).get("Allow", "")
     raise falcon.HTTPMethodNotAllowed(
         [m.strip() for m in allowed.split(",") if m.strip()], title="Method Not Allowed",
@@ -103,13 +138,15 @@ async def handle_method_not_allowed(req: falcon.Request, resp: falcon.Response, 
                     f"allowed: {allowed or 'none'}")
 
 
-def register(app: falcon.asgi.App) -> None:
+def register(app: falcon.asgi.App[Any, Any]) -> None:
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(falcon.HTTPRouteNotFound, handle_route_not_found)
     app.add_error_handler(falcon.HTTPMethodNotAllowed, handle_method_not_allowed)
     app.add_error_handler(psycopg.Error, handle_db_error)
+    app.add_error_handler(DomainError, handle_domain_error)
     app.add_error_handler(psycopg_pool.PoolTimeout, handle_pool_timeout)
     app.add_error_handler(psycopg_pool.PoolClosed, handle_pool_timeout)
 
 
-__all__ = ["register", "http_error_from_db", "status_for_sqlstate", "psycopg_pool"]
+__all__ = ["register", "http_error_from_db", "status_for_sqlstate", "psycopg_pool", "DOMAIN_STATUS",
+           "http_error_from_domain", "status_for_domain_error"]

@@ -26,6 +26,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
+from typing import Any
 
 import psycopg
 
@@ -45,10 +46,10 @@ class FailoverWatch:
         self.started_at: datetime | None = None
         self.unlogged_since: datetime | None = None
         self.last_change: float = 0.0            # epoch seconds of the last change observed
-        self._check: asyncio.Task | None = None
+        self._check: asyncio.Task[Any] | None = None
         metrics.set("switchboard_db_timeline", float("nan"))
 
-    async def observe(self, conn: psycopg.AsyncConnection | None = None) -> None:
+    async def observe(self, conn: psycopg.AsyncConnection[Any] | None = None) -> None:
         """Never raises: the watch observes; a replica whose schema predates db_instance()
         (started with --no-migrate during a rolling update) must still become ready.
 

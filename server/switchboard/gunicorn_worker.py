@@ -13,7 +13,7 @@ from uvicorn_worker import UvicornWorker
 from .config import server_limits, ws_compression_enabled
 
 
-class Worker(UvicornWorker):
+class Worker(UvicornWorker):  # type: ignore[misc]  # uvicorn-worker ships no types (no py.typed)
     CONFIG_KWARGS = {
         "loop": "asyncio",
         "http": "auto",

@@ -34,7 +34,7 @@ import asyncio
 import importlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine, Mapping
 from datetime import datetime, timezone
 from importlib.metadata import entry_points
 from types import ModuleType
@@ -42,6 +42,7 @@ from typing import Any
 from uuid import UUID
 
 from .db import Database
+from .rows import Run
 
 ENTRY_POINT_GROUP = "switchboard.handlers"
 LOG = logging.getLogger("switchboard.handlers")
@@ -94,16 +95,18 @@ class HandlerContext:
     __slots__ = ("run_id", "attempt", "max_attempts", "args", "task_id", "handler", "trigger",
                  "scheduled_for", "logger", "lease_lost", "cancelled", "_db", "_deadline")
 
-    def __init__(self, run: dict, db: Database, *, lease_seconds: float,
+    def __init__(self, run: Run | Mapping[str, Any], db: Database, *, lease_seconds: float,
                  lease_lost: asyncio.Event | None = None) -> None:
-        self.run_id: int = run["id"]
-        self.attempt: int = run.get("attempt") or 1
-        self.max_attempts: int = run.get("max_attempts") or 1
-        self.args: dict = run.get("args") or {}
-        self.task_id: UUID | None = run.get("task_id")
-        self.handler: str = run["handler"]
-        self.trigger: str | None = run.get("trigger")
-        self.scheduled_for: datetime | None = run.get("scheduled_for")
+        if not isinstance(run, Run):
+            run = Run.from_row(run)  # a row of db.RUN_COLUMNS (bench/ passes those)
+        self.run_id: int = run.id
+        self.attempt: int = run.attempt or 1
+        self.max_attempts: int = run.max_attempts or 1
+        self.args: dict[str, Any] = run.args or {}
+        self.task_id: UUID | None = run.task_id
+        self.handler: str = run.handler
+        self.trigger: str | None = run.trigger
+        self.scheduled_for: datetime | None = run.scheduled_for
         self.logger = logging.LoggerAdapter(logging.getLogger(f"switchboard.handler.{self.handler}"),
                                             {"run_id": self.run_id})
         self.lease_lost = lease_lost if lease_lost is not None else asyncio.Event()
@@ -134,7 +137,7 @@ class HandlerContext:
     async def notify_room(self, room: str, event: str, payload: Any = None) -> int:
         return await self._db.notify_room(room, event, {} if payload is None else payload)
 
-    async def enqueue(self, handler: str, args: dict | None = None, *, run_at: datetime | None = None,
+    async def enqueue(self, handler: str, args: dict[str, Any] | None = None, *, run_at: datetime | None = None,
                       queueing_lock: str | None = None, max_attempts: int = 3) -> int | None:
         row = await self._db.enqueue(handler, args or {}, run_at, queueing_lock, max_attempts)
         return None if row is None else row["id"]
@@ -152,7 +155,7 @@ def _cap_deadline(ctx: HandlerContext, until: float) -> None:
     ctx._deadline = min(ctx._deadline, until)
 
 
-Handler = Callable[[HandlerContext], Awaitable[Any]]
+Handler = Callable[[HandlerContext], Coroutine[Any, Any, Any]]  # an `async def` (run as a task)
 
 
 class HandlerRegistry:

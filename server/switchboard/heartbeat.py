@@ -32,7 +32,7 @@ class ReplicaHeartbeat:
         self.auth = auth
         self.replica = replica
         self.interval = interval
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Register before serving: the first beat runs before start() returns

@@ -27,6 +27,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import disable_created_metrics, multiprocess
@@ -81,7 +82,10 @@ _HISTOGRAMS: dict[str, tuple[str, tuple[str, ...], tuple[float, ...]]] = {
 }
 
 # name: (help, how several workers of one pod combine)
-_GAUGES: dict[str, tuple[str, str]] = {
+# prometheus_client's accepted values (its Gauge declares them as a Literal)
+_Mode = Literal["all", "liveall", "min", "livemin", "max", "livemax", "sum", "livesum",
+                "mostrecent", "livemostrecent"]
+_GAUGES: dict[str, tuple[str, _Mode]] = {
     "switchboard_ready": ("1 while this replica is ready (database answers, LISTEN up, not draining)",
                           "livemin"),
     "switchboard_listen_connected": ("1 while the LISTEN connection is up", "livemin"),
@@ -182,7 +186,7 @@ class GaugeSampler:
         self.timeout = timeout
         self._db_ok = False
         self._last_snapshot = 0.0
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def sample_local(self) -> None:
         for name, fn in self.local.items():

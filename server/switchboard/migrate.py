@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from importlib import resources
 from pathlib import Path
 
 import pgmigrate
@@ -23,22 +24,33 @@ class MigrationError(RuntimeError):
 
 
 def db_dir() -> Path:
-    """Where db/ (migrations, functions, migrations.yml) lives.
+    """Where db/ (migrations/, functions/, migrations.yml) lives: inside the package.
 
-    $SWITCHBOARD_DB_DIR wins (the container sets /app/db); otherwise the source
-    tree next to the package (editable installs and the test suite).
+    The wheel carries db/ as package data (switchboard/db); in the source tree
+    server/switchboard/db is a link to the repository's db/. Either way
+    importlib.resources finds it, from any working directory, with no setting.
+    $SWITCHBOARD_DB_DIR still overrides it (a DBA testing another copy of db/).
     """
     env = os.environ.get("SWITCHBOARD_DB_DIR")
-    candidates = [Path(env)] if env else []
-    here = Path(__file__).resolve()
-    candidates += [here.parents[2] / "db", Path.cwd() / "db", Path("/app/db")]
-    for cand in candidates:
-        if (cand / "migrations").is_dir() and (cand / "migrations.yml").exists():
-            return cand
+    if env:
+        cand = Path(env)
+        if not _is_db_dir(cand):
+            raise MigrationError(f"SWITCHBOARD_DB_DIR={env} holds no migrations/ and migrations.yml")
+        return cand
+    packaged = resources.files("switchboard") / "db"
+    # pgmigrate reads a directory; an installed wheel is a directory on disk (a
+    # zipimport install would give a Traversable that is not a Path).
+    if isinstance(packaged, Path) and _is_db_dir(packaged):
+        return packaged
     raise MigrationError(
-        "migrations directory not found; set SWITCHBOARD_DB_DIR to the folder holding "
-        "migrations/, functions/ and migrations.yml"
+        f"the package's SQL files are missing ({packaged}); reinstall switchboard from its "
+        "wheel or sdist, or set SWITCHBOARD_DB_DIR to a folder holding migrations/, "
+        "functions/ and migrations.yml"
     )
+
+
+def _is_db_dir(cand: Path) -> bool:
+    return (cand / "migrations").is_dir() and (cand / "migrations.yml").is_file()
 
 
 def _libpq_dsn(url: str) -> str:
@@ -54,6 +66,40 @@ def status(url: str, base: Path | None = None) -> dict[int, bool]:
     return {int(v): info.meta["installed_on"] is not None for v, info in state.items()}
 
 
+def known_versions(base: Path) -> list[int]:
+    """The versions of the migration files in ``base``/migrations, in order."""
+    out = []
+    for p in (base / "migrations").glob("V*__*.sql"):
+        num = p.name[1:].split("__", 1)[0]
+        if num.isdigit():
+            out.append(int(num))
+    return sorted(out)
+
+
+def missing_below_head(applied: list[int], known: list[int]) -> list[int]:
+    """Known versions a database skipped: not applied, yet older than its newest applied one.
+
+    pgmigrate only applies versions above the newest one applied, so a database that
+    reached V0007 before V0005 was merged would silently never get V0005. Versions
+    applied that this release does not know (a newer release's, during a rolling
+    update) are fine: only gaps below the head count.
+    """
+    if not applied:
+        return []
+    head = max(applied)
+    done = set(applied)
+    return [v for v in known if v < head and v not in done]
+
+
+def not_a_prefix_message(applied: list[int], missing: list[int]) -> str:
+    names = ", ".join(f"V{v:04d}" for v in missing)
+    return (f"refusing to migrate: this database has V{max(applied):04d} applied but not {names} "
+            f"(its applied versions are not a prefix of the known ones; pgmigrate would skip "
+            f"{'it' if len(missing) == 1 else 'them'} for good). Hint: a development database that "
+            "ran a branch before an earlier-numbered migration was merged: recreate it, or have a DBA "
+            "apply the missing file(s) by hand and record them in switchboard.schema_version.")
+
+
 def migrate(url: str, base: Path | None = None) -> list[int]:
     """Apply every pending version (and then the function files). Returns the versions applied."""
     base = base or db_dir()
@@ -63,6 +109,12 @@ def migrate(url: str, base: Path | None = None) -> list[int]:
         # The advisory lock is held from here (session statements) until COMMIT.
         state = pgmigrate._get_state(conf.base_dir, conf.baseline, conf.target,  # noqa: SLF001
                                      conf.schema, conf.cursor)
+        applied = [int(v) for v, i in state.items() if i.meta["installed_on"] is not None]
+        missing = missing_below_head(applied, known_versions(base))
+        if missing:
+            conf.conn_instance.rollback()  # releases the advisory lock
+            conf.conn_instance.close()
+            raise MigrationError(not_a_prefix_message(applied, missing))
         pending = sorted(int(v) for v, i in state.items() if i.meta["installed_on"] is None)
         pgmigrate.migrate(conf)
     except pgmigrate.MigrateError as exc:

@@ -59,7 +59,7 @@ def _write_wrapper(path: str, target: str, user: str | None, own_session: bool =
     os.chmod(path, 0o755)
 
 
-class _RootSafePostgresql(testing.postgresql.Postgresql):
+class _RootSafePostgresql(testing.postgresql.Postgresql):  # type: ignore[misc]  # testing.postgresql ships no types
     run_as: str | None = None
 
     def initialize_database(self) -> None:  # noqa: D401 - testing.postgresql hook
@@ -127,7 +127,8 @@ class ThrowawayPostgres:
 
     @property
     def pid(self) -> int | None:
-        return self._pg.server_pid
+        pid = self._pg.server_pid
+        return None if pid is None else int(pid)
 
     def stop(self) -> None:
         """Fast shutdown (SIGINT), then remove the directory."""

@@ -13,9 +13,10 @@ import ipaddress
 import logging
 import math
 from dataclasses import dataclass
-import falcon
+from typing import Protocol
 
 from .db import Database
+from .domain_errors import RateLimited
 from .metrics import Metrics
 
 LOG = logging.getLogger("switchboard.ratelimit")
@@ -66,14 +67,22 @@ class RateLimiter:
         return d
 
 
-def too_many(d: Decision) -> falcon.HTTPTooManyRequests:
-    return falcon.HTTPTooManyRequests(
-        title="Too Many Requests",
-        description=f"rate limit {d.policy} exceeded; retry in {max(1, math.ceil(d.retry_after_ms / 1000))} s",
+def too_many(d: Decision) -> RateLimited:
+    return RateLimited(
+        f"rate limit {d.policy} exceeded; retry in {max(1, math.ceil(d.retry_after_ms / 1000))} s",
         headers=d.headers())
 
 
-def client_ip(req: falcon.Request, trusted: list[ipaddress._BaseNetwork]) -> str:
+class PeerRequest(Protocol):
+    """What client_ip() reads of a request (falcon's Request has both)."""
+
+    @property
+    def remote_addr(self) -> str | None: ...
+
+    def get_header(self, name: str) -> str | None: ...
+
+
+def client_ip(req: PeerRequest, trusted: list[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> str:
     """The socket peer, unless the peer is a trusted proxy: then the right-most
     X-Forwarded-For address that is not itself a trusted proxy."""
     peer = req.remote_addr or "unknown"

@@ -64,6 +64,20 @@ async def _bounded(coro: Any, timeout: float, what: str) -> Any:
     return task.result()
 
 
+async def _abandon(task: asyncio.Task, conn: psycopg.AsyncConnection | None,
+                   grace: float = 2.0) -> None:
+    """Stop ``task``, which may be inside a query on ``conn``, without a network wait.
+
+    Cancelling a task in the middle of a query makes psycopg send a cancel request
+    and wait for the query to end (up to 5 s + 5 s over a dead link). Closing the
+    connection first (libpq's finish: local and immediate) leaves psycopg nothing
+    to cancel, so the task ends at once; ``grace`` bounds the wait regardless."""
+    if conn is not None:
+        await conn.close()
+    task.cancel()
+    await asyncio.wait({task}, timeout=grace)
+
+
 def encode(f: dict) -> str:
     return json.dumps(f, separators=(",", ":"), default=str)
 
@@ -317,9 +331,7 @@ class Relay:
                     LOG.warning("LISTEN connection lost: %s", str(exc).strip() or type(exc).__name__)
                 self.last_error = f"LISTEN connection down: {str(exc).strip() or type(exc).__name__}"
             finally:
-                if self.connected or self.down_since is None:
-                    self.down_since = time.monotonic()
-                self.connected = False
+                self._mark_down()
                 for attr in ("_conn", "_reader"):
                     conn = getattr(self, attr)
                     setattr(self, attr, None)
@@ -339,6 +351,11 @@ class Relay:
             # the new primary took writes (tests/pgha). One connect attempt per replica every
             # 1-3 s during an outage costs the database nothing.
             delay = min(delay * 2, 2.0)
+
+    def _mark_down(self) -> None:
+        if self.connected or self.down_since is None:
+            self.down_since = time.monotonic()
+        self.connected = False
 
     async def _connect(self, name: str) -> psycopg.AsyncConnection:
         return await asyncio.wait_for(
@@ -379,8 +396,10 @@ class Relay:
                     # listen_check_interval + max(listen_check_interval, 1 s).
                     await _bounded(conn.execute("SELECT 1"), max(interval, 1.0), "liveness check")
         finally:
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+            # Down from this moment (readiness 503, the deaf-close clock starts), not after
+            # the clean-up below: it may wait on a dead network.
+            self._mark_down()
+            await _abandon(reader, self._reader)
 
     async def _after_connect(self) -> None:
         rconn = self._reader

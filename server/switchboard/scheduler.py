@@ -57,6 +57,7 @@ from .db import Database
 from .handlers import HandlerContext, HandlerError, HandlerRegistry, _cap_deadline, _extend_deadline
 from .metrics import Metrics
 from .replica import ReplicaState
+from .rows import Run
 
 LOG = logging.getLogger("switchboard.scheduler")
 
@@ -82,14 +83,14 @@ class Scheduler:
         self._fence_wake = asyncio.Event()
         self._fence_task: asyncio.Task | None = None
         self._stopping = False
-        self._running: dict[int, asyncio.Task] = {}
-        self._loop_task: asyncio.Task | None = None
+        self._running: dict[int, asyncio.Task[None]] = {}
+        self._loop_task: asyncio.Task[None] | None = None
         self._done: list[tuple[int, Any, asyncio.Future[bool]]] = []
         self._flushing = False
-        self._claims: set[asyncio.Future[list[dict]]] = set()   # claim round trips in flight
+        self._claims: set[asyncio.Future[list[Run]]] = set()   # claim round trips in flight
         self._lease_until: dict[int, float] = {}    # run id -> local time its lease is proven until
         self._lost: set[int] = set()                # runs whose lease was lost (handler cancelled)
-        self._handbacks: set[asyncio.Task] = set()   # release_run() after a lost lease, retried
+        self._handbacks: set[asyncio.Task[None]] = set()   # release_run() after a lost lease, retried
 
     def wake(self) -> None:
         self._wake.set()
@@ -159,7 +160,7 @@ class Scheduler:
             sent = time.time()
             # Shielded: if this task is cancelled mid-claim, the claim itself runs to its end
             # and stop() hands back what it got (see the module docstring).
-            claim = asyncio.ensure_future(self.db.claim_many(self.worker, self.cfg.lease_seconds, free))
+            claim = asyncio.ensure_future(self.db.claim_due_tasks(self.worker, self.cfg.lease_seconds, free))
             self._claims.add(claim)
             try:
                 runs = await asyncio.shield(claim)
@@ -172,23 +173,23 @@ class Scheduler:
             for run in runs:
                 # a label from the registry (a closed set), whatever name a task or job carries
                 self.metrics.inc("switchboard_claims_total",
-                                 handler=run["handler"] if self.handlers.get(run["handler"]) else "unknown")
-                self._lease_until[run["id"]] = sent + self.cfg.lease_seconds
-                if run.get("started_at") and run.get("run_at"):  # both on the database clock
+                                 handler=run.handler if self.handlers.get(run.handler) else "unknown")
+                self._lease_until[run.id] = sent + self.cfg.lease_seconds
+                if run.started_at and run.run_at:  # both on the database clock
                     self.metrics.observe("switchboard_claim_latency_seconds",
-                                         (run["started_at"] - run["run_at"]).total_seconds())
-                self._running[run["id"]] = asyncio.create_task(self._execute(run), name=f"run-{run['id']}")
+                                         (run.started_at - run.run_at).total_seconds())
+                self._running[run.id] = asyncio.create_task(self._execute(run), name=f"run-{run.id}")
             if len(runs) < free:
                 return  # nothing more is due right now
 
-    async def _execute(self, run: dict) -> None:
-        run_id = run["id"]
+    async def _execute(self, run: Run) -> None:
+        run_id = run.id
         ctx = HandlerContext(run, self.db, lease_seconds=self.cfg.lease_seconds)
         self._contexts[run_id] = ctx
         self._lease_until.setdefault(run_id, time.time() + self.cfg.lease_seconds)
         ok, result, error = False, None, None
-        handler = self.handlers.get(run["handler"])
-        htask: asyncio.Task | None = None
+        handler = self.handlers.get(run.handler)
+        htask: asyncio.Task[Any] | None = None
         if handler is not None:
             htask = asyncio.create_task(handler(ctx), name=f"handler-{run_id}")
             self._htasks[run_id] = htask
@@ -196,7 +197,7 @@ class Scheduler:
         watch = asyncio.create_task(self._watch_lease(ctx, htask)) if htask is not None else None
         try:
             if htask is None:
-                error = f"unknown handler {run['handler']!r} (registered: {', '.join(self.handlers.names())})"
+                error = f"unknown handler {run.handler!r} (registered: {', '.join(self.handlers.names())})"
             else:
                 try:
                     result = await htask
@@ -208,7 +209,7 @@ class Scheduler:
                     error = str(exc)
                 except Exception as exc:
                     error = f"{type(exc).__name__}: {exc}"
-                    LOG.warning("run %s (%s) failed:\n%s", run_id, run["handler"], traceback.format_exc())
+                    LOG.warning("run %s (%s) failed:\n%s", run_id, run.handler, traceback.format_exc())
         except asyncio.CancelledError:
             hb.cancel()
             if watch is not None:
@@ -242,7 +243,7 @@ class Scheduler:
         self._lease_until.pop(run_id, None)
         self._lost.discard(run_id)
 
-    def _lose_lease(self, ctx: HandlerContext, htask: asyncio.Task | None, why: str,
+    def _lose_lease(self, ctx: HandlerContext, htask: asyncio.Task[Any] | None, why: str,
                     grace: float | None = None, cancelled: bool = False) -> None:
         """Tell the handler (ctx.lease_lost) and cancel it ``grace`` s later (default
         margin/2): its run may be rescued elsewhere, or was cancelled by an operator."""
@@ -266,7 +267,7 @@ class Scheduler:
     def _margin(self) -> float:
         return min(max(self.cfg.lease_seconds * 0.2, 0.2), 5.0)
 
-    async def _watch_lease(self, ctx: HandlerContext, htask: asyncio.Task) -> None:
+    async def _watch_lease(self, ctx: HandlerContext, htask: asyncio.Task[Any]) -> None:
         """Cancel the handler once its lease can no longer be proven (see the module docstring)."""
         lease = self.cfg.lease_seconds
         margin = self._margin()
@@ -340,7 +341,7 @@ class Scheduler:
         finally:
             self._flushing = False
 
-    async def _heartbeat(self, ctx: HandlerContext, htask: asyncio.Task | None) -> None:
+    async def _heartbeat(self, ctx: HandlerContext, htask: asyncio.Task[Any] | None) -> None:
         """Extend the lease every lease/3. An acknowledged heartbeat proves the lease until
         its send time + lease; when the database says this worker no longer owns the run,
         the handler is told (ctx.lease_lost) and cancelled."""
@@ -411,10 +412,10 @@ class Scheduler:
                 self._claims.discard(claim)
             for run in runs:
                 try:
-                    if await self.db.release_run(run["id"], self.worker):
-                        LOG.info("run %s (claimed while stopping) handed back", run["id"])
+                    if await self.db.release_run(run.id, self.worker):
+                        LOG.info("run %s (claimed while stopping) handed back", run.id)
                 except Exception as exc:
-                    LOG.warning("run %s: hand-back failed (%s); its lease will expire", run["id"], exc)
+                    LOG.warning("run %s: hand-back failed (%s); its lease will expire", run.id, exc)
 
 
 def _jsonable(v: Any) -> Any:

@@ -17,9 +17,8 @@ import uuid
 from collections import OrderedDict
 from typing import Any
 
-import falcon
-
 from .db import Database
+from .domain_errors import NotFound, ToolCallLost, ToolCallTimeout
 
 
 class ToolBridge:
@@ -65,8 +64,7 @@ class ToolBridge:
         deadline = time.monotonic() + timeout
         call_id = await db.tool_call_send(user_id, self.replica_id, name, args, timeout)
         if call_id is None:
-            raise falcon.HTTPNotFound(title="Not Found",
-                                      description=f"user {user_id} has no open socket on any replica")
+            raise NotFound(f"user {user_id} has no open socket on any replica")
         ev = asyncio.Event()
         self._waiters[call_id] = ev
         if self._early.pop(call_id, False) is None:
@@ -83,10 +81,9 @@ class ToolBridge:
                     break
                 ev.clear()
                 if call_id in self._lost:
-                    raise falcon.HTTPServiceUnavailable(
-                        title="Service Unavailable", retry_after=1,
-                        description=f"tool call {call_id} was lost: the database failed over or restarted "
-                                    "and lost in-flight tool calls; nothing was answered, call again")
+                    raise ToolCallLost(
+                        f"tool call {call_id} was lost: the database failed over or restarted "
+                        "and lost in-flight tool calls; nothing was answered, call again", retry_after=1)
                 row = await db.tool_call_collect(call_id)  # None unless really answered
             if row is None:
                 row = await db.tool_call_collect(call_id, give_up=True)
@@ -95,6 +92,5 @@ class ToolBridge:
             self._early.pop(call_id, None)
             self._lost.discard(call_id)
         if row is None or not row["answered"]:
-            raise falcon.HTTPGatewayTimeout(title="Gateway Timeout",
-                                            description=f"no answer from the user within {timeout_ms} ms")
+            raise ToolCallTimeout(f"no answer from the user within {timeout_ms} ms")
         return row["result"]

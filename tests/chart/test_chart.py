@@ -951,23 +951,33 @@ def test_psycopg2_comes_from_the_binary_wheel(stages: list[dict[str, Any]]) -> N
     # pgmigrate declares "psycopg2" (source-only on Linux); it must be installed
     # --no-deps, and the project too, or pip resolves the sdist back in.
     assert "pip install --no-deps -r /tmp/pgmigrate.txt" in runs
-    assert "pip install --no-deps ." in runs
+    assert "pip install --no-deps /tmp/dist/switchboard-*.whl" in runs
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert any(d.startswith("yandex-pgmigrate") for d in deps)
     assert any(d.startswith("psycopg[binary]") for d in deps)
 
 
-def test_image_carries_the_migrations(stages: list[dict[str, Any]]) -> None:
-    final = stages[-1]
+def test_image_installs_the_built_wheel_with_its_sql(stages: list[dict[str, Any]]) -> None:
+    """The image runs what a user's `pip install` of the wheel gives: the builder builds
+    the wheel (db/ inside it as package data) and installs it; the final stage copies
+    only the venv, with no db/ beside it and no SWITCHBOARD_DB_DIR to find it."""
+    builder, final = stages[0], stages[-1]
+    runs = " ".join(instructions(builder, "RUN"))
+    assert "pip wheel --no-deps -w /tmp/dist ." in runs
+    assert "pip install --no-deps /tmp/dist/switchboard-*.whl" in runs
+    assert "pip install --no-deps ." not in runs
+    # the build proves the installed package finds its SQL from outside the source tree
+    assert "cd / && switchboard --version" in runs and "db_dir()" in runs
+    assert ["db/", "db/"] in [c.split() for c in instructions(builder, "COPY")]
     envs = " ".join(instructions(final, "ENV"))
-    assert re.search(r"\bSWITCHBOARD_DB_DIR=/app/db\b", envs)
+    assert "SWITCHBOARD_DB_DIR" not in envs
     assert re.search(r"\bPYTHONDONTWRITEBYTECODE=1\b", envs)  # read-only root filesystem
     copies = [c.split() for c in instructions(final, "COPY") if not c.startswith("--")]
-    assert ["db/", "/app/db/"] in copies
-    assert ["pgmigrate.yml", "/app/pgmigrate.yml"] in copies
-    # db/migrations.yml is a relative link, so it resolves in /app/db as in the repo.
-    link = ROOT / "db" / "migrations.yml"
-    assert link.is_symlink() and os.readlink(link) == "../pgmigrate.yml"
+    assert copies == [], copies
+    # the package's db/ is a link to the repository's db/ (one copy of every SQL file)
+    link = ROOT / "server" / "switchboard" / "db"
+    assert link.is_symlink() and os.readlink(link) == "../../db"
+    assert not (ROOT / "db" / "migrations.yml").is_symlink()
 
 
 def dockerignore_excludes(path: str) -> bool:

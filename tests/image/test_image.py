@@ -55,7 +55,7 @@ def test_root_filesystem_is_read_only_except_tmp(kit: Kit, image: str) -> None:
     probe = (
         "import errno, json\n"
         "out = {}\n"
-        "for p in ['/x', '/app/x', '/app/db/x', '/opt/venv/x', '/etc/x', '/tmp/x']:\n"
+        "for p in ['/x', '/app/x', '/opt/venv/lib/python3.11/site-packages/switchboard/db/x', '/opt/venv/x', '/etc/x', '/tmp/x']:\n"
         "    try:\n"
         "        open(p, 'w').write('x'); out[p] = 'written'\n"
         "    except OSError as e:\n"
@@ -65,7 +65,8 @@ def test_root_filesystem_is_read_only_except_tmp(kit: Kit, image: str) -> None:
     r = kit.run_once(["-c", probe], entrypoint="python")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {
-        "/x": "EROFS", "/app/x": "EROFS", "/app/db/x": "EROFS", "/opt/venv/x": "EROFS",
+        "/x": "EROFS", "/app/x": "EROFS", "/opt/venv/x": "EROFS",
+        "/opt/venv/lib/python3.11/site-packages/switchboard/db/x": "EROFS",
         "/etc/x": "EROFS", "/tmp/x": "written",
     }
 
@@ -79,7 +80,7 @@ def test_migrate_from_the_image_on_an_empty_database(kit: Kit, image: str, empty
             "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
             "WHERE n.nspname = 'switchboard'"
         ).fetchone()[0]
-    assert functions > 20  # the afterAll callback applied db/functions from /app/db
+    assert functions > 20  # the afterAll callback applied the wheel's switchboard/db/functions
     # Idempotent: a second run applies nothing.
     r = kit.run_once(["migrate"], env={"DATABASE_URL": container_url(empty_db)})
     assert r.returncode == 0, r.stdout + r.stderr

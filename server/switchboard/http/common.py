@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Literal, overload
 
 import falcon
 
@@ -23,7 +23,7 @@ def is_json_media_type(content_type: str | None) -> bool:
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
-async def read_json(req: falcon.Request, limit: int) -> dict:
+async def read_json(req: falcon.asgi.Request, limit: int) -> dict[str, Any]:
     """The request body as a JSON object, within bounds: at most ``limit`` bytes
     (413), declared as JSON (415: a form post from another origin cannot
     become a JSON request), nested at most bounded.DEFAULT_MAX_DEPTH deep, no
@@ -71,8 +71,15 @@ def unprocessable(msg: str) -> falcon.HTTPError:
     return falcon.HTTPUnprocessableEntity(title="Unprocessable Entity", description=msg)
 
 
-def field_str(body: dict, name: str, *, required: bool = True, max_len: int = 10000,
+@overload
+def field_str(body: dict[str, Any], name: str, *, required: Literal[True] = ..., max_len: int = ...,
+              nullable: Literal[False] = ...) -> str: ...
+@overload
+def field_str(body: dict[str, Any], name: str, *, required: bool = ..., max_len: int = ...,
+              nullable: bool = ...) -> str | None: ...
+def field_str(body: dict[str, Any], name: str, *, required: bool = True, max_len: int = 10000,
               nullable: bool = False) -> str | None:
+    """A required, non-nullable field is a str (the overloads say so to the type checker)."""
     if name not in body:
         if required:
             raise unprocessable(f"'{name}' is required")
@@ -85,7 +92,7 @@ def field_str(body: dict, name: str, *, required: bool = True, max_len: int = 10
     return v
 
 
-def check_fields(body: dict, allowed: set[str]) -> None:
+def check_fields(body: dict[str, Any], allowed: set[str]) -> None:
     extra = sorted(set(body) - allowed)
     if extra:
         raise unprocessable(f"unknown field(s): {', '.join(extra)}; allowed: {', '.join(sorted(allowed))}")
@@ -98,7 +105,7 @@ def parse_uuid(value: Any, name: str) -> uuid.UUID:
         raise unprocessable(f"'{name}' must be a UUID") from None
 
 
-def jsonable_row(row: dict) -> dict:
+def jsonable_row(row: dict[str, Any]) -> dict[str, Any]:
     return {k: (str(v) if isinstance(v, uuid.UUID) else v) for k, v in row.items()}
 
 

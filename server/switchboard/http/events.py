@@ -17,7 +17,7 @@ class Events:
         self.auth = auth
         self.max_body = max_body
 
-    async def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         require_admin(self.auth, req)
         body = await read_json(req, self.max_body)
         check_fields(body, {"user_id", "room", "event", "payload"})
@@ -29,9 +29,9 @@ class Events:
         if ("user_id" in body) == ("room" in body):
             raise unprocessable("give exactly one of 'user_id' or 'room'")
         if "user_id" in body:
-            eid = await self.db.notify_user(parse_uuid(body["user_id"], "user_id"), event, payload)  # type: ignore[arg-type]
+            eid = await self.db.notify_user(parse_uuid(body["user_id"], "user_id"), event, payload)
         else:
             room = field_str(body, "room", max_len=128)
-            eid = await self.db.notify_room(room, event, payload)  # type: ignore[arg-type]
+            eid = await self.db.notify_room(room, event, payload)
         resp.status = falcon.HTTP_202
         resp.media = {"id": eid}

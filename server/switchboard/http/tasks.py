@@ -8,6 +8,8 @@ plainly (docs/security.md)."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import MutableMapping
+from typing import Any
 
 import falcon
 
@@ -34,8 +36,8 @@ class UnknownHandler(falcon.HTTPUnprocessableEntity):
                                      f"known handlers: {', '.join(known) or '(none)'}")
         self.known = known
 
-    def to_dict(self, obj_type: type = dict) -> dict:
-        d = super().to_dict(obj_type)
+    def to_dict(self, obj_type: type[MutableMapping[str, Any]] = dict) -> MutableMapping[str, Any]:
+        d: MutableMapping[str, Any] = super().to_dict(obj_type)
         d["known_handlers"] = self.known
         return d
 
@@ -61,7 +63,7 @@ class Tasks:
         require_admin(self.auth, req)
         resp.media = {"tasks": [jsonable_row(t) for t in await self.db.list_tasks()]}
 
-    async def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         require_admin(self.auth, req)
         body = await read_json(req, self.max_body)
         check_fields(body, TASK_FIELDS - {"is_active"})
@@ -77,7 +79,7 @@ class Tasks:
         if isinstance(attempts, bool) or not isinstance(attempts, int) or not INT4_MIN <= attempts <= INT4_MAX:
             raise unprocessable("'max_attempts' must be an integer")
         await check_handler(self.catalog, handler)
-        task = await self.db.create_task(name, schedule, handler, args, tz, attempts)  # type: ignore[arg-type]
+        task = await self.db.create_task(name, schedule, handler, args, tz, attempts)
         resp.status = falcon.HTTP_201
         resp.media = jsonable_row(task)
 
@@ -89,7 +91,7 @@ class Task:
         self.auth = auth
         self.max_body = max_body
 
-    async def _get(self, task_id: uuid.UUID) -> dict:
+    async def _get(self, task_id: uuid.UUID) -> dict[str, Any]:
         t = await self.db.get_task(task_id)
         if t is None:
             raise _not_found(task_id)
@@ -99,7 +101,7 @@ class Task:
         require_admin(self.auth, req)
         resp.media = jsonable_row(await self._get(task_id))
 
-    async def on_patch(self, req: falcon.Request, resp: falcon.Response, task_id: uuid.UUID) -> None:
+    async def on_patch(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, task_id: uuid.UUID) -> None:
         require_admin(self.auth, req)
         body = await read_json(req, self.max_body)
         check_fields(body, TASK_FIELDS)

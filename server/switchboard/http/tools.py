@@ -17,7 +17,7 @@ class ToolCall:
         self.auth = auth
         self.max_body = max_body
 
-    async def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         require_admin(self.auth, req)
         body = await read_json(req, self.max_body)
         check_fields(body, {"user_id", "name", "args", "timeout_ms"})
@@ -29,5 +29,5 @@ class ToolCall:
             raise unprocessable("'timeout_ms' must be an integer between 1 and 600000")
         if len(json.dumps(args)) > 6000:
             raise unprocessable("'args' must serialise to at most 6000 bytes")
-        result = await self.tools.call(user_id, name, args, timeout_ms)  # type: ignore[arg-type]
+        result = await self.tools.call(user_id, name, args, timeout_ms)
         resp.media = {"result": result}
