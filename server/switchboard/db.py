@@ -226,10 +226,11 @@ class Database:
         return await self.fetchone("SELECT session_id, refresh_token, expires_at FROM switchboard.start_session(%s, %s)",
                                    (user_id, timedelta(seconds=lifetime)))
 
-    async def refresh_session(self, refresh_token: str, lifetime: int) -> dict:
+    async def refresh_session(self, refresh_token: str, lifetime: int, race_window: float) -> dict:
         return await self.fetchone(
             "SELECT outcome, session_id, user_id, username, role, token_epoch, new_refresh_token, expires_at"
-            " FROM switchboard.refresh_session(%s, %s)", (refresh_token, timedelta(seconds=lifetime)))
+            " FROM switchboard.refresh_session(%s, %s, %s)",
+            (refresh_token, timedelta(seconds=lifetime), timedelta(seconds=race_window)))
 
     async def end_session(self, session_id: UUID, reason: str = "logout") -> bool:
         return await self.scalar("SELECT switchboard.end_session(%s, %s)", (session_id, reason))

@@ -45,8 +45,9 @@ class RefreshCookie:
                         http_only=True, same_site=self.cfg.session_cookie_samesite)
 
     def clear(self, req: falcon.Request, resp: falcon.Response) -> None:
-        resp.set_cookie(REFRESH_COOKIE, "", max_age=0, path=REFRESH_PATH, secure=self._secure(req),
-                        http_only=True, same_site=self.cfg.session_cookie_samesite)
+        # Expires in 1970 (falcon drops max_age=0 as falsy): the browser deletes it.
+        resp.set_cookie(REFRESH_COOKIE, "", expires=datetime.fromtimestamp(0, tz=timezone.utc), path=REFRESH_PATH,
+                        secure=self._secure(req), http_only=True, same_site=self.cfg.session_cookie_samesite)
 
     @staticmethod
     def get(req: falcon.Request) -> str | None:
@@ -183,7 +184,7 @@ class Refresh:
         raw = self.cookie.get(req)
         if not raw:
             raise Problem(401, "no-session", "no refresh cookie: log in with POST /auth/login")
-        r = await self.db.refresh_session(raw, self.cfg.session_ttl)
+        r = await self.db.refresh_session(raw, self.cfg.session_ttl, self.cfg.session_race_window)
         outcome = r["outcome"]
         if outcome == "rotated":
             token, ttl = self.auth.issue(r["user_id"], r["username"], r["role"], r["token_epoch"],
