@@ -10,6 +10,7 @@ ticket minted under the ended session must be refused at the handshake.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -332,3 +333,24 @@ def test_secure_cookie_behind_a_trusted_tls_proxy_only(server_factory, db: str) 
     cross = server_factory(env={"SWITCHBOARD_SESSION_COOKIE_SAMESITE": "None"})
     c = set_cookie(Login(cross, "ivy").response)
     assert c["samesite"] == "None" and "secure" in c
+
+
+# -- the announcement is a hint -------------------------------------------------------------
+def test_a_forged_session_announcement_closes_nothing(pair, db: str) -> None:  # type: ignore[no-untyped-def]
+    make_user(db, "jo")
+    s1, s2 = pair()
+    t = Login(s1, "jo")
+    sid = jwt.decode(t.token, JWT_SECRET, algorithms=["HS256"])["sid"]
+    ws1, ws2 = ws_for(s1, t.token), ws_for(s2, t.token)
+    with psycopg.connect(db, autocommit=True) as c:
+        for payload in ({"kind": "session", "session_id": sid},
+                        {"kind": "session", "session_id": sid, "end_reason": "logout"},
+                        {"kind": "session", "session_id": str(uuid.uuid4())},
+                        {"kind": "session", "session_id": "not-a-uuid"}):
+            c.execute("SELECT pg_notify('switchboard_control', %s)", (json.dumps(payload),))
+    # each replica re-read the session (session_states) and found it live
+    assert close_of(ws1, 1.5) is None and close_of(ws2, 0.1) is None
+    assert me(s1, t.token) == 200 and me(s2, t.token) == 200
+    # the real thing still works afterwards
+    assert httpx.post(s1.base + "/auth/logout", headers=auth(t.token)).status_code == 204
+    assert close_of(ws1) == (1008, "session ended") and close_of(ws2) == (1008, "session ended")

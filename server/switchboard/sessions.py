@@ -95,11 +95,13 @@ class SessionWatch:
                     self.auth.apply_session_end(sid)
         live = {sid: rows[sid]["expires_at"].timestamp() for sid in ids if sid not in ended}
         for c in self.registry.clients():
-            sid = session_of(c)
-            if sid in ended:
-                self.close(c, 1008, close_reason(ended[sid]))
-            elif sid in live:
-                c.session_expires = live[sid]  # type: ignore[attr-defined]
+            cs = session_of(c)
+            if cs is None:
+                continue
+            if cs in ended:
+                self.close(c, 1008, close_reason(ended[cs]))
+            elif cs in live:
+                c.session_expires = live[cs]  # type: ignore[attr-defined]
 
     # -- expiry ----------------------------------------------------------------------
     def start(self) -> None:

@@ -83,15 +83,15 @@ class WebSocketResource:
         try:
             # A ticket minted under a session that has ended since is refused here.
             grant = await db.consume_ticket_v2(ticket)
-            user_id = grant["user_id"] if grant else None
-            user = await db.get_user_session(user_id) if user_id else None
+            user = await db.get_user_session(grant["user_id"]) if grant else None
         except Exception as exc:  # database error, pool timeout, DB down
             LOG.warning("ticket check failed: %s", exc)
             await ws.close(1011)
             return
-        if user is None or user["disabled"]:
+        if grant is None or user is None or user["disabled"]:
             await ws.close(1008)
             return
+        user_id: uuid.UUID = grant["user_id"]
         if registry.sockets_of(user_id) >= self.cfg.ws_max_sockets_per_user:
             await ws.close(1008)
             return
