@@ -112,7 +112,7 @@ def create_app(config: Config) -> SwitchboardApp:
     app.add_route("/auth/logout", auth.Logout(db, au, cfg))
     app.add_route("/me", auth.Me(au, svc.replica.replica_id))
     app.add_route("/ws/ticket", auth.Ticket(db, au, cfg.ticket_ttl))
-    app.add_route("/ws", WebSocketResource(db, svc.relay, svc.registry, cfg, svc.replica))
+    app.add_route("/ws", WebSocketResource(db, svc.relay, svc.registry, cfg, svc.replica, svc.sessions))
     app.add_route("/tasks", tasks.Tasks(db, au, body, svc.catalog))
     app.add_route("/tasks/{task_id:uuid}", tasks.Task(db, au, body, svc.catalog))
     app.add_route("/tasks/{task_id:uuid}/trigger", tasks.Trigger(db, au))

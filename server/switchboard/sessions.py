@@ -48,13 +48,6 @@ def close_reason(end_reason: str | None) -> str:
     return REASONS.get(end_reason or "expired", "session revoked")
 
 
-def bind(client: Client, session_id: uuid.UUID | None, expires_at: datetime | None) -> None:
-    """Remember on the socket which session it belongs to (None: a token from before
-    sessions, bound to its user only) and until when that session is known to live."""
-    client.session_id = session_id  # type: ignore[attr-defined]
-    client.session_expires = expires_at.timestamp() if expires_at else None  # type: ignore[attr-defined]
-
-
 def session_of(client: Client) -> uuid.UUID | None:
     return getattr(client, "session_id", None)
 
@@ -67,7 +60,19 @@ class SessionWatch:
         self.registry = registry
         self.close = close
         self.interval = interval
+        # No socket's known session expiry is earlier than this: until then a tick costs
+        # one comparison, not a walk over every socket (~1.3 us per socket).
+        self.earliest = float("inf")
         self._task: asyncio.Task | None = None
+
+    def bind(self, client: Client, session_id: uuid.UUID | None, expires_at: datetime | None) -> None:
+        """Remember on the socket which session it belongs to (None: a token from before
+        sessions, bound to its user only) and until when that session is known to live."""
+        client.session_id = session_id  # type: ignore[attr-defined]
+        exp = expires_at.timestamp() if expires_at else None
+        client.session_expires = exp  # type: ignore[attr-defined]
+        if exp is not None and exp < self.earliest:
+            self.earliest = exp
 
     # -- announcements (called by the relay with its reader connection) --------------
     async def recheck(self, conn: psycopg.AsyncConnection, ids: list[uuid.UUID]) -> None:
@@ -124,10 +129,25 @@ class SessionWatch:
 
     async def check_expired(self) -> None:
         now = time.time()
-        due = sorted({sid for c in self.registry.clients()
-                      if c.closing is None and (sid := session_of(c)) is not None
-                      and (getattr(c, "session_expires", None) or 0) <= now}, key=str)
+        if now < self.earliest:
+            return
+        due: set[uuid.UUID] = set()
+        earliest = float("inf")
+        for c in self.registry.clients():
+            sid = session_of(c)
+            if sid is None or c.closing is not None:
+                continue
+            exp = getattr(c, "session_expires", None) or 0.0
+            if exp <= now:
+                due.add(sid)
+            elif exp < earliest:
+                earliest = exp
+        self.earliest = earliest
         if not due:
             return
-        async with self.db.connection() as conn:
-            await self.recheck(conn, due)
+        try:
+            async with self.db.connection() as conn:
+                await self.recheck(conn, sorted(due, key=str))
+        finally:
+            # the re-read moved live sessions' expiries on: look again at the next tick
+            self.earliest = now

@@ -21,12 +21,12 @@ import falcon
 import falcon.asgi
 import psycopg
 
-from . import sessions
 from .config import Config
 from .db import Database
 from .http.cors import origin_allowed
 from .relay import Client, Registry, Relay, encode, frame, frame_from_row
 from .replica import ReplicaState
+from .sessions import SessionWatch
 
 
 LOG = logging.getLogger("switchboard.ws")
@@ -58,8 +58,9 @@ class _FrameBucket:
 
 class WebSocketResource:
     def __init__(self, db: Database, relay: Relay, registry: Registry, config: Config,
-                 replica: ReplicaState) -> None:
+                 replica: ReplicaState, sessions: SessionWatch) -> None:
         self.db = db
+        self.sessions = sessions
         self.relay = relay
         self.registry = registry
         self.cfg = config
@@ -122,7 +123,7 @@ class WebSocketResource:
         client = Client(user_id, user["username"], user["role"], self.cfg.ws_queue_size,
                         relay.last_seen_id, relay.overflow)
         client.epoch = int(user["token_epoch"])
-        sessions.bind(client, grant["session_id"], grant["session_expires_at"])
+        self.sessions.bind(client, grant["session_id"], grant["session_expires_at"])
         if after is not None:
             client.resuming = True  # buffer live events from the moment the socket is registered
             client.buffer = []
