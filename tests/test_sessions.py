@@ -354,3 +354,31 @@ def test_a_forged_session_announcement_closes_nothing(pair, db: str) -> None:  #
     # the real thing still works afterwards
     assert httpx.post(s1.base + "/auth/logout", headers=auth(t.token)).status_code == 204
     assert close_of(ws1) == (1008, "session ended") and close_of(ws2) == (1008, "session ended")
+
+
+def test_a_logout_missed_while_deaf_closes_the_socket_after_the_reconnect(  # type: ignore[no-untyped-def]
+        server_factory, db: str) -> None:
+    """The announcement is lost while the replica's LISTEN connection is down; the
+    relay's reconnect re-reads the sessions of its sockets (SessionWatch.on_connect)."""
+    from harness import APP_LOGIN
+
+    make_user(db, "kit")
+    s = server_factory()
+    t = Login(s, "kit")
+    ws = ws_for(s, t.token)
+    dbname = db.rsplit("/", 1)[1].split("?")[0]
+    with psycopg.connect(db, autocommit=True) as c:
+        try:
+            # Keep the relay from reconnecting, then cut its LISTEN connection.
+            c.execute(f"ALTER ROLE {APP_LOGIN} CONNECTION LIMIT 0")
+            c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
+                      "AND application_name IN ('switchboard-listen', 'switchboard-relay-read')", (dbname,))
+            assert wait_for(lambda: httpx.get(s.base + "/healthz/ready").status_code == 503)
+            # The logout, as SQL (end_session): its announcement reaches nobody on this replica.
+            c.execute("SELECT switchboard.end_session(%s)",
+                      (jwt.decode(t.token, JWT_SECRET, algorithms=["HS256"])["sid"],))
+            assert close_of(ws, 1.5) is None  # deaf: it cannot know yet
+        finally:
+            c.execute(f"ALTER ROLE {APP_LOGIN} CONNECTION LIMIT -1")
+    assert close_of(ws, 20) == (1008, "session ended")
+    assert me(s, t.token) == 401  # the reloaded snapshot refuses the session's tokens too
