@@ -6,7 +6,7 @@ rule, 413 from the middleware and from the body reader, 422 from the
 resource and from a SQLSTATE, 429 with its headers), each checked for the
 media type, the members, the stable type URI and the deprecated description
 alias. 500 and 503 cannot be provoked from outside on purpose; the unit tier
-(tests/unit/test_problem_json.py) drives them through the same serializer.
+(tests/unit/test_error_serializer.py) drives them through the same serializer.
 """
 
 from __future__ import annotations
