@@ -117,19 +117,6 @@ def _trusted(addr: str, trusted: list[ipaddress._BaseNetwork]) -> bool:
     return any(ip in net for net in trusted)
 
 
-def request_is_https(req: falcon.Request, trusted: list[ipaddress._BaseNetwork]) -> bool:
-    """The client reached us over TLS: the socket's own scheme, or -- only when the
-    peer is a trusted proxy (SWITCHBOARD_TRUSTED_PROXIES) -- the proxy's
-    X-Forwarded-Proto. The right-most value is the one the nearest proxy wrote (a
-    client may send its own header, which an appending proxy puts first)."""
-    if req.scheme == "https":
-        return True
-    if not trusted or not _trusted(req.remote_addr or "", trusted):
-        return False
-    values = [v.strip().lower() for v in (req.get_header("X-Forwarded-Proto") or "").split(",") if v.strip()]
-    return bool(values) and values[-1] == "https"
-
-
 def ip_key(ip: str) -> str:
     """The rate-limit key of a client address: IPv4 as is, IPv6 per /64.
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import falcon
 
 from ..db import Database
+from ..errors import Problem
 from ..metrics import CONTENT_TYPE, GaugeSampler, Metrics
 from ..openapi import openapi_document, operate_paths, with_unsupported_media_type
 from ..relay import Relay
@@ -48,8 +49,10 @@ class Ready:
         # No replica id: the probe is anonymous, and an id tells an outsider how many
         # replicas answer and which one it reached (GET /me names it to a user).
         if reasons:
-            resp.status = falcon.HTTP_503
-            resp.media = {"status": "unavailable", "reasons": reasons}
+            # A problem document like every other error; the reason codes are its
+            # extension (no replica id: see above).
+            raise Problem(503, "not-ready", f"this replica is not ready: {', '.join(reasons)}",
+                          reasons=reasons)
         else:
             resp.media = {"status": "ready", "reasons": []}
 
