@@ -43,3 +43,21 @@ REVOKE ALL ON TABLE switchboard.refresh_tokens FROM PUBLIC;
 -- before sessions, or a ticket issued by issue_ticket() of the previous release).
 ALTER TABLE switchboard.tickets ADD COLUMN session_id uuid;
 CREATE INDEX tickets_session ON switchboard.tickets (session_id) WHERE session_id IS NOT NULL;
+
+-- What a DBA reads in \d+ (V0010's pgTAP check: every table and column described).
+COMMENT ON TABLE switchboard.sessions IS
+    'One row per login session: access tokens and WebSocket tickets carry its id, and every socket of an ended session is closed (1008) on every replica.';
+COMMENT ON COLUMN switchboard.sessions.id IS 'The session id (the access token''s sid claim).';
+COMMENT ON COLUMN switchboard.sessions.user_id IS 'Whose session.';
+COMMENT ON COLUMN switchboard.sessions.created_at IS 'When the user logged in.';
+COMMENT ON COLUMN switchboard.sessions.refreshed_at IS 'The last refresh (POST /auth/refresh).';
+COMMENT ON COLUMN switchboard.sessions.expires_at IS 'Idle expiry: each refresh moves it to now() + the configured lifetime.';
+COMMENT ON COLUMN switchboard.sessions.ended_at IS 'When the session ended; NULL while it is live.';
+COMMENT ON COLUMN switchboard.sessions.end_reason IS 'Why it ended: logout, reuse (a spent refresh token presented again), expired, password, role, disabled, revoked.';
+COMMENT ON TABLE switchboard.refresh_tokens IS
+    'Refresh tokens, single use and rotating: only their SHA-256 is stored. Presenting a used one again ends the whole session (reuse detection).';
+COMMENT ON COLUMN switchboard.refresh_tokens.hash IS 'sha256 of the token (the token itself is never stored).';
+COMMENT ON COLUMN switchboard.refresh_tokens.session_id IS 'The session this token renews.';
+COMMENT ON COLUMN switchboard.refresh_tokens.issued_at IS 'When it was handed out.';
+COMMENT ON COLUMN switchboard.refresh_tokens.used_at IS 'When it was spent; NULL while unused.';
+COMMENT ON COLUMN switchboard.tickets.session_id IS 'The session the ticket was minted under (NULL: a token from before sessions); an ended session''s tickets open nothing.';

@@ -97,7 +97,8 @@ RUN = {
     "properties": {
         "id": {"type": "integer"}, "task_id": {"type": ["string", "null"], "format": "uuid"},
         "handler": {"type": "string"}, "args": FREE_OBJECT,
-        "status": {"type": "string", "enum": ["queued", "running", "succeeded", "failed", "abandoned"]},
+        "status": {"type": "string", "enum": ["queued", "running", "succeeded", "failed", "abandoned",
+                                              "cancelled"]},
         "trigger": {"type": ["string", "null"]}, "attempt": {"type": "integer"},
         "max_attempts": {"type": "integer"}, "queueing_lock": {"type": ["string", "null"]},
         "run_at": TS, "scheduled_for": TS, "worker": {"type": ["string", "null"]}, "lease_expires_at": TS,
@@ -126,7 +127,6 @@ PROBLEM_SCHEMA = {
         "reasons": {"type": "array", "items": {"type": "string",
                                                "enum": ["shutting_down", "listen_down", "database_unavailable"]},
                     "description": "not-ready (503)"},
-        "replica": {"type": "string", "description": "not-ready (503): which replica answered"},
         "sqlstate": {"type": "string", "description": "a database refusal: its SQLSTATE"},
     },
     "required": ["type", "title", "status", "detail"],
@@ -194,6 +194,7 @@ TAGS = [
     {"name": "rooms", "description": "room membership"},
     {"name": "tools", "description": "call tools in a user's browser (admin)"},
     {"name": "ops", "description": "health, metrics, this document"},
+    {"name": "operate", "description": "runs, handlers and status: retry, cancel, pause (admin)"},
 ]
 
 
@@ -321,10 +322,9 @@ def paths_ops() -> dict[str, Any]:
             (), secured=False)},
         "/healthz/ready": {"get": op(
             "getReadiness", "ops", "Readiness: Postgres answers and LISTEN is up",
-            {"200": json_body({"type": "object", "required": ["status", "reasons", "replica"],
+            {"200": json_body({"type": "object", "required": ["status", "reasons"],
                                "properties": {"status": {"type": "string", "enum": ["ready"]},
-                                              "reasons": {"type": "array", "maxItems": 0},
-                                              "replica": {"type": "string"}}}, "ready")},
+                                              "reasons": {"type": "array", "maxItems": 0}}}, "ready")},
             (503,), secured=False, description="503 not-ready: the problem's reasons say why.")},
         "/metrics": {"get": op(
             "getMetrics", "ops", "Prometheus metrics",
@@ -336,47 +336,10 @@ def paths_ops() -> dict[str, Any]:
     }
 
 
-# Each area's paths: add a paths_<area>() block above and one line here.
-PATH_BLOCKS: list[Callable[[], dict[str, Any]]] = [
-    paths_auth,
-    paths_tasks,
-    paths_realtime,
-    paths_ops,
-]
-
-
-def openapi_document() -> dict[str, Any]:
-    paths: dict[str, Any] = {}
-    for block in PATH_BLOCKS:
-        for path, item in block().items():
-            paths.setdefault(path, {}).update(item)
-    return {
-        "openapi": "3.1.0",
-        "info": {"title": "Switchboard", "version": __version__,
-                 "description": "N stateless replicas, PostgreSQL as the only coordination layer. Errors are "
-                                "RFC 9457 problem details (application/problem+json)."},
-        "tags": TAGS,
-        "components": components(),
-        "paths": paths,
-    }
-
-
 # -- operate (issue 20): runs, handlers, status -----------------------------------------------
-# A block of its own, merged into the document by http/ops.py, so it stays independent of
-# the document's own helpers and version.
-def operate_paths() -> dict[str, Any]:
-    def js(schema: dict) -> dict:
-        return {"content": {"application/json": {"schema": schema}}}
-
-    err = {"description": "Error", **js({"type": "object", "properties": {
-        "title": {"type": "string"}, "description": {"type": "string"}}})}
-
-    def op(summary: str, ok: dict, errs: tuple[int, ...], params: list | None = None) -> dict:
-        o: dict[str, Any] = {"summary": summary, "security": [{"bearer": []}],
-                             "responses": {**ok, **{str(c): err for c in errs}}}
-        if params:
-            o["parameters"] = params
-        return o
+def paths_operate() -> dict[str, Any]:
+    def js(schema: dict[str, Any]) -> dict[str, Any]:
+        return {"content": {JSON: {"schema": schema}}}
 
     nullable_str = {"type": ["string", "null"]}
     run = {"type": "object", "required": ["id", "status", "handler", "attempt"], "properties": {
@@ -408,7 +371,7 @@ def operate_paths() -> dict[str, Any]:
         "type": "object", "required": ["handler", "changed"],
         "properties": {"handler": handler, "changed": {"type": "boolean"}}})}}
     return {
-        "/runs": {"get": op(
+        "/runs": {"get": op("listRuns", "operate",
             "Runs, newest first, filtered; keyset pages (admin)",
             {"200": {"description": "a page of runs", **js({
                 "type": "object", "required": ["runs", "next_cursor"],
@@ -422,23 +385,23 @@ def operate_paths() -> dict[str, Any]:
                     q("since", {"type": "string", "format": "date-time"}, "created at or after"),
                     q("limit", {"type": "integer", "minimum": 1, "maximum": 500}, "page size (default 50)"),
                     q("cursor", {"type": "string"}, "next_cursor of the previous page")])},
-        "/runs/{run_id}": {"get": op("A run, every field (admin)", {"200": {"description": "the run", **one_run}},
+        "/runs/{run_id}": {"get": op("getRun", "operate", "A run, every field (admin)", {"200": {"description": "the run", **one_run}},
                                      (401, 403, 404, 503), params=run_path)},
-        "/runs/{run_id}/retry": {"post": op(
+        "/runs/{run_id}/retry": {"post": op("retryRun", "operate",
             "Queue a new attempt of a finished run (admin)", {"201": {"description": "the new run", **one_run}},
             (401, 403, 404, 409, 503), params=run_path)},
-        "/runs/{run_id}/cancel": {"post": op(
+        "/runs/{run_id}/cancel": {"post": op("cancelRun", "operate",
             "Cancel a queued or running run; a running handler is stopped (admin)",
             {"200": {"description": "the cancelled run", **one_run}}, (401, 403, 404, 409, 503),
             params=run_path)},
-        "/handlers": {"get": op("Task handlers: served, paused, wanted (admin)", {"200": {
+        "/handlers": {"get": op("listHandlers", "operate", "Task handlers: served, paused, wanted (admin)", {"200": {
             "description": "handlers", **js({"type": "object", "required": ["handlers"], "properties": {
                 "handlers": {"type": "array", "items": handler}}})}}, (401, 403, 503))},
-        "/handlers/{name}/pause": {"post": op("Hold a handler's queued runs and due ticks (admin)",
+        "/handlers/{name}/pause": {"post": op("pauseHandler", "operate", "Hold a handler's queued runs and due ticks (admin)",
                                               handler_action, (401, 403, 422, 503), params=name_path)},
-        "/handlers/{name}/resume": {"post": op("Release a paused handler (admin)",
+        "/handlers/{name}/resume": {"post": op("resumeHandler", "operate", "Release a paused handler (admin)",
                                                handler_action, (401, 403, 422, 503), params=name_path)},
-        "/status": {"get": op("status() as an object, and the live replicas with readiness (admin)", {"200": {
+        "/status": {"get": op("getStatus", "operate", "status() as an object, and the live replicas with readiness (admin)", {"200": {
             "description": "status", **js({"type": "object", "required": ["status", "replicas"], "properties": {
                 "status": {"type": "object", "additionalProperties": {"type": ["integer", "null"]}},
                 "replicas": {"type": "array", "items": {"type": "object", "properties": {
@@ -446,6 +409,33 @@ def operate_paths() -> dict[str, Any]:
                     "reasons": {"type": "array", "items": {"type": "string"}}}}}}})}},
             (401, 403, 503))},
     }
+
+
+# Each area's paths: add a paths_<area>() block above and one line here.
+PATH_BLOCKS: list[Callable[[], dict[str, Any]]] = [
+    paths_auth,
+    paths_tasks,
+    paths_realtime,
+    paths_ops,
+    paths_operate,
+]
+
+
+def openapi_document() -> dict[str, Any]:
+    paths: dict[str, Any] = {}
+    for block in PATH_BLOCKS:
+        for path, item in block().items():
+            paths.setdefault(path, {}).update(item)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Switchboard", "version": __version__,
+                 "description": "N stateless replicas, PostgreSQL as the only coordination layer. Errors are "
+                                "RFC 9457 problem details (application/problem+json)."},
+        "tags": TAGS,
+        "components": components(),
+        "paths": paths,
+    }
+
 
 # -- issue 21 (e21): JSON endpoints refuse other media types ---------------------------------
 def with_unsupported_media_type(doc: dict[str, Any]) -> dict[str, Any]:

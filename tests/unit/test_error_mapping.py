@@ -88,7 +88,9 @@ def test_the_table_maps_every_domain_error_and_the_most_specific_class_wins() ->
 def test_rate_limited_carries_the_ietf_headers() -> None:
     status, body, headers = _answer(too_many(_decision()))
     assert status == falcon.HTTP_429
-    assert body == {"title": "Too Many Requests", "description": "rate limit login-ip exceeded; retry in 3 s"}
+    assert body == {"type": "https://switchboard.dev/problems/rate-limited", "title": "Too Many Requests",
+                    "status": 429, "detail": "rate limit login-ip exceeded; retry in 3 s",
+                    "description": "rate limit login-ip exceeded; retry in 3 s"}
     assert headers["retry-after"] == "3"
     assert headers["ratelimit-policy"] == '"login-ip";q=10;w=60'
 
@@ -117,4 +119,6 @@ def test_unknown_route_and_method_answer_json_with_a_description() -> None:
 def test_an_unexpected_exception_is_a_bare_500() -> None:
     status, body, _ = _answer(RuntimeError("secret detail"))
     assert status == falcon.HTTP_500
-    assert body == {"title": "Internal Server Error", "description": "An unexpected error occurred."}
+    assert body == {"type": "https://switchboard.dev/problems/internal", "title": "Internal Server Error",
+                    "status": 500, "detail": "An unexpected error occurred.",
+                    "description": "An unexpected error occurred."}

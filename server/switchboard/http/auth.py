@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 import falcon
 
 from ..auth import AuthState, verify_password
+from ..domain_errors import AuthError
 from ..config import Config
 from ..db import Database
 from ..bounded import fold_username
@@ -242,7 +243,7 @@ class Logout:
         raw = self.cookie.get(req)
         try:
             p = authenticate(self.auth, req)
-        except falcon.HTTPUnauthorized:
+        except AuthError:
             if not raw:
                 raise
             p = None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ipaddress
-import json
 import uuid
 from typing import Any, Literal, overload
 

@@ -13,7 +13,7 @@ import falcon
 from ..db import Database
 from ..errors import Problem
 from ..metrics import CONTENT_TYPE, GaugeSampler, Metrics
-from ..openapi import openapi_document, operate_paths, with_unsupported_media_type
+from ..openapi import openapi_document, with_unsupported_media_type
 from ..relay import Relay
 from ..replica import ReplicaState
 
@@ -70,9 +70,7 @@ class MetricsResource:
 
 class OpenAPI:
     def __init__(self) -> None:
-        doc = openapi_document()
-        doc["paths"].update(operate_paths())   # issue 20's block
-        self.doc = with_unsupported_media_type(doc)
+        self.doc = with_unsupported_media_type(openapi_document())
 
     async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         resp.media = self.doc
