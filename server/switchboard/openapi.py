@@ -187,5 +187,36 @@ def openapi_document() -> dict[str, Any]:
                 "200": {"description": "text format", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
             "/openapi.json": {"get": {"summary": "This document", "responses": {
                 "200": {"description": "OpenAPI 3", **_json({"type": "object"})}}}},
+            **console_paths(),
         },
+    }
+
+
+def console_paths() -> dict[str, Any]:
+    """/console and its two admin reads (issue 20; http/console.py)."""
+    ts_list = {"type": "array", "items": {"type": "string", "format": "date-time"}}
+    return {
+        "/console": {"get": {"summary": "The operators' console page (HTML; its data needs an admin token)",
+                             "responses": {"200": {
+                                 "description": "the page", "content": {"text/html": {"schema": {"type": "string"}}}}}}},
+        "/console/cron-next": {"get": _op(
+            "The next fire times of a schedule, as the scheduler computes them (admin)",
+            {"200": {"description": "the next fires", **_json({
+                "type": "object", "required": ["schedule", "timezone", "next"],
+                "properties": {"schedule": {"type": "string"}, "timezone": {"type": "string"},
+                               "next": ts_list}})}},
+            (400, 401, 403, 422, 503),
+            params=[{"name": "schedule", "in": "query", "required": True,
+                     "schema": {"type": "string", "minLength": 1, "maxLength": 200}},
+                    {"name": "timezone", "in": "query", "required": False,
+                     "schema": {"type": "string", "maxLength": 100}},
+                    {"name": "count", "in": "query", "required": False,
+                     "schema": {"type": "integer", "minimum": 1, "maximum": 20}}])},
+        "/console/live": {"get": _op(
+            "Live replicas with sockets and users online, and rooms with members online (admin)",
+            {"200": {"description": "replicas and rooms", **_json({
+                "type": "object", "required": ["replicas", "rooms"],
+                "properties": {"replicas": {"type": "array", "items": {"type": "object"}},
+                               "rooms": {"type": "array", "items": {"type": "object"}}}})}},
+            (401, 403, 503))},
     }
