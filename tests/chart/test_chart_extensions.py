@@ -312,3 +312,12 @@ def test_extra_env_may_take_credentials_from_a_secret(chart: Any) -> None:
     values = merged(MINIMAL, {"extraEnv": [{"name": "SWITCHBOARD_LISTEN_DATABASE_URL", "valueFrom": {
         "secretKeyRef": {"name": "direct", "key": "url"}}}]})
     assert main_container(render(chart, values))["env"][-1]["name"] == "SWITCHBOARD_LISTEN_DATABASE_URL"
+
+
+def test_notes_name_the_console_and_the_postgresql_ca(chart: Any) -> None:
+    raw = chart.render(values=example("postgresql-tls.yaml"), name=RELEASE, namespace="apps", is_install=True)
+    notes = raw["switchboard/templates/NOTES.txt"]
+    assert 'PostgreSQL TLS: verify-full against the CA in Secret "postgresql-ca"' in notes
+    assert "http://127.0.0.1:8080/console" in notes
+    plain = chart.render(values=MINIMAL, name=RELEASE, namespace="apps", is_install=True)
+    assert "PostgreSQL TLS" not in plain["switchboard/templates/NOTES.txt"]
