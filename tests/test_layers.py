@@ -153,7 +153,7 @@ def test_the_handler_context_exposes_no_internals() -> None:
 
     public = {n for n in dir(HandlerContext) if not n.startswith("_")}
     assert public == {"run_id", "attempt", "max_attempts", "args", "task_id", "handler", "trigger",
-                      "scheduled_for", "logger", "lease_lost", "deadline", "seconds_left",
+                      "scheduled_for", "logger", "lease_lost", "cancelled", "deadline", "seconds_left",
                       "wait_lease_lost", "notify_user", "notify_room", "enqueue"}
 
 

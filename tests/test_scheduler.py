@@ -372,18 +372,22 @@ def test_reap_runs_keeps_recent_history_only(conn: psycopg.Connection) -> None:
     throws_ok(conn, "SELECT switchboard.reap_runs('-1 day')", "22023")
 
 
-def test_cancel_run_cancels_queued_runs_only(conn: psycopg.Connection) -> None:
+def test_cancel_run_cancels_queued_and_running_runs(conn: psycopg.Connection) -> None:
     pause_maintenance(conn)
     a = conn.execute("SELECT id FROM switchboard.enqueue('c')").fetchone()[0]
     b = conn.execute("SELECT id FROM switchboard.enqueue('c')").fetchone()[0]
     assert conn.execute("SELECT switchboard.cancel_run(%s)", (a,)).fetchone()[0] is True
     row = run_row(conn, a)
-    assert (row["status"], row["error"]) == ("abandoned", "cancelled")
+    assert row["status"] == "cancelled" and row["error"].endswith("before it started")
     assert conn.execute("SELECT switchboard.cancel_run(%s)", (a,)).fetchone()[0] is False
     assert claim(conn, "w")["id"] == b
-    assert conn.execute("SELECT switchboard.cancel_run(%s)", (b,)).fetchone()[0] is False
-    assert run_row(conn, b)["status"] == "running"
-    assert conn.execute("SELECT switchboard.cancel_run(-1)").fetchone()[0] is False
+    assert conn.execute("SELECT switchboard.cancel_run(%s)", (b,)).fetchone()[0] is True
+    row = run_row(conn, b)
+    assert row["status"] == "cancelled" and row["error"].endswith("while running on w")
+    assert conn.execute("SELECT switchboard.finish_run(%s, 'w', true)", (b,)).fetchone()[0] is False
+    assert run_row(conn, b)["status"] == "cancelled"
+    with pytest.raises(psycopg.errors.NoDataFound):
+        conn.execute("SELECT switchboard.cancel_run(-1)")
 
 
 def test_release_run_hands_a_running_run_back(conn: psycopg.Connection) -> None:

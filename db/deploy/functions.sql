@@ -8,6 +8,7 @@ SELECT pg_advisory_xact_lock(hashtext('switchboard.migrate'));
 \ir ../functions/10_cron.sql
 \ir ../functions/20_scheduler.sql
 \ir ../functions/25_batch_claim.sql
+\ir ../functions/27_operate.sql
 \ir ../functions/30_tickets.sql
 \ir ../functions/40_ratelimit.sql
 \ir ../functions/50_events.sql

@@ -341,9 +341,10 @@ DECLARE
     v_state text;
 BEGIN
     skipped := false;
-    SELECT * INTO v_task FROM switchboard.tasks
-     WHERE is_active AND next_run_at <= _claim_tick.claim_at
-     ORDER BY next_run_at LIMIT 1 FOR UPDATE SKIP LOCKED;
+    SELECT * INTO v_task FROM switchboard.tasks t
+     WHERE t.is_active AND t.next_run_at <= _claim_tick.claim_at
+       AND NOT EXISTS (SELECT 1 FROM switchboard.paused_handlers p WHERE p.handler = t.handler)
+     ORDER BY t.next_run_at LIMIT 1 FOR UPDATE OF t SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -415,6 +416,11 @@ REVOKE ALL ON FUNCTION switchboard._tasks_broken() FROM PUBLIC;
 --   1. the due tick, if it is the oldest due work (_claim_tick);
 --   2. the queue head (the hot path: one UPDATE, no helper call);
 --   3. the due tick, if the queue head was older but locked by others.
+-- A paused handler's queued runs and due ticks are passed over (NOT EXISTS on
+-- switchboard.paused_handlers, a table of a few rows: when nothing is paused
+-- the anti-join costs one probe of an empty index). A tick passed over keeps
+-- its next_run_at, so when the handler is resumed the task catches up by its
+-- own rule: once, not once per missed tick; @every keeps its anchor.
 -- A round that only skipped ticks looks again, since more may be due; a
 -- round that found everything locked by other workers stops. The bound (32
 -- rounds) only matters when that many ticks are skipped or parked at once:
@@ -448,8 +454,10 @@ BEGIN
     -- One statement answers both: is a lease to rescue, is a tick due?
     SELECT EXISTS (SELECT 1 FROM switchboard.task_runs
                     WHERE status = 'running' AND lease_expires_at < v_now),
-           (SELECT next_run_at FROM switchboard.tasks
-             WHERE is_active AND next_run_at <= v_now ORDER BY next_run_at LIMIT 1)
+           (SELECT t.next_run_at FROM switchboard.tasks t
+             WHERE t.is_active AND t.next_run_at <= v_now
+               AND NOT EXISTS (SELECT 1 FROM switchboard.paused_handlers p WHERE p.handler = t.handler)
+             ORDER BY t.next_run_at LIMIT 1)
       INTO v_expired, v_task_at;
     IF v_expired THEN
         PERFORM switchboard._rescue_expired_runs(100);
@@ -457,15 +465,19 @@ BEGIN
 
     FOR v_round IN 1..32 LOOP
         IF v_round > 1 THEN
-            SELECT next_run_at INTO v_task_at FROM switchboard.tasks
-             WHERE is_active AND next_run_at <= v_now ORDER BY next_run_at LIMIT 1;
+            SELECT t.next_run_at INTO v_task_at FROM switchboard.tasks t
+             WHERE t.is_active AND t.next_run_at <= v_now
+               AND NOT EXISTS (SELECT 1 FROM switchboard.paused_handlers p WHERE p.handler = t.handler)
+             ORDER BY t.next_run_at LIMIT 1;
         END IF;
         -- The queue's head is only worth a look of its own when a tick competes
         -- with it; otherwise the claim in step 2 is the only scan of the head.
         v_queued_at := NULL;
         IF v_task_at IS NOT NULL THEN
-            SELECT run_at INTO v_queued_at FROM switchboard.task_runs
-             WHERE status = 'queued' AND run_at <= v_now ORDER BY run_at, id LIMIT 1;
+            SELECT q.run_at INTO v_queued_at FROM switchboard.task_runs q
+             WHERE q.status = 'queued' AND q.run_at <= v_now
+               AND NOT EXISTS (SELECT 1 FROM switchboard.paused_handlers p WHERE p.handler = q.handler)
+             ORDER BY q.run_at, q.id LIMIT 1;
         END IF;
         v_tick_first := v_task_at IS NOT NULL AND (v_queued_at IS NULL OR v_task_at <= v_queued_at);
         v_skipped := false;
@@ -485,9 +497,11 @@ BEGIN
             UPDATE switchboard.task_runs
                SET status = 'running', worker = v_worker, lease_expires_at = v_now + v_lease,
                    started_at = v_now
-             WHERE id = (SELECT id FROM switchboard.task_runs
-                          WHERE status = 'queued' AND run_at <= v_now
-                          ORDER BY run_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)
+             WHERE id = (SELECT q.id FROM switchboard.task_runs q
+                          WHERE q.status = 'queued' AND q.run_at <= v_now
+                            AND NOT EXISTS (SELECT 1 FROM switchboard.paused_handlers p
+                                             WHERE p.handler = q.handler)
+                          ORDER BY q.run_at, q.id LIMIT 1 FOR UPDATE OF q SKIP LOCKED)
             RETURNING * INTO v_run;
             IF FOUND THEN
                 RETURN NEXT v_run;
@@ -513,7 +527,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.claim_due_task(text, interval) IS
-    'Claim at most one unit of work (a queued run or a due task tick, oldest due first) for worker, leased until now() + lease. FOR UPDATE SKIP LOCKED: concurrent workers never get the same run. A task whose next fire time cannot be computed is skipped and marked (tasks.last_error, status() tasks_broken). Returns no row when nothing is due.';
+    'Claim at most one unit of work (a queued run or a due task tick, oldest due first) for worker, leased until now() + lease. FOR UPDATE SKIP LOCKED: concurrent workers never get the same run. A task whose next fire time cannot be computed is skipped and marked (tasks.last_error, status() tasks_broken). Work of a paused handler (pause_handler()) is skipped. Returns no row when nothing is due.';
 REVOKE ALL ON FUNCTION switchboard.claim_due_task(text, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.claim_due_task(text, interval) TO switchboard_app;
 
@@ -701,23 +715,7 @@ COMMENT ON FUNCTION switchboard.reap_expired_runs() IS
 REVOKE ALL ON FUNCTION switchboard.reap_expired_runs() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.reap_expired_runs() TO switchboard_app;
 
-CREATE OR REPLACE FUNCTION switchboard.cancel_run(run_id bigint)
-RETURNS boolean
-LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_column
-BEGIN
-    UPDATE switchboard.task_runs
-       SET status = 'abandoned', finished_at = now(), error = 'cancelled'
-     WHERE id = cancel_run.run_id AND status = 'queued';
-    RETURN FOUND;
-END
-$$;
-COMMENT ON FUNCTION switchboard.cancel_run(bigint) IS
-    'Cancel a queued run (it becomes abandoned with error ''cancelled''). False if the run is not queued (running runs cannot be cancelled).';
-REVOKE ALL ON FUNCTION switchboard.cancel_run(bigint) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION switchboard.cancel_run(bigint) TO switchboard_app;
+-- cancel_run, retry_run, pause_handler / resume_handler: db/functions/27_operate.sql.
 
 CREATE OR REPLACE FUNCTION switchboard.reap_runs(keep interval DEFAULT '7 days')
 RETURNS integer
@@ -732,12 +730,12 @@ BEGIN
             HINT = 'keep is a non-negative interval such as ''7 days''.';
     END IF;
     DELETE FROM switchboard.task_runs r
-     WHERE r.status IN ('succeeded', 'failed', 'abandoned') AND r.finished_at < now() - keep;
+     WHERE r.status IN ('succeeded', 'failed', 'abandoned', 'cancelled') AND r.finished_at < now() - keep;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
 END
 $$;
 COMMENT ON FUNCTION switchboard.reap_runs(interval) IS
-    'Delete finished runs (succeeded, failed, abandoned) older than keep. Returns how many were deleted.';
+    'Delete finished runs (succeeded, failed, abandoned, cancelled) older than keep. Returns how many were deleted.';
 REVOKE ALL ON FUNCTION switchboard.reap_runs(interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.reap_runs(interval) TO switchboard_app;

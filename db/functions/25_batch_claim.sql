@@ -37,14 +37,16 @@ BEGIN
                lease_expires_at = v_now + claim_due_tasks.lease, started_at = v_now
          WHERE r.id = ANY (ARRAY(SELECT q.id FROM switchboard.task_runs q
                                   WHERE q.status = 'queued' AND q.run_at <= v_now
+                                    AND NOT EXISTS (SELECT 1 FROM switchboard.paused_handlers p
+                                                     WHERE p.handler = q.handler)
                                   ORDER BY q.run_at, q.id
-                                  LIMIT max_runs - 1 FOR UPDATE SKIP LOCKED))
+                                  LIMIT max_runs - 1 FOR UPDATE OF q SKIP LOCKED))
         RETURNING r.*;
     END IF;
 END
 $$;
 COMMENT ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) IS
-    'Claim up to max_runs units of work in one call: the first exactly as claim_due_task() (oldest due first, ticks included), the rest from the queued runs (FOR UPDATE SKIP LOCKED). No row when nothing is due.';
+    'Claim up to max_runs units of work in one call: the first exactly as claim_due_task() (oldest due first, ticks included), the rest from the queued runs (FOR UPDATE SKIP LOCKED). Paused handlers (pause_handler()) are skipped. No row when nothing is due.';
 REVOKE ALL ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) TO switchboard_app;
 

@@ -141,6 +141,15 @@ CREATE OR REPLACE VIEW switchboard.replicas AS
       FROM switchboard.replica_registry r
      WHERE r.heartbeat_at > now() - r.live_window;
 COMMENT ON VIEW switchboard.replicas IS 'Live replicas (heartbeat within their live_window), their open sockets, version and handlers.';
+COMMENT ON COLUMN switchboard.replicas.id IS 'Replica id (host:pid:random); also its worker name on runs.';
+COMMENT ON COLUMN switchboard.replicas.info IS 'Host, pid and sockets as of its last heartbeat.';
+COMMENT ON COLUMN switchboard.replicas.started_at IS 'First heartbeat.';
+COMMENT ON COLUMN switchboard.replicas.heartbeat_at IS 'Last heartbeat.';
+COMMENT ON COLUMN switchboard.replicas.sockets IS 'Open WebSockets (from presence).';
+COMMENT ON COLUMN switchboard.replicas.version IS 'Server version.';
+COMMENT ON COLUMN switchboard.replicas.handlers IS 'Task handlers it runs.';
+COMMENT ON COLUMN switchboard.replicas.heartbeat_interval IS 'How often it heartbeats.';
+COMMENT ON COLUMN switchboard.replicas.live_window IS 'It counts as live while its last heartbeat is within this window.';
 GRANT SELECT ON switchboard.replicas TO switchboard_app;
 
 CREATE OR REPLACE VIEW switchboard.presence AS
@@ -150,6 +159,11 @@ CREATE OR REPLACE VIEW switchboard.presence AS
       LEFT JOIN switchboard.users u ON u.id = p.user_id
      WHERE r.heartbeat_at > now() - r.live_window;
 COMMENT ON VIEW switchboard.presence IS 'Which users have sockets on which live replica.';
+COMMENT ON COLUMN switchboard.presence.user_id IS 'The user.';
+COMMENT ON COLUMN switchboard.presence.username IS 'The user''s name.';
+COMMENT ON COLUMN switchboard.presence.replica_id IS 'The live replica holding the sockets.';
+COMMENT ON COLUMN switchboard.presence.sockets IS 'Open sockets of the user on that replica.';
+COMMENT ON COLUMN switchboard.presence.since IS 'Since when.';
 GRANT SELECT ON switchboard.presence TO switchboard_app;
 
 CREATE OR REPLACE FUNCTION switchboard.user_online(user_id uuid)
@@ -219,15 +233,26 @@ CREATE OR REPLACE VIEW switchboard.handlers AS
                  WHERE r.status IN ('queued', 'running') GROUP BY r.handler) AS w
          GROUP BY w.handler
     )
-    SELECT coalesce(s.handler, w.handler) AS handler,
+    SELECT coalesce(s.handler, w.handler, p.handler) AS handler,
            s.handler IS NOT NULL AS served,
            coalesce(s.live_replicas, 0) AS live_replicas,
            coalesce(s.versions, '{}') AS versions,
            coalesce(w.active_tasks, 0) AS active_tasks,
-           coalesce(w.pending_runs, 0) AS pending_runs
-      FROM served s FULL JOIN wanted w ON w.handler = s.handler;
+           coalesce(w.pending_runs, 0) AS pending_runs,
+           p.handler IS NOT NULL AS paused,
+           p.paused_at
+      FROM served s FULL JOIN wanted w ON w.handler = s.handler
+      FULL JOIN switchboard.paused_handlers p ON p.handler = coalesce(s.handler, w.handler);
 COMMENT ON VIEW switchboard.handlers IS
-    'Task handlers served by live replicas and wanted by active tasks or queued/running runs; served = false means no live replica runs it.';
+    'Task handlers served by live replicas, wanted by active tasks or queued/running runs, or paused; served = false means no live replica runs it, paused = true that claims skip its work (pause_handler()).';
+COMMENT ON COLUMN switchboard.handlers.handler IS 'Handler name.';
+COMMENT ON COLUMN switchboard.handlers.served IS 'Some live replica runs it.';
+COMMENT ON COLUMN switchboard.handlers.live_replicas IS 'How many live replicas run it.';
+COMMENT ON COLUMN switchboard.handlers.versions IS 'Server versions of those replicas.';
+COMMENT ON COLUMN switchboard.handlers.active_tasks IS 'Active tasks with this handler.';
+COMMENT ON COLUMN switchboard.handlers.pending_runs IS 'Queued or running runs with this handler.';
+COMMENT ON COLUMN switchboard.handlers.paused IS 'Paused by pause_handler(): claims skip its queued runs and due ticks.';
+COMMENT ON COLUMN switchboard.handlers.paused_at IS 'When it was paused.';
 GRANT SELECT ON switchboard.handlers TO switchboard_app;
 
 -- Tool bridge. tool_call_start registers the call (who it went to, which

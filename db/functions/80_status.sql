@@ -64,7 +64,7 @@ AS $$
     UNION ALL SELECT 'tasks_active', count(*) FROM switchboard.tasks WHERE is_active
     UNION ALL SELECT 'tasks_broken', switchboard._tasks_broken()
     UNION ALL SELECT 'runs_' || s, (SELECT count(*) FROM switchboard.task_runs r WHERE r.status = s)
-      FROM unnest(ARRAY['queued', 'running', 'succeeded', 'failed', 'abandoned']) AS s
+      FROM unnest(ARRAY['queued', 'running', 'succeeded', 'failed', 'abandoned', 'cancelled']) AS s
     UNION ALL SELECT 'runs_due', count(*) FROM switchboard.task_runs WHERE status = 'queued' AND run_at <= now()
     UNION ALL SELECT 'expired_leases', count(*) FROM switchboard.task_runs
                WHERE status = 'running' AND lease_expires_at < now()
@@ -77,14 +77,16 @@ AS $$
     UNION ALL SELECT 'live_replicas', count(*) FROM switchboard.replicas
     UNION ALL SELECT 'users_online', count(DISTINCT user_id) FROM switchboard.presence
     UNION ALL SELECT 'sockets_open', coalesce(sum(sockets), 0)::bigint FROM switchboard.presence
-    UNION ALL SELECT 'handlers_unserved', count(*) FROM switchboard.handlers WHERE NOT served
+    UNION ALL SELECT 'handlers_unserved', count(*) FROM switchboard.handlers
+               WHERE NOT served AND (active_tasks > 0 OR pending_runs > 0)
+    UNION ALL SELECT 'handlers_paused', switchboard._handlers_paused()
     UNION ALL SELECT 'db_in_recovery', pg_is_in_recovery()::int
     UNION ALL SELECT 'db_timeline', switchboard._timeline()
     UNION ALL SELECT 'db_started_at', extract(epoch FROM pg_postmaster_start_time())::bigint
     UNION ALL SELECT 'unlogged_state_since', extract(epoch FROM switchboard._unlogged_since())::bigint
 $$;
 COMMENT ON FUNCTION switchboard.status() IS
-    'One look at the system: due tasks, broken tasks (next fire time not computable: see tasks.last_error), runs by status, expired leases, live tickets, rate-limit keys, event backlog, live replicas, sockets, handlers that active tasks or pending runs need but no live replica serves (see the switchboard.handlers view); and the server itself: db_in_recovery (0/1), db_timeline (goes up by one at every promotion), db_started_at and unlogged_state_since (epoch seconds; the latter moves when crash recovery or a promotion emptied the UNLOGGED tables).';
+    'One look at the system: due tasks, broken tasks (next fire time not computable: see tasks.last_error), runs by status (runs_cancelled apart from runs_failed), expired leases, live tickets, rate-limit keys, event backlog, live replicas, sockets, handlers that active tasks or pending runs need but no live replica serves (see the switchboard.handlers view), handlers paused by pause_handler(); and the server itself: db_in_recovery (0/1), db_timeline (goes up by one at every promotion), db_started_at and unlogged_state_since (epoch seconds; the latter moves when crash recovery or a promotion emptied the UNLOGGED tables).';
 REVOKE ALL ON FUNCTION switchboard.status() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.status() TO switchboard_app;
 

@@ -78,9 +78,6 @@ BEGIN
     IF (to_regclass('switchboard.task_runs_by_task') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected index switchboard.task_runs_by_task' USING ERRCODE = 'P0004';
     END IF;
-    IF (to_regclass('switchboard.task_runs_finished') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected index switchboard.task_runs_finished' USING ERRCODE = 'P0004';
-    END IF;
     IF (to_regclass('switchboard.tickets_expires') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected index switchboard.tickets_expires' USING ERRCODE = 'P0004';
     END IF;

@@ -20,7 +20,7 @@ import falcon.media
 
 from . import errors
 from .config import Config
-from .http import auth, console, events, ops, rooms, tasks, tools
+from .http import auth, console, events, operate, ops, rooms, tasks, tools
 from .http.middleware import AccessLog, install_log_redaction
 from .services import Services, build_services
 from .ws import WebSocketResource
@@ -112,6 +112,16 @@ def create_app(config: Config) -> SwitchboardApp:
     app.add_route("/tasks/{task_id:uuid}", tasks.Task(db, au, body, svc.catalog))
     app.add_route("/tasks/{task_id:uuid}/trigger", tasks.Trigger(db, au))
     app.add_route("/tasks/{task_id:uuid}/runs", tasks.Runs(db, au))
+    # operate (issue 20): runs, handlers, status -- admin only
+    run_id = "{run_id:int(min=1, max=9223372036854775807)}"
+    app.add_route("/runs", operate.Runs(db, au))
+    app.add_route(f"/runs/{run_id}", operate.Run(db, au))
+    app.add_route(f"/runs/{run_id}/retry", operate.RunRetry(db, au))
+    app.add_route(f"/runs/{run_id}/cancel", operate.RunCancel(db, au))
+    app.add_route("/handlers", operate.Handlers(db, au))
+    app.add_route("/handlers/{name}/pause", operate.HandlerAction(db, au, pause=True))
+    app.add_route("/handlers/{name}/resume", operate.HandlerAction(db, au, pause=False))
+    app.add_route("/status", operate.Status(db, au, svc.replica, svc.relay))
     app.add_route("/events", events.Events(db, au, body))
     app.add_route("/rooms/{room}/members", rooms.RoomMembers(db, au))
     app.add_route("/rooms/{room}/members/{user_id:uuid}", rooms.RoomMember(db, au))

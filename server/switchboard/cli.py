@@ -1,4 +1,4 @@
-"""The `switchboard` command line: migrate, serve, dev, user, task."""
+"""The `switchboard` command line: migrate, serve, dev, user, task, runs, handlers, status."""
 
 from __future__ import annotations
 
@@ -240,15 +240,44 @@ def _wait_ready(ports: list[int], host: str, procs: list[subprocess.Popen], stop
         time.sleep(0.2)
 
 
-# -- user / task admin ---------------------------------------------------------------------
-def _connect() -> Any:
-    import psycopg
+# -- the admin chores: user, task, runs, handlers, status ------------------------------------
+# Every one goes through the server's own data layer (switchboard.db.Database), so the
+# CLI sends exactly the SQL the HTTP API sends, reads timestamps the same way (a task
+# parked at 'infinity' lists as "never" instead of crashing the command), and there is
+# one place to review it. One connection, opened per command.
+def _run_db(op: Any, url: str | None = None) -> int:
+    """Run ``await op(db)`` against DATABASE_URL; SQL errors become one line and exit 1."""
+    import asyncio
 
-    url = _require_env("DATABASE_URL")
-    try:
-        return psycopg.connect(url, autocommit=True)
-    except psycopg.Error as exc:
-        _die(f"cannot connect to the database: {str(exc).strip()}", 1)
+    import psycopg
+    import psycopg_pool
+
+    from .db import Database
+
+    url = url or _require_env("DATABASE_URL")
+
+    async def main() -> int:
+        # The pool retries quietly and then only says it timed out; one plain connect first
+        # fails fast and says why.
+        try:
+            await (await psycopg.AsyncConnection.connect(url, connect_timeout=5)).close()
+        except psycopg.Error as exc:
+            _die(f"cannot connect to the database: {str(exc).strip()}", 1)
+        logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+        db = Database(url, min_size=1, max_size=1, timeout=10.0, name="switchboard-cli", prepare_threshold=None)
+        try:
+            await db.pool.open(wait=True, timeout=10.0)
+        except psycopg_pool.PoolTimeout:
+            _die("cannot connect to the database: timed out", 1)
+        try:
+            return int(await op(db) or 0)
+        except psycopg.Error as exc:
+            _sql_error(exc)
+            return 1
+        finally:
+            await db.close()
+
+    return asyncio.run(main())
 
 
 def _sql_error(exc: Exception) -> None:
@@ -261,100 +290,301 @@ def _sql_error(exc: Exception) -> None:
 
 
 def _ensure_user(url: str, username: str, role: str, password: str) -> None:
-    import psycopg
-
     from .auth import hash_password
+    from .db import Database
 
-    with psycopg.connect(url, autocommit=True) as c:
-        row = c.execute("SELECT id FROM switchboard.find_user(%s)", (username,)).fetchone()
-        if row is None:
-            c.execute("SELECT switchboard.create_user(%s, %s, %s)", (username, hash_password(password), role))
+    async def op(db: Database) -> None:
+        uid = await db.find_user_id(username)
+        if uid is None:
+            await db.create_user(username, hash_password(password), role)
         else:
-            c.execute("SELECT switchboard.set_user_password_hash(%s, %s)", (row[0], hash_password(password)))
-            c.execute("SELECT switchboard.set_user_role(%s, %s)", (row[0], role))
+            await db.set_user_password_hash(uid, hash_password(password))
+            await db.set_user_role(uid, role)
+
+    _run_db(op, url)
 
 
-def _user_id(c: Any, name: str) -> Any:
-    row = c.execute("SELECT id FROM switchboard.find_user(%s)", (name,)).fetchone()
-    if row is None:
+async def _user_id(db: Any, name: str) -> Any:
+    uid = await db.find_user_id(name)
+    if uid is None:
         _die(f"no user named {name!r}", 1)
-    return row[0]
+    return uid
 
 
 def cmd_user(args: argparse.Namespace) -> int:
-    import psycopg
-
     from .auth import hash_password
 
-    with _connect() as c:
-        try:
-            if args.user_cmd in ("add", "set-password"):
-                if args.password_stdin:
-                    password = sys.stdin.readline().rstrip("\n")
-                elif sys.stdin.isatty():
-                    password = getpass.getpass(f"password for {args.name}: ")
-                else:
-                    password = secrets.token_urlsafe(12)
-                    print(f"generated password for {args.name}: {password}")
-                if not password:
-                    _die("empty password")
-            if args.user_cmd == "set-password":
-                c.execute("SELECT switchboard.set_user_password_hash(%s, %s)",
-                          (_user_id(c, args.name), hash_password(password)))
-                print(f"password of {args.name} changed; its tokens are refused and its sockets "
-                      "close on every replica")
-            elif args.user_cmd == "add":
-                uid = c.execute("SELECT switchboard.create_user(%s, %s, %s)",
-                                (args.name, hash_password(password), args.role)).fetchone()[0]
-                print(f"user {args.name} ({args.role}) created: {uid}")
-            elif args.user_cmd == "set-role":
-                c.execute("SELECT switchboard.set_user_role(%s, %s)", (_user_id(c, args.name), args.role))
-                print(f"user {args.name} is now {args.role}")
-            elif args.user_cmd == "disable":
-                c.execute("SELECT switchboard.disable_user(%s)", (_user_id(c, args.name),))
-                print(f"user {args.name} disabled; its sockets close on every replica")
-            elif args.user_cmd == "enable":
-                c.execute("SELECT switchboard.enable_user(%s)", (_user_id(c, args.name),))
-                print(f"user {args.name} enabled")
-        except psycopg.Error as exc:
-            _sql_error(exc)
-    return 0
+    password = ""
+    if args.user_cmd in ("add", "set-password"):
+        if args.password_stdin:
+            password = sys.stdin.readline().rstrip("\n")
+        elif sys.stdin.isatty():
+            password = getpass.getpass(f"password for {args.name}: ")
+        else:
+            password = secrets.token_urlsafe(12)
+            print(f"generated password for {args.name}: {password}")
+        if not password:
+            _die("empty password")
+
+    async def op(db: Any) -> None:
+        if args.user_cmd == "set-password":
+            await db.set_user_password_hash(await _user_id(db, args.name), hash_password(password))
+            print(f"password of {args.name} changed; its tokens are refused and its sockets "
+                  "close on every replica")
+        elif args.user_cmd == "add":
+            uid = await db.create_user(args.name, hash_password(password), args.role)
+            print(f"user {args.name} ({args.role}) created: {uid}")
+        elif args.user_cmd == "set-role":
+            await db.set_user_role(await _user_id(db, args.name), args.role)
+            print(f"user {args.name} is now {args.role}")
+        elif args.user_cmd == "disable":
+            await db.disable_user(await _user_id(db, args.name))
+            print(f"user {args.name} disabled; its sockets close on every replica")
+        elif args.user_cmd == "enable":
+            await db.enable_user(await _user_id(db, args.name))
+            print(f"user {args.name} enabled")
+
+    return _run_db(op)
 
 
+# -- output ------------------------------------------------------------------------------------
+def _when(v: Any) -> str:
+    """A timestamp for a terminal: UTC, to the second; '-' for none."""
+    from datetime import datetime, timezone
+
+    if v is None:
+        return "-"
+    if isinstance(v, datetime):
+        return v.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return str(v)
+
+
+def _duration(ms: Any) -> str:
+    if ms is None:
+        return "-"
+    ms = int(ms)
+    if ms < 1000:
+        return f"{ms}ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f}s"
+    if ms < 3_600_000:
+        return f"{ms // 60_000}m{(ms % 60_000) // 1000:02d}s"
+    return f"{ms // 3_600_000}h{(ms % 3_600_000) // 60_000:02d}m"
+
+
+def _one_line(text: Any, width: int) -> str:
+    from .bounded import escape
+
+    return "-" if text is None else escape(str(text), width)
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> None:
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    fmt = "  ".join(f"{{:{w}}}" for w in widths[:-1]) + "  {}"
+    print(fmt.format(*headers).rstrip())
+    for r in rows:
+        print(fmt.format(*r).rstrip())
+
+
+def _print_json(obj: Any) -> None:
+    from uuid import UUID
+
+    def default(v: Any) -> Any:
+        if isinstance(v, UUID):
+            return str(v)
+        if hasattr(v, "isoformat"):
+            return v.isoformat()
+        return str(v)
+
+    print(json.dumps(obj, default=default, indent=2, ensure_ascii=False))
+
+
+# -- task ----------------------------------------------------------------------------------------
 def cmd_task(args: argparse.Namespace) -> int:
-    import psycopg
-    from psycopg.types.json import Jsonb
+    async def op(db: Any) -> int:
+        if args.task_cmd == "add":
+            try:
+                task_args = json.loads(args.args)
+            except ValueError:
+                _die(f"--args is not JSON: {args.args!r}")
+            t = await db.create_task(args.name, args.schedule, args.handler, task_args, args.timezone,
+                                     args.max_attempts)
+            print(f"task {args.name} created: {t['id']} (next run {_when(t['next_run_at'])})")
+        elif args.task_cmd == "list":
+            tasks = await db.list_tasks()
+            if getattr(args, "json", False):
+                _print_json(tasks)
+                return 0
+            _table(["NAME", "SCHEDULE", "HANDLER", "ACTIVE", "NEXT RUN"],
+                   [[t["name"], t["schedule"] or "(trigger only)", t["handler"], str(t["is_active"]),
+                     _next_run(t)] for t in tasks])
+        elif args.task_cmd == "trigger":
+            t = await db.find_task(args.name)
+            if t is None:
+                _die(f"no task named {args.name!r}", 1)
+            run = await db.create_run_exclusive(t["id"], "cli")
+            if run is None:
+                _die(f"task {args.name} already has a queued or running run", 1)
+            print(f"run {run['id']} queued")
+        return 0
 
-    with _connect() as c:
-        try:
-            if args.task_cmd == "add":
-                try:
-                    task_args = json.loads(args.args)
-                except ValueError:
-                    _die(f"--args is not JSON: {args.args!r}")
-                row = c.execute(
-                    "SELECT id, next_run_at FROM switchboard.create_task(%s, %s, %s, %s, %s, %s)",
-                    (args.name, args.schedule, args.handler, Jsonb(task_args), args.timezone,
-                     args.max_attempts)).fetchone()
-                print(f"task {args.name} created: {row[0]} (next run {row[1]})")
-            elif args.task_cmd == "list":
-                rows = c.execute(
-                    "SELECT name, coalesce(schedule, '(trigger only)'), handler, is_active, next_run_at, id "
-                    "FROM switchboard.tasks ORDER BY name").fetchall()
-                print(f"{'NAME':30} {'SCHEDULE':22} {'HANDLER':14} {'ACTIVE':6} NEXT RUN")
-                for r in rows:
-                    print(f"{r[0]:30} {r[1]:22} {r[2]:14} {str(r[3]):6} {r[4]}")
-            elif args.task_cmd == "trigger":
-                row = c.execute("SELECT id FROM switchboard.tasks WHERE name = %s", (args.name,)).fetchone()
-                if row is None:
-                    _die(f"no task named {args.name!r}", 1)
-                run = c.execute("SELECT id FROM switchboard.create_run_exclusive(%s, 'cli')", (row[0],)).fetchone()
-                if run is None:
-                    _die(f"task {args.name} already has a queued or running run", 1)
-                print(f"run {run[0]} queued")
-        except psycopg.Error as exc:
-            _sql_error(exc)
-    return 0
+    return _run_db(op)
+
+
+def _next_run(t: dict) -> str:
+    if t["next_run_at"] is not None:
+        return _when(t["next_run_at"])
+    if t["schedule"] is None:
+        return "-"
+    # A scheduled task whose next_run_at cannot be shown is parked ('infinity', the
+    # README's way to park a task for good) or was set to a date out of range by hand.
+    return "never (parked)"
+
+
+# -- runs ----------------------------------------------------------------------------------------
+RUN_FIELDS = ("id", "status", "handler", "task_name", "task_id", "trigger", "attempt", "max_attempts",
+              "worker", "created_at", "run_at", "started_at", "finished_at", "duration_ms",
+              "lease_expires_at", "scheduled_for", "queueing_lock", "retry_of", "error", "args", "result")
+
+
+def _since(text: str | None) -> Any:
+    """--since: an ISO timestamp, or an age such as 30m, 2h, 7d (before now)."""
+    import re
+    from datetime import datetime, timedelta
+
+    if text is None:
+        return None
+    m = re.fullmatch(r"(\d{1,6})([smhd])", text.strip())
+    if m:
+        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m.group(2)]
+        return timedelta(**{unit: int(m.group(1))})
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        _die(f"--since {text!r}: give an ISO timestamp (2026-01-31T12:00:00+00:00) or an age (30m, 2h, 7d)")
+    return None
+
+
+def _run_line(r: dict) -> list[str]:
+    return [str(r["id"]), r["status"], r["handler"], r["task_name"] or "-", str(r["attempt"]),
+            r["worker"] or "-", _when(r["created_at"]), _duration(r["duration_ms"]), _one_line(r["error"], 60)]
+
+
+def _print_run(r: dict) -> None:
+    for k in RUN_FIELDS:
+        if k not in r:
+            continue
+        v = r[k]
+        if k in ("args", "result"):
+            shown = "-" if v is None else json.dumps(v, ensure_ascii=False)
+        elif k == "duration_ms":
+            shown = _duration(v)
+        elif k == "error":
+            shown = _one_line(v, 2000)
+        else:
+            shown = _when(v)
+        print(f"{k + ':':17} {shown}")
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    async def op(db: Any) -> int:
+        if args.runs_cmd == "list":
+            runs = await db.list_runs(args.status, args.handler, args.task, _since(args.since), args.limit,
+                                      args.before)
+            if args.json:
+                _print_json({"runs": runs,
+                             "next_before": runs[-1]["id"] if len(runs) == args.limit else None})
+                return 0
+            _table(["ID", "STATUS", "HANDLER", "TASK", "ATTEMPT", "WORKER", "CREATED", "DURATION", "ERROR"],
+                   [_run_line(r) for r in runs])
+            if len(runs) == args.limit:
+                print(f"(more: --before {runs[-1]['id']})")
+            return 0
+        if args.runs_cmd == "show":
+            r = await db.get_run(args.id)
+            if r is None:
+                _die(f"run {args.id} does not exist", 1)
+            _print_json(r) if args.json else _print_run(r)
+            return 0
+        if args.runs_cmd == "retry":
+            r = await db.retry_run(args.id)
+            print(f"run {r['id']} queued: attempt {r['attempt']}, a retry of run {args.id}")
+            return 0
+        if args.runs_cmd == "cancel":
+            ok, r = await db.cancel_run(args.id, actor=_os_user())
+            if not ok:
+                _die(f"run {args.id} is {r['status'] if r else 'gone'}; only a queued or running run "
+                     "can be cancelled", 1)
+            print(f"run {args.id} cancelled" + (" (its handler is being stopped)" if r and r["started_at"]
+                                                 else ""))
+            return 0
+        return EXIT_USAGE
+
+    return _run_db(op)
+
+
+def _os_user() -> str:
+    """Who ran the command, for the record a cancel leaves (``cli:<login>``)."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):   # a container user with no passwd entry
+        return "cli"
+
+
+# -- handlers --------------------------------------------------------------------------------------
+def cmd_handlers(args: argparse.Namespace) -> int:
+    async def op(db: Any) -> int:
+        if args.handlers_cmd == "list":
+            hs = await db.list_handlers()
+            if args.json:
+                _print_json({"handlers": hs})
+                return 0
+            _table(["NAME", "PAUSED", "SERVED", "REPLICAS", "ACTIVE TASKS", "PENDING RUNS"],
+                   [[h["name"], f"since {_when(h['paused_at'])}" if h["paused"] else "no",
+                     "yes" if h["served"] else "NO", str(h["replicas"]), str(h["active_tasks"]),
+                     str(h["pending_runs"])] for h in hs])
+            return 0
+        if args.handlers_cmd == "pause":
+            changed = await db.pause_handler(args.name)
+            print(f"handler {args.name} paused: claims skip its queued runs and due ticks "
+                  "(running runs go on; cancel them with 'switchboard runs cancel ID')"
+                  if changed else f"handler {args.name} was already paused")
+            return 0
+        if args.handlers_cmd == "resume":
+            changed = await db.resume_handler(args.name)
+            print(f"handler {args.name} resumed" if changed else f"handler {args.name} was not paused")
+            return 0
+        return EXIT_USAGE
+
+    return _run_db(op)
+
+
+# -- status ------------------------------------------------------------------------------------------
+STATUS_EPOCHS = ("db_started_at", "unlogged_state_since")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    async def op(db: Any) -> int:
+        rows = await db.status()
+        if args.json:
+            _print_json({"status": {r["item"]: r["value"] for r in rows}})
+            return 0
+        from datetime import datetime, timezone
+
+        out = []
+        for r in rows:
+            v = r["value"]
+            if r["item"] in STATUS_EPOCHS and v is not None:
+                shown = datetime.fromtimestamp(v, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+            elif r["item"] == "event_backlog_seconds" and v is not None:
+                shown = f"{v} s"
+            else:
+                shown = "-" if v is None else str(v)
+            out.append([r["item"], shown])
+        _table(["ITEM", "VALUE"], out)
+        return 0
+
+    return _run_db(op)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -406,10 +636,44 @@ def build_parser() -> argparse.ArgumentParser:
     ta.add_argument("--args", default="{}", help="JSON object")
     ta.add_argument("--timezone", default="UTC")
     ta.add_argument("--max-attempts", type=int, default=3)
-    tsub.add_parser("list")
+    tl = tsub.add_parser("list")
+    tl.add_argument("--json", action="store_true", help="JSON instead of a table")
     tt = tsub.add_parser("trigger")
     tt.add_argument("name")
     t.set_defaults(func=cmd_task)
+
+    r = sub.add_parser("runs", help="list, show, retry and cancel runs")
+    rsub = r.add_subparsers(dest="runs_cmd", required=True)
+    rl = rsub.add_parser("list", help="runs, newest first")
+    rl.add_argument("--status", choices=["queued", "running", "succeeded", "failed", "abandoned", "cancelled"])
+    rl.add_argument("--handler")
+    rl.add_argument("--task", help="task name or id")
+    rl.add_argument("--since", help="ISO timestamp, or an age: 30m, 2h, 7d")
+    rl.add_argument("--limit", type=int, default=50, help="page size, 1..1000 (default 50)")
+    rl.add_argument("--before", type=int, help="the next page: runs older than this id")
+    rl.add_argument("--json", action="store_true", help="JSON instead of a table")
+    rs = rsub.add_parser("show", help="one run, every field")
+    rs.add_argument("id", type=int)
+    rs.add_argument("--json", action="store_true")
+    for name, help_ in (("retry", "queue a new attempt of a finished run"),
+                        ("cancel", "cancel a queued or running run (a running handler is stopped)")):
+        rx = rsub.add_parser(name, help=help_)
+        rx.add_argument("id", type=int)
+    r.set_defaults(func=cmd_runs)
+
+    h = sub.add_parser("handlers", help="list, pause and resume task handlers")
+    hsub = h.add_subparsers(dest="handlers_cmd", required=True)
+    hl = hsub.add_parser("list")
+    hl.add_argument("--json", action="store_true")
+    for name, help_ in (("pause", "claims skip the handler's queued runs and due ticks"),
+                        ("resume", "release a paused handler's work")):
+        hx = hsub.add_parser(name, help=help_)
+        hx.add_argument("name")
+    h.set_defaults(func=cmd_handlers)
+
+    st = sub.add_parser("status", help="one look at the system: switchboard.status()")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_status)
     return p
 
 

@@ -39,6 +39,16 @@ RUN_COLUMNS = (
     f"{_ts('run_at')}, {_ts('scheduled_for')}, worker, lease_expires_at, started_at, finished_at, result, "
     "error, retry_of, created_at"
 )
+# switchboard.runs (the view), as a listing shows it and as one run is shown.
+RUN_VIEW_COLUMNS = (
+    "id, task_id, task_name, handler, status, trigger, attempt, max_attempts, worker, created_at, "
+    f"{_ts('run_at')}, started_at, finished_at, duration_ms, error, retry_of"
+)
+RUN_DETAIL_COLUMNS = (
+    f"{RUN_VIEW_COLUMNS}, lease_expires_at, {_ts('scheduled_for')}, queueing_lock, args, result"
+)
+HANDLER_COLUMNS = "handler AS name, paused, paused_at, served, live_replicas AS replicas, versions, " \
+                  "active_tasks, pending_runs"
 TASK_COLUMNS = (
     f"id, name, schedule, timezone, handler, args, is_active, max_attempts, {_ts('next_run_at')}, "
     "skipped_ticks, last_error, last_error_at, created_by, created_at, updated_at"
@@ -284,6 +294,120 @@ class Database:
         return await self.scalar(
             "SELECT switchboard.maintenance(keep_events => %s, replica_stale => %s)",
             (timedelta(seconds=keep_events), timedelta(seconds=replica_stale)))
+
+    async def lost_runs(self, worker: str, run_ids: list[int]) -> list[dict]:
+        return await self.fetchall("SELECT run_id, status FROM switchboard.lost_runs(%s, %s::bigint[])",
+                                   (worker, run_ids))
+
+    # -- operate: runs, handlers, status (HTTP admin API and the CLI) ----------------------
+    async def list_runs(self, status: str | None = None, handler: str | None = None, task: str | None = None,
+                        since: Any = None, limit: int = 50, before_id: int | None = None) -> list[dict]:
+        """``since``: a datetime, or a timedelta meaning "that long before now()" (the
+        database's clock, not this process's)."""
+        ago = since if isinstance(since, timedelta) else None
+        at = None if ago is not None else since
+        return await self.fetchall(
+            f"SELECT {RUN_VIEW_COLUMNS} FROM switchboard.list_runs(%s, %s, %s, "
+            "coalesce(%s::timestamptz, now() - %s::interval), %s, %s)",
+            (status, handler, task, at, ago, limit, before_id))
+
+    async def get_run(self, run_id: int) -> dict | None:
+        return await self.fetchone(f"SELECT {RUN_DETAIL_COLUMNS} FROM switchboard.runs WHERE id = %s", (run_id,))
+
+    async def cancel_run(self, run_id: int, actor: str | None = None) -> tuple[bool, dict | None]:
+        """cancel_run(), then the run as it is now. Admins hear run.updated iff it changed.
+        ``actor`` (who asked: an admin's username) goes into the run's error text."""
+        async def op(conn: psycopg.AsyncConnection) -> tuple[bool, dict | None]:
+            if actor:
+                await conn.execute("SELECT set_config('switchboard.actor', %s, true)", (actor,))
+            cur = await conn.execute("SELECT switchboard.cancel_run(%s) AS ok", (run_id,))
+            ok = bool((await cur.fetchone())["ok"])  # type: ignore[index]
+            if ok:
+                await self._announce_run(conn, run_id)
+            cur = await conn.execute(f"SELECT {RUN_DETAIL_COLUMNS} FROM switchboard.runs WHERE id = %s",
+                                     (run_id,))
+            return ok, await cur.fetchone()
+        return await self._transaction(op)
+
+    async def retry_run(self, run_id: int) -> dict:
+        """retry_run(): the new queued run. Admins hear run.updated."""
+        async def op(conn: psycopg.AsyncConnection) -> dict:
+            cur = await conn.execute("SELECT id FROM switchboard.retry_run(%s)", (run_id,))
+            new_id = (await cur.fetchone())["id"]  # type: ignore[index]
+            await self._announce_run(conn, new_id)
+            cur = await conn.execute(f"SELECT {RUN_DETAIL_COLUMNS} FROM switchboard.runs WHERE id = %s",
+                                     (new_id,))
+            return await cur.fetchone()  # type: ignore[return-value]
+        return await self._transaction(op)
+
+    @staticmethod
+    async def _announce_run(conn: psycopg.AsyncConnection, run_id: int) -> None:
+        """run.updated to every admin, last in the operator's transaction (notify_* hold the
+        event-order lock until commit). In a savepoint: if publishing fails (55P03 while
+        another publisher holds the lock) the operator's action still commits; a console
+        that missed the event sees the change on its next read."""
+        try:
+            async with conn.transaction():
+                await conn.execute(
+                    "SELECT switchboard.notify_admins('run.updated', "
+                    "jsonb_build_object('run', to_jsonb(v) - 'args' - 'result' - 'duration')) "
+                    "FROM switchboard.runs v WHERE v.id = %s", (run_id,))
+        except psycopg.Error as exc:
+            LOG.warning("run %s: run.updated not published (%s)", run_id, str(exc).strip())
+
+    async def _transaction(self, op: Any) -> Any:
+        for attempt in (1, 2):
+            try:
+                async with self.connection() as conn:
+                    async with conn.transaction():
+                        return await op(conn)
+            except psycopg.Error as exc:
+                if attempt == 2 or not self._prepared_statements_broken(exc):
+                    raise
+        raise AssertionError("unreachable")
+
+    async def pause_handler(self, name: str) -> bool:
+        return bool(await self.scalar("SELECT switchboard.pause_handler(%s)", (name,)))
+
+    async def resume_handler(self, name: str) -> bool:
+        return bool(await self.scalar("SELECT switchboard.resume_handler(%s)", (name,)))
+
+    async def list_handlers(self) -> list[dict]:
+        return await self.fetchall(f"SELECT {HANDLER_COLUMNS} FROM switchboard.handlers ORDER BY handler")
+
+    async def get_handler(self, name: str) -> dict | None:
+        return await self.fetchone(f"SELECT {HANDLER_COLUMNS} FROM switchboard.handlers WHERE handler = %s",
+                                   (name,))
+
+    async def status(self) -> list[dict]:
+        return await self.fetchall("SELECT item, value FROM switchboard.status()")
+
+    async def list_replicas(self) -> list[dict]:
+        return await self.fetchall(
+            "SELECT id, info, started_at, heartbeat_at, sockets, version, handlers FROM switchboard.replicas "
+            "ORDER BY started_at, id")
+
+    async def find_task(self, name: str) -> dict | None:
+        return await self.fetchone(f"SELECT {TASK_COLUMNS} FROM switchboard.tasks WHERE name = %s", (name,))
+
+    # -- users (the CLI's chores) ---------------------------------------------------------
+    async def find_user_id(self, username: str) -> UUID | None:
+        return await self.scalar("SELECT id FROM switchboard.find_user(%s)", (username,))
+
+    async def create_user(self, username: str, password_hash: str, role: str) -> UUID:
+        return await self.scalar("SELECT switchboard.create_user(%s, %s, %s)", (username, password_hash, role))
+
+    async def set_user_password_hash(self, user_id: UUID, password_hash: str) -> None:
+        await self.fetchone("SELECT switchboard.set_user_password_hash(%s, %s)", (user_id, password_hash))
+
+    async def set_user_role(self, user_id: UUID, role: str) -> None:
+        await self.fetchone("SELECT switchboard.set_user_role(%s, %s)", (user_id, role))
+
+    async def disable_user(self, user_id: UUID) -> None:
+        await self.fetchone("SELECT switchboard.disable_user(%s)", (user_id,))
+
+    async def enable_user(self, user_id: UUID) -> None:
+        await self.fetchone("SELECT switchboard.enable_user(%s)", (user_id,))
 
     # -- events -------------------------------------------------------------------
     async def notify_user(self, user_id: UUID, event: str, payload: Any) -> int:

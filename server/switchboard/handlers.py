@@ -81,14 +81,18 @@ class HandlerContext:
       successful lease heartbeat) or, once the replica drains, the end of the
       shutdown grace, whichever is first. ``seconds_left()`` is the same as a
       number.
-      ``lease_lost`` (asyncio.Event): set when the lease heartbeat finds that
-      this worker no longer owns the run (it was rescued by another replica
-      after a stall). The result will be discarded; stop work and return.
+      ``lease_lost`` (asyncio.Event): set when this worker no longer owns the
+      run: it was rescued by another replica after a stall, or an operator
+      cancelled it. The result will be discarded; stop work and return (the
+      handler is cancelled about a second later otherwise).
       ``await ctx.wait_lease_lost(timeout)`` waits for it.
+      ``cancelled`` (asyncio.Event): set, together with ``lease_lost``, when an
+      operator cancelled the run (cancel_run(), ``switchboard runs cancel``,
+      ``POST /runs/{id}/cancel``), so a handler can tell the two apart.
     """
 
     __slots__ = ("run_id", "attempt", "max_attempts", "args", "task_id", "handler", "trigger",
-                 "scheduled_for", "logger", "lease_lost", "_db", "_deadline")
+                 "scheduled_for", "logger", "lease_lost", "cancelled", "_db", "_deadline")
 
     def __init__(self, run: dict, db: Database, *, lease_seconds: float,
                  lease_lost: asyncio.Event | None = None) -> None:
@@ -103,6 +107,7 @@ class HandlerContext:
         self.logger = logging.LoggerAdapter(logging.getLogger(f"switchboard.handler.{self.handler}"),
                                             {"run_id": self.run_id})
         self.lease_lost = lease_lost if lease_lost is not None else asyncio.Event()
+        self.cancelled = asyncio.Event()
         self._db = db
         self._deadline = time.time() + lease_seconds
 

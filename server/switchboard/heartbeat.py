@@ -57,7 +57,9 @@ class ReplicaHeartbeat:
         rid = self.replica.replica_id
         users = list(self.registry.by_user.keys())
         counts = [len(self.registry.by_user[u]) for u in users]
-        info = {"host": socket.gethostname(), "pid": os.getpid(), "sockets": self.registry.count}
+        # draining: GET /status shows another replica's readiness from its last heartbeat.
+        info = {"host": socket.gethostname(), "pid": os.getpid(), "sockets": self.registry.count,
+                "draining": self.replica.draining}
         await self.db.replica_heartbeat(rid, info, self.handlers, self.interval, self.version)
         await self.db.presence_sync(rid, users, counts)
         self.auth.prune()

@@ -220,3 +220,90 @@ def console_paths() -> dict[str, Any]:
                                "rooms": {"type": "array", "items": {"type": "object"}}}})}},
             (401, 403, 503))},
     }
+
+
+# -- operate (issue 20): runs, handlers, status -----------------------------------------------
+# A block of its own, merged into the document by http/ops.py, so it stays independent of
+# the document's own helpers and version.
+def operate_paths() -> dict[str, Any]:
+    def js(schema: dict) -> dict:
+        return {"content": {"application/json": {"schema": schema}}}
+
+    err = {"description": "Error", **js({"type": "object", "properties": {
+        "title": {"type": "string"}, "description": {"type": "string"}}})}
+
+    def op(summary: str, ok: dict, errs: tuple[int, ...], params: list | None = None) -> dict:
+        o: dict[str, Any] = {"summary": summary, "security": [{"bearer": []}],
+                             "responses": {**ok, **{str(c): err for c in errs}}}
+        if params:
+            o["parameters"] = params
+        return o
+
+    nullable_str = {"type": ["string", "null"]}
+    run = {"type": "object", "required": ["id", "status", "handler", "attempt"], "properties": {
+        "id": {"type": "integer"}, "task_id": nullable_str, "task_name": nullable_str,
+        "handler": {"type": "string"},
+        "status": {"type": "string",
+                   "enum": ["queued", "running", "succeeded", "failed", "abandoned", "cancelled"]},
+        "trigger": {"type": "string"}, "attempt": {"type": "integer"}, "max_attempts": {"type": "integer"},
+        "worker": nullable_str, "created_at": {"type": "string"}, "run_at": nullable_str,
+        "started_at": nullable_str, "finished_at": nullable_str,
+        "duration_ms": {"type": ["integer", "null"]}, "error": nullable_str,
+        "retry_of": {"type": ["integer", "null"]},
+        "args": {"description": "GET /runs/{id} only"}, "result": {"description": "GET /runs/{id} only"}}}
+    handler = {"type": "object", "required": ["name", "paused", "served", "replicas"], "properties": {
+        "name": {"type": "string"}, "paused": {"type": "boolean"}, "paused_at": nullable_str,
+        "served": {"type": "boolean"}, "replicas": {"type": "integer"},
+        "versions": {"type": "array", "items": {"type": "string"}},
+        "active_tasks": {"type": "integer"}, "pending_runs": {"type": "integer"}}}
+    one_run = js({"type": "object", "required": ["run"], "properties": {"run": run}})
+    run_path = [{"name": "run_id", "in": "path", "required": True,
+                 "schema": {"type": "integer", "minimum": 1, "maximum": 9223372036854775807}}]
+    name_path = [{"name": "name", "in": "path", "required": True,
+                  "schema": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$"}}]
+
+    def q(name: str, schema: dict, description: str) -> dict:
+        return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
+
+    handler_action = {"200": {"description": "the handler now", **js({
+        "type": "object", "required": ["handler", "changed"],
+        "properties": {"handler": handler, "changed": {"type": "boolean"}}})}}
+    return {
+        "/runs": {"get": op(
+            "Runs, newest first, filtered; keyset pages (admin)",
+            {"200": {"description": "a page of runs", **js({
+                "type": "object", "required": ["runs", "next_cursor"],
+                "properties": {"runs": {"type": "array", "items": run},
+                               "next_cursor": {"type": ["string", "null"],
+                                               "description": "pass back as cursor for the next page"}}})}},
+            (400, 401, 403, 404, 422, 503),
+            params=[q("status", {"type": "string", "enum": run["properties"]["status"]["enum"]}, "run status"),
+                    q("handler", {"type": "string"}, "handler name"),
+                    q("task", {"type": "string"}, "task name or id"),
+                    q("since", {"type": "string", "format": "date-time"}, "created at or after"),
+                    q("limit", {"type": "integer", "minimum": 1, "maximum": 500}, "page size (default 50)"),
+                    q("cursor", {"type": "string"}, "next_cursor of the previous page")])},
+        "/runs/{run_id}": {"get": op("A run, every field (admin)", {"200": {"description": "the run", **one_run}},
+                                     (401, 403, 404, 503), params=run_path)},
+        "/runs/{run_id}/retry": {"post": op(
+            "Queue a new attempt of a finished run (admin)", {"201": {"description": "the new run", **one_run}},
+            (401, 403, 404, 409, 503), params=run_path)},
+        "/runs/{run_id}/cancel": {"post": op(
+            "Cancel a queued or running run; a running handler is stopped (admin)",
+            {"200": {"description": "the cancelled run", **one_run}}, (401, 403, 404, 409, 503),
+            params=run_path)},
+        "/handlers": {"get": op("Task handlers: served, paused, wanted (admin)", {"200": {
+            "description": "handlers", **js({"type": "object", "required": ["handlers"], "properties": {
+                "handlers": {"type": "array", "items": handler}}})}}, (401, 403, 503))},
+        "/handlers/{name}/pause": {"post": op("Hold a handler's queued runs and due ticks (admin)",
+                                              handler_action, (401, 403, 422, 503), params=name_path)},
+        "/handlers/{name}/resume": {"post": op("Release a paused handler (admin)",
+                                               handler_action, (401, 403, 422, 503), params=name_path)},
+        "/status": {"get": op("status() as an object, and the live replicas with readiness (admin)", {"200": {
+            "description": "status", **js({"type": "object", "required": ["status", "replicas"], "properties": {
+                "status": {"type": "object", "additionalProperties": {"type": ["integer", "null"]}},
+                "replicas": {"type": "array", "items": {"type": "object", "properties": {
+                    "id": {"type": "string"}, "ready": {"type": "boolean"},
+                    "reasons": {"type": "array", "items": {"type": "string"}}}}}}})}},
+            (401, 403, 503))},
+    }

@@ -26,6 +26,16 @@ the cancelled handler is never recorded). So "runs never overlap" holds for
 a handler's side effects, not only for rows, as long as the handler stops
 when cancelled.
 
+Cancellation. cancel_run() makes the run final ('cancelled') in the database
+and wakes every replica (NOTIFY switchboard_runs at commit). A replica that
+hears it while it has runs going asks lost_runs() which of them it no longer
+owns -- one round trip, coalesced when wakes come in bursts -- and treats
+each exactly like a lost lease: the handler is told (``ctx.cancelled`` and
+``ctx.lease_lost``), cancelled CANCEL_GRACE s later, and its outcome is never
+recorded (finish_run would be fenced anyway). A replica that misses the
+NOTIFY (LISTEN reconnecting) learns it from its next heartbeat, which answers
+false.
+
 Shutdown never strands a claim. A claim round trip that is in flight when the
 scheduler stops is not cancelled (Postgres may already have committed it,
 and a cancelled caller would never learn which runs it got): it is shielded,
@@ -50,6 +60,12 @@ from .replica import ReplicaState
 
 LOG = logging.getLogger("switchboard.scheduler")
 
+# How long a cancelled run's handler may take to stop by itself (it sees ctx.cancelled)
+# before its task is cancelled.
+CANCEL_GRACE = 1.0
+# Wakes in a burst (every enqueue wakes every replica) share one lost_runs() round trip.
+FENCE_CHECK_MIN_INTERVAL = 0.1
+
 
 class Scheduler:
     def __init__(self, db: Database, metrics: Metrics, config: Config, handlers: HandlerRegistry,
@@ -61,7 +77,10 @@ class Scheduler:
         self.replica = replica
         self.worker = replica.replica_id
         self._contexts: dict[int, HandlerContext] = {}
+        self._htasks: dict[int, asyncio.Task] = {}   # run id -> its handler's task
         self._wake = asyncio.Event()
+        self._fence_wake = asyncio.Event()
+        self._fence_task: asyncio.Task | None = None
         self._stopping = False
         self._running: dict[int, asyncio.Task] = {}
         self._loop_task: asyncio.Task | None = None
@@ -74,9 +93,42 @@ class Scheduler:
 
     def wake(self) -> None:
         self._wake.set()
+        if self._running:
+            self._fence_wake.set()
 
     def start(self) -> None:
         self._loop_task = asyncio.create_task(self._loop(), name="scheduler")
+        self._fence_task = asyncio.create_task(self._fence_loop(), name="scheduler-fence")
+
+    async def _fence_loop(self) -> None:
+        """After a wake, ask which running runs are no longer ours (cancelled, rescued)."""
+        while not self._stopping:
+            await self._fence_wake.wait()
+            self._fence_wake.clear()
+            try:
+                await self.check_lost_runs()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:   # the heartbeat is the fallback
+                LOG.warning("lost_runs check failed: %s", str(exc).strip() or type(exc).__name__)
+            await asyncio.sleep(FENCE_CHECK_MIN_INTERVAL)
+
+    async def check_lost_runs(self) -> None:
+        ids = [rid for rid in self._contexts if rid not in self._lost]
+        if not ids:
+            return
+        for row in await self.db.lost_runs(self.worker, ids):
+            ctx = self._contexts.get(row["run_id"])
+            if ctx is None:
+                continue        # finished meanwhile
+            if row["status"] == "cancelled":
+                ctx.cancelled.set()
+                self._lose_lease(ctx, self._htasks.get(ctx.run_id), "the run was cancelled",
+                                 grace=CANCEL_GRACE, cancelled=True)
+            else:
+                self._lose_lease(ctx, self._htasks.get(ctx.run_id),
+                                 f"the run is {row['status'] or 'gone'} (rescued by another worker?)",
+                                 grace=CANCEL_GRACE)
 
     @property
     def running(self) -> int:
@@ -138,6 +190,7 @@ class Scheduler:
         htask: asyncio.Task | None = None
         if handler is not None:
             htask = asyncio.create_task(handler(ctx), name=f"handler-{run_id}")
+            self._htasks[run_id] = htask
         hb = asyncio.create_task(self._heartbeat(ctx, htask))
         watch = asyncio.create_task(self._watch_lease(ctx, htask)) if htask is not None else None
         try:
@@ -184,19 +237,24 @@ class Scheduler:
     def _forget(self, run_id: int) -> None:
         self._running.pop(run_id, None)
         self._contexts.pop(run_id, None)
+        self._htasks.pop(run_id, None)
         self._lease_until.pop(run_id, None)
         self._lost.discard(run_id)
 
     def _lose_lease(self, ctx: HandlerContext, htask: asyncio.Task | None, why: str,
-                    grace: float | None = None) -> None:
+                    grace: float | None = None, cancelled: bool = False) -> None:
         """Tell the handler (ctx.lease_lost) and cancel it ``grace`` s later (default
-        margin/2): its run may be rescued elsewhere."""
+        margin/2): its run may be rescued elsewhere, or was cancelled by an operator."""
         if ctx.run_id in self._lost:
             return
-        LOG.warning("run %s: lease lost (%s); cancelling its handler", ctx.run_id, why)
+        if cancelled:
+            LOG.info("run %s: cancelled by an operator; stopping its handler", ctx.run_id)
+            self.metrics.inc("switchboard_runs_finished_total", outcome="cancelled")
+        else:
+            LOG.warning("run %s: lease lost (%s); cancelling its handler", ctx.run_id, why)
+            self.metrics.inc("switchboard_leases_lost_total")
         self._lost.add(ctx.run_id)
         ctx.lease_lost.set()
-        self.metrics.inc("switchboard_leases_lost_total")
         if htask is not None and not htask.done():
             # A handler that watches ctx.lease_lost gets half the margin to stop by itself
             # (and, say, tell its user); then it is cancelled -- still before the lease can
@@ -247,8 +305,8 @@ class Scheduler:
         if released:
             LOG.info("run %s: handed back after its lease could not be renewed", run_id)
         else:
-            LOG.info("run %s: already rescued by another worker; late hand-back fenced "
-                     "(returned false, changed nothing)", run_id)
+            LOG.info("run %s: already rescued by another worker or cancelled; late hand-back "
+                     "fenced (returned false, changed nothing)", run_id)
 
     async def _finish_ok(self, run_id: int, result: Any) -> bool:
         """Successes are recorded in batches: while one finish_runs() call is in flight,
@@ -289,8 +347,13 @@ class Scheduler:
             try:
                 sent = time.time()
                 if not await self.db.heartbeat_run(run_id, self.worker, self.cfg.lease_seconds):
-                    # Already rescued: no deadline left to meet, so a cooperative handler gets
-                    # one heartbeat interval (at least 1 s) to stop by itself and say so.
+                    # Already rescued or cancelled: no deadline left to meet, so a cooperative
+                    # handler gets one heartbeat interval (at least 1 s) to stop by itself and
+                    # say so. lost_runs() says which (and sets ctx.cancelled for a cancel).
+                    try:
+                        await self.check_lost_runs()
+                    except Exception as exc:
+                        LOG.debug("lost_runs after a refused heartbeat: %s", exc)
                     self._lose_lease(ctx, htask, "the run was rescued by another worker",
                                      grace=max(interval, 1.0))
                     return
@@ -305,6 +368,9 @@ class Scheduler:
         """Stop claiming; wait up to grace for running handlers; hand back the rest."""
         self._stopping = True
         self._wake.set()
+        if self._fence_task is not None:
+            self._fence_task.cancel()
+            await asyncio.gather(self._fence_task, return_exceptions=True)
         until = time.time() + grace
         for ctx in self._contexts.values():
             _cap_deadline(ctx, until)

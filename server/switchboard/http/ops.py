@@ -9,7 +9,7 @@ import falcon
 
 from ..db import Database
 from ..metrics import CONTENT_TYPE, GaugeSampler, Metrics
-from ..openapi import openapi_document
+from ..openapi import openapi_document, operate_paths
 from ..relay import Relay
 from ..replica import ReplicaState
 
@@ -64,6 +64,7 @@ class MetricsResource:
 class OpenAPI:
     def __init__(self) -> None:
         self.doc = openapi_document()
+        self.doc["paths"].update(operate_paths())   # issue 20's block
 
     async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         resp.media = self.doc
