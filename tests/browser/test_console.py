@@ -209,6 +209,8 @@ def test_console_views_and_run_actions_on_real_data(page: Any, server_factory: A
         expect(other_row).to_contain_text(f"retry of {running['id']}")
         assert api(r2, admin, "POST", f"/runs/{other_id}/cancel").status_code == 200
         expect(other_row).to_have_attribute("data-status", "cancelled", timeout=WAIT)
+        # A run whose retry is listed offers no second Retry (the API would say 409).
+        expect(running_row.get_by_role("button", name=f"Retry run {running['id']}")).to_have_count(0)
 
         # Scheduler transitions are not pushed (e20s keeps the claim/finish path
         # free of the event lock): the retried run's failure shows on refresh.
