@@ -146,6 +146,17 @@ def test_console_views_and_run_actions_on_real_data(page: Any, server_factory: A
         expect(page.locator("#handlers tr[data-handler=fail]")).to_contain_text("served")
         expect(page.locator("#failover [data-item=db_timeline] dd")).to_have_text("1")
         shot(page, "1-overview")
+        # Pause and resume a handler (POST /handlers/noop/pause|resume), from the keyboard.
+        noop = page.locator("#handlers tr[data-handler=noop]")
+        noop.get_by_role("button", name="Pause handler noop").focus()
+        page.keyboard.press("Enter")
+        expect(noop).to_contain_text("paused", timeout=WAIT)
+        handlers = {h["name"]: h for h in api(r2, admin, "GET", "/handlers").json()["handlers"]}
+        assert handlers["noop"]["paused"] is True
+        noop.get_by_role("button", name="Resume handler noop").click()
+        expect(noop.get_by_role("button", name="Pause handler noop")).to_be_visible(timeout=WAIT)
+        handlers = {h["name"]: h for h in api(r2, admin, "GET", "/handlers").json()["handlers"]}
+        assert handlers["noop"]["paused"] is False
 
         # -- tasks, from the keyboard --------------------------------------------------------
         page.keyboard.press("2")
@@ -155,6 +166,13 @@ def test_console_views_and_run_actions_on_real_data(page: Any, server_factory: A
         expect(nightly).to_contain_text("0 3 * * *")
         expect(page.locator("#tasks tr[data-task=flaky-import]")).to_contain_text("failed")
         shot(page, "2-tasks")
+        # Pause and resume the task (PATCH is_active).
+        nightly.get_by_role("button", name="Pause nightly-report").click()
+        expect(nightly.get_by_role("button", name="Resume nightly-report")).to_be_visible(timeout=WAIT)
+        tasks = {x["name"]: x for x in api(r1, admin, "GET", "/tasks").json()["tasks"]}
+        assert tasks["nightly-report"]["is_active"] is False
+        nightly.get_by_role("button", name="Resume nightly-report").click()
+        expect(nightly.get_by_role("button", name="Pause nightly-report")).to_be_visible(timeout=WAIT)
         nightly.get_by_role("button", name="Edit nightly-report").focus()
         page.keyboard.press("Enter")
         schedule = page.get_by_label("Schedule", exact=False)
