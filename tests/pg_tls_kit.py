@@ -6,7 +6,7 @@ names and addresses given as subjectAltNames. `TlsPostgres` starts a
 ThrowawayPostgres with `ssl=on` on that certificate and a pg_hba.conf that
 refuses every connection that is not TLS (`hostnossl ... reject`), so a
 connection that works is a TLS connection. Used by tests/test_postgres_tls.py
-and the image tests (tests/image/test_chart_extensions.py).
+and the image tests (tests/image/test_extension_points_image.py).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ PGSSLROOTCERT), and autoscaling on open WebSockets per pod (an HPA `Pods`
 metric served by prometheus-adapter). Every values file in chart/examples/ is
 linted, rendered and validated, and docs/operations.md quotes each of them
 verbatim. tests/test_postgres_tls.py proves the TLS settings against a real
-PostgreSQL; tests/image/test_chart_extensions.py runs the handler-package init
+PostgreSQL; tests/image/test_extension_points_image.py runs the handler-package init
 container and the mounted CA in the built image.
 """
 

@@ -12,7 +12,7 @@ run` without interpretation beyond what a kubelet does:
   kubelet's CreateContainerConfigError, here a test failure); `envFrom` likewise;
 - the securityContext -> `--user uid:gid`, `--read-only`, `--cap-drop`,
   `no-new-privileges`; an emptyDir at /tmp -> a tmpfs;
-- with a `PodVolumes` (tests/image/test_chart_extensions.py): an emptyDir
+- with a `PodVolumes` (tests/image/test_extension_points_image.py): an emptyDir
   shared by several containers of the pod -> one host directory bind-mounted
   into each; a `secret` / `configMap` volume -> its items written as files
   (with `defaultMode`) and bind-mounted; `readOnly` mounts -> `:ro`;
