@@ -66,6 +66,83 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{/*
+A value rendered as a template, bitnami's common.tplvalues.render: a string is
+passed through `tpl`, anything else is turned into YAML first and then passed
+through `tpl`, so values may say "{{ include \"switchboard.fullname\" . }}" or
+"{{ .Release.Name }}". Usage:
+  {{ include "switchboard.tplvalues" (dict "value" .Values.x "context" $) }}
+*/}}
+{{- define "switchboard.tplvalues" -}}
+{{- if kindIs "string" .value }}
+{{- tpl .value .context }}
+{{- else }}
+{{- tpl (.value | toYaml) .context }}
+{{- end }}
+{{- end }}
+
+{{/*
+Labels of the replica pods: podLabels (templated) under the chart's labels. The
+selector labels always win, so a podLabels entry can never detach the pods from
+their Deployment, Service, PDB or NetworkPolicy.
+*/}}
+{{- define "switchboard.podLabels" -}}
+{{- $extra := dict }}
+{{- with .Values.podLabels }}
+{{- $extra = include "switchboard.tplvalues" (dict "value" . "context" $) | fromYaml }}
+{{- end }}
+{{- $labels := merge (include "switchboard.selectorLabels" . | fromYaml) $extra (include "switchboard.labels" . | fromYaml) }}
+{{- toYaml $labels }}
+{{- end }}
+
+{{/*
+PostgreSQL TLS (database.tls): libpq reads PGSSLMODE and PGSSLROOTCERT from the
+environment for every connection that does not say otherwise in its URL, so
+psycopg (the server) and psycopg2 (pgmigrate) both verify the server against
+the mounted CA. Used by the Deployment and the migration Job.
+*/}}
+{{- define "switchboard.tlsEnv" -}}
+{{- with .Values.database.tls }}
+{{- if .enabled }}
+- name: PGSSLMODE
+  value: {{ .sslMode | quote }}
+- name: PGSSLROOTCERT
+  value: {{ printf "%s/%s" (.mountPath | trimSuffix "/") .caKey | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "switchboard.tlsVolumeMount" -}}
+{{- if .Values.database.tls.enabled }}
+- name: postgresql-ca
+  mountPath: {{ .Values.database.tls.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "switchboard.tlsVolume" -}}
+{{- with .Values.database.tls }}
+{{- if .enabled }}
+- name: postgresql-ca
+  {{- if .caSecret }}
+  secret:
+    secretName: {{ .caSecret }}
+    items:
+      - key: {{ .caKey }}
+        path: {{ .caKey }}
+    defaultMode: 0444
+  {{- else }}
+  configMap:
+    name: {{ .caConfigMap }}
+    items:
+      - key: {{ .caKey }}
+        path: {{ .caKey }}
+    defaultMode: 0444
+  {{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
 The replica count the release can drop to: replicaCount, or the HPA's floor.
 */}}
 {{- define "switchboard.minReplicas" -}}
@@ -132,8 +209,9 @@ so `helm template` / `helm install` stop before anything is applied.
 {{- if and (gt (.Values.autoscaling.targetMemoryUtilizationPercentage | int) 0) (not (dig "requests" "memory" "" .Values.resources)) }}
 {{- fail "autoscaling.targetMemoryUtilizationPercentage needs resources.requests.memory" }}
 {{- end }}
-{{- if and (eq (.Values.autoscaling.targetCPUUtilizationPercentage | int) 0) (eq (.Values.autoscaling.targetMemoryUtilizationPercentage | int) 0) }}
-{{- fail "autoscaling is enabled but both targetCPUUtilizationPercentage and targetMemoryUtilizationPercentage are 0" }}
+{{- $a := .Values.autoscaling }}
+{{- if and (eq ($a.targetCPUUtilizationPercentage | int) 0) (eq ($a.targetMemoryUtilizationPercentage | int) 0) (eq ($a.sockets.targetAveragePerPod | int) 0) (not $a.extraMetrics) }}
+{{- fail "autoscaling is enabled but has no metric: targetCPUUtilizationPercentage, targetMemoryUtilizationPercentage and sockets.targetAveragePerPod are all 0 and extraMetrics is empty" }}
 {{- end }}
 {{- end }}
 {{- if and (ne (toString .Values.pdb.minAvailable) "") (ne (toString .Values.pdb.maxUnavailable) "") }}
@@ -149,6 +227,24 @@ so `helm template` / `helm install` stop before anything is applied.
 {{- end }}
 {{- if and .Values.migrationJob.enabled (not .Values.secrets.existingSecret) }}
 {{- fail "migrationJob.enabled needs secrets.existingSecret: the pre-install hook runs before the chart creates its own Secret, so the owner URL must already be in a Secret you created (key secrets.keys.migrationDatabaseUrl)" }}
+{{- end }}
+{{- with .Values.database.tls }}
+{{- if and .enabled (not (or .caSecret .caConfigMap)) }}
+{{- fail "database.tls.enabled needs database.tls.caSecret or database.tls.caConfigMap: the Secret or ConfigMap holding the CA certificate that signed PostgreSQL's server certificate" }}
+{{- end }}
+{{- if and .caSecret .caConfigMap }}
+{{- fail "set either database.tls.caSecret or database.tls.caConfigMap, not both" }}
+{{- end }}
+{{- end }}
+{{- range .Values.extraVolumes }}
+{{- if has .name (list "tmp" "postgresql-ca") }}
+{{- fail (printf "extraVolumes: the volume name %q is the chart's own (tmp: the writable /tmp; postgresql-ca: database.tls)" .name) }}
+{{- end }}
+{{- end }}
+{{- range concat .Values.initContainers .Values.sidecars }}
+{{- if eq .name "switchboard" }}
+{{- fail "initContainers/sidecars: the container name \"switchboard\" is the replica's own" }}
+{{- end }}
 {{- end }}
 {{- if and .Values.ingress.enabled (not .Values.ingress.hosts) }}
 {{- fail "ingress.enabled needs at least one entry in ingress.hosts" }}

@@ -21,7 +21,7 @@ import falcon.media
 
 from . import errors
 from .config import Config
-from .http import auth, events, operate, ops, rooms, tasks, tools
+from .http import auth, console, events, operate, ops, rooms, tasks, tools
 from .http.cors import cors_middleware
 from .http.middleware import AccessLog, install_log_redaction
 from .services import Services, build_services
@@ -136,6 +136,7 @@ def create_app(config: Config) -> SwitchboardApp:
     app.add_route("/healthz/ready", ops.Ready(svc.replica, svc.relay, db))
     app.add_route("/metrics", ops.MetricsResource(svc.metrics, svc.sampler))
     app.add_route("/openapi.json", ops.OpenAPI())
+    console.add_routes(app, db, au)  # /console and its two reads (issue 20)
     app.services = svc
     return app
 

@@ -411,6 +411,39 @@ def paths_operate() -> dict[str, Any]:
     }
 
 
+# -- console (issue 20): the operators' page and its two admin reads (http/console.py) -------
+def paths_console() -> dict[str, Any]:
+    ts_list = {"type": "array", "items": {"type": "string", "format": "date-time"}}
+    html = {"200": {"description": "the page", "content": {"text/html": {"schema": {"type": "string"}}}}}
+    return {
+        "/console": {"get": op("getConsole", "operate",
+                               "The operators' console page (HTML; its data needs an admin token)",
+                               html, (), secured=False)},
+        "/console/cron-next": {"get": op(
+            "previewCronNext", "operate",
+            "The next fire times of a schedule, as the scheduler computes them (admin)",
+            {"200": json_body({
+                "type": "object", "required": ["schedule", "timezone", "next"],
+                "properties": {"schedule": {"type": "string"}, "timezone": {"type": "string"},
+                               "next": ts_list}}, "the next fires")},
+            (400, 401, 403, 422, 503),
+            params=[{"name": "schedule", "in": "query", "required": True,
+                     "schema": {"type": "string", "minLength": 1, "maxLength": 200}},
+                    {"name": "timezone", "in": "query", "required": False,
+                     "schema": {"type": "string", "maxLength": 100}},
+                    {"name": "count", "in": "query", "required": False,
+                     "schema": {"type": "integer", "minimum": 1, "maximum": 20}}])},
+        "/console/live": {"get": op(
+            "getLive", "operate",
+            "Live replicas with sockets and users online, and rooms with members online (admin)",
+            {"200": json_body({
+                "type": "object", "required": ["replicas", "rooms"],
+                "properties": {"replicas": {"type": "array", "items": FREE_OBJECT},
+                               "rooms": {"type": "array", "items": FREE_OBJECT}}}, "replicas and rooms")},
+            (401, 403, 503))},
+    }
+
+
 # Each area's paths: add a paths_<area>() block above and one line here.
 PATH_BLOCKS: list[Callable[[], dict[str, Any]]] = [
     paths_auth,
@@ -418,6 +451,7 @@ PATH_BLOCKS: list[Callable[[], dict[str, Any]]] = [
     paths_realtime,
     paths_ops,
     paths_operate,
+    paths_console,
 ]
 
 

@@ -12,6 +12,12 @@ run` without interpretation beyond what a kubelet does:
   kubelet's CreateContainerConfigError, here a test failure); `envFrom` likewise;
 - the securityContext -> `--user uid:gid`, `--read-only`, `--cap-drop`,
   `no-new-privileges`; an emptyDir at /tmp -> a tmpfs;
+- with a `PodVolumes` (tests/image/test_extension_points_image.py): an emptyDir
+  shared by several containers of the pod -> one host directory bind-mounted
+  into each; a `secret` / `configMap` volume -> its items written as files
+  (with `defaultMode`) and bind-mounted; `readOnly` mounts -> `:ro`;
+  `initContainers` -> run to completion, in order, before the main container
+  (a non-zero exit is the kubelet's Init:Error, here a test failure);
 - the container port named by the probes -> the port published on a free host
   port; probes -> HTTP GETs on their path with their timeout;
 - deletion -> the preStop hook as declared (exec in the container, or the
@@ -94,7 +100,7 @@ class PodRun:
             raise ConfigError("runAsNonRoot with runAsUser 0")
         return int(uid), int(gid)
 
-    def podman_flags(self) -> list[str]:
+    def podman_flags(self, volumes: "PodVolumes | None" = None) -> list[str]:
         sc = self.container.get("securityContext") or {}
         uid, gid = self.security()
         flags = ["--user", f"{uid}:{gid}"]
@@ -104,14 +110,76 @@ class PodRun:
             flags += ["--cap-drop", cap]
         if sc.get("allowPrivilegeEscalation") is False:
             flags += ["--security-opt", "no-new-privileges"]
-        volumes = {v["name"]: v for v in self.pod.get("volumes", [])}
+        declared = {v["name"]: v for v in self.pod.get("volumes", [])}
         for mount in self.container.get("volumeMounts", []):
-            vol = volumes[mount["name"]]
+            if volumes is not None:
+                flags += volumes.flags(mount)
+                continue
+            vol = declared[mount["name"]]
             if "emptyDir" not in vol:
                 raise ConfigError(f"volume {mount['name']}: only emptyDir can be emulated here")
             size = _tmpfs_size(vol["emptyDir"].get("sizeLimit"))
             flags += ["--tmpfs", f"{mount['mountPath']}:rw,mode=1777" + (f",size={size}" if size else "")]
         return flags
+
+
+class PodVolumes:
+    """The pod's volumes on the host, for containers that share them.
+
+    An emptyDir mounted by one container only stays a sized tmpfs (as
+    PodRun.podman_flags does without this); one mounted by several (an init
+    container filling it for the main one) is a host directory, writable by
+    every uid like an emptyDir with fsGroup. secret / configMap volumes are
+    their items written as files with defaultMode, from the rendered objects or
+    the test's Secrets."""
+
+    def __init__(self, pod: dict[str, Any], store: dict[tuple[str, str], dict[str, str]],
+                 base: Path) -> None:
+        self.pod = pod
+        self.base = base
+        self.declared = {v["name"]: v for v in pod.get("volumes", [])}
+        users: dict[str, int] = {}
+        for c in pod.get("initContainers", []) + pod.get("containers", []):
+            for m in c.get("volumeMounts", []):
+                users[m["name"]] = users.get(m["name"], 0) + 1
+        self.shared = {n for n, count in users.items() if count > 1}
+        self.dirs: dict[str, Path] = {}
+        for name, vol in self.declared.items():
+            if "emptyDir" in vol and name in self.shared:
+                d = base / name
+                d.mkdir(parents=True)
+                d.chmod(0o1777)
+                self.dirs[name] = d
+            elif "secret" in vol or "configMap" in vol:
+                kind, src = (("Secret", vol["secret"]) if "secret" in vol else ("ConfigMap", vol["configMap"]))
+                ref = src.get("secretName") or src.get("name")
+                data = store.get((kind, ref))
+                if data is None:
+                    raise ConfigError(f"volume {name}: {kind} {ref!r} does not exist")
+                d = base / name
+                d.mkdir(parents=True)
+                d.chmod(0o755)
+                items = src.get("items") or [{"key": k, "path": k} for k in data]
+                for item in items:
+                    if item["key"] not in data:
+                        raise ConfigError(f"volume {name}: {kind} {ref!r} has no key {item['key']!r}")
+                    f = d / item["path"]
+                    f.write_text(data[item["key"]])
+                    f.chmod(int(item.get("mode", src.get("defaultMode", 0o644))))
+                self.dirs[name] = d
+
+    def flags(self, mount: dict[str, Any]) -> list[str]:
+        name = mount["name"]
+        vol = self.declared.get(name)
+        if vol is None:
+            raise ConfigError(f"volumeMount {name!r}: no such volume in the pod")
+        ro = ":ro" if mount.get("readOnly") or "secret" in vol or "configMap" in vol else ""
+        if name in self.dirs:
+            return ["-v", f"{self.dirs[name]}:{mount['mountPath']}{ro or ':rw'}"]
+        if "emptyDir" in vol:
+            size = _tmpfs_size(vol["emptyDir"].get("sizeLimit"))
+            return ["--tmpfs", f"{mount['mountPath']}:rw,mode=1777" + (f",size={size}" if size else "")]
+        raise ConfigError(f"volume {name}: {sorted(vol)} cannot be emulated here")
 
 
 def _tmpfs_size(quantity: str | None) -> str | None:
@@ -126,11 +194,9 @@ def _tmpfs_size(quantity: str | None) -> str | None:
     raise ConfigError(f"sizeLimit {quantity!r}: unsupported quantity here")
 
 
-def resolve(pod_template: dict[str, Any], objects: list[dict[str, Any]],
-            secrets: dict[str, dict[str, str]]) -> PodRun:
-    """Resolve a pod template's single container against rendered objects + test Secrets."""
-    pod = pod_template["spec"]
-    (container,) = pod["containers"]
+def object_store(objects: list[dict[str, Any]],
+                 secrets: dict[str, dict[str, str]]) -> dict[tuple[str, str], dict[str, str]]:
+    """{(kind, name): data} of the rendered Secrets and ConfigMaps and the test's Secrets."""
     store: dict[tuple[str, str], dict[str, str]] = {}
     for s in objects_of(objects, "Secret"):
         store[("Secret", s["metadata"]["name"])] = {
@@ -139,6 +205,27 @@ def resolve(pod_template: dict[str, Any], objects: list[dict[str, Any]],
         store[("Secret", name)] = dict(data)
     for cm in objects_of(objects, "ConfigMap"):
         store[("ConfigMap", cm["metadata"]["name"])] = dict(cm.get("data") or {})
+    return store
+
+
+def resolve_init(pod_template: dict[str, Any], objects: list[dict[str, Any]],
+                 secrets: dict[str, dict[str, str]]) -> list[PodRun]:
+    """The pod's init containers, in order, resolved like the main container."""
+    return [resolve(pod_template, objects, secrets, container=c)
+            for c in pod_template["spec"].get("initContainers", [])]
+
+
+def resolve(pod_template: dict[str, Any], objects: list[dict[str, Any]],
+            secrets: dict[str, dict[str, str]], container: dict[str, Any] | None = None) -> PodRun:
+    """Resolve a pod template's container (the single one, or the one named
+    switchboard beside sidecars, or `container`) against rendered objects + test Secrets."""
+    pod = pod_template["spec"]
+    if container is None:
+        if len(pod["containers"]) == 1:
+            (container,) = pod["containers"]
+        else:
+            (container,) = [c for c in pod["containers"] if c["name"] == "switchboard"]
+    store = object_store(objects, secrets)
 
     def lookup(kind: str, ref: dict[str, Any]) -> str | None:
         data = store.get((kind, ref["name"]))
@@ -232,3 +319,27 @@ def delete(c: Container, run: PodRun) -> tuple[int, float, bool]:
     assert left > 0, "the preStop hook used the whole grace period"
     c.kit.podman("stop", "-t", str(int(left)), c.name, timeout=int(left) + 30, what="podman stop")
     return int(c.state()["ExitCode"]), time.monotonic() - t0, served
+
+
+def run_init(kit: Kit, run: PodRun, volumes: PodVolumes, timeout: float = 120) -> str:
+    """One init container, to completion, in its own image; its output."""
+    import json
+    import subprocess
+
+    from kit import RUN_FLAGS, _env_flags
+
+    cmd = kit.podman_cmd("run", "--rm", *RUN_FLAGS, *run.podman_flags(volumes),
+                         *(["--entrypoint", json.dumps(run.entrypoint)] if run.entrypoint else []),
+                         *_env_flags(run.env), run.container["image"], *run.args)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise AssertionError(f"init container {run.container['name']} exited {out.returncode} "
+                             f"(Init:Error):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return out.stdout + out.stderr
+
+
+def start_with(kit: Kit, run: PodRun, volumes: PodVolumes, what: str) -> Container:
+    """The main container with the pod's volumes (after its init containers ran)."""
+    _, port, _, _, _ = http_probe(run, "readinessProbe")
+    return kit.start(run.args, env=run.env, publish=port, flags=run.podman_flags(volumes),
+                     entrypoint=run.entrypoint, what=what)
