@@ -56,7 +56,7 @@ def test_live_lists_sockets_users_per_replica_and_rooms(db: str, server_factory)
     assert httpx.put(f"{s1.base}/rooms/ops/members/{alice}", headers=auth(admin), timeout=10).status_code == 204
     ws = s2.ws(s2.login("alice"))
     try:
-        s2_id = httpx.get(s2.base + "/healthz/ready", timeout=10).json()["replica"]
+        s2_id = httpx.get(s2.base + "/me", headers=auth(admin), timeout=10).json()["replica"]
         deadline = time.monotonic() + 20
         while True:
             live = httpx.get(s1.base + "/console/live", headers=auth(admin), timeout=10).json()

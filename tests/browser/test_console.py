@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 import pytest
 
-from harness import ROOT, auth, make_user
+from harness import ROOT, auth, make_user, probe_token
 
 pytestmark = pytest.mark.browser
 
@@ -265,7 +265,7 @@ def test_console_views_and_run_actions_on_real_data(page: Any, server_factory: A
         page.keyboard.press("ArrowRight")  # the tab bar: Left/Right move between views
         expect(page.locator("#tab-live")).to_be_focused()
         expect(page.locator("#live-replicas tbody tr")).to_have_count(2, timeout=WAIT)
-        r2_id = httpx.get(r2.base + "/healthz/ready", timeout=10).json()["replica"]
+        r2_id = httpx.get(r2.base + "/me", headers=auth(probe_token()), timeout=10).json()["replica"]
         r2_row = page.locator(f'#live-replicas tr[data-replica="{r2_id}"]')
         expect(r2_row).to_contain_text("alice", timeout=WAIT)
         room = page.locator("#live-rooms tr[data-room=ops]")
