@@ -120,6 +120,8 @@ def create_app(config: Config) -> SwitchboardApp:
     app.add_route("/healthz/ready", ops.Ready(svc.replica, svc.relay, db))
     app.add_route("/metrics", ops.MetricsResource(svc.metrics, svc.sampler))
     app.add_route("/openapi.json", ops.OpenAPI())
+    app.add_route("/asyncapi.json", ops.AsyncAPI())
+    app.add_route("/switchboard-client.js", ops.ClientScript())
     app.services = svc
     return app
 

@@ -69,6 +69,29 @@ class OpenAPI:
         resp.media = self.doc
 
 
+class AsyncAPI:
+    """The WebSocket protocol as an AsyncAPI 3.0 document (the client's frame types come from it)."""
+
+    def __init__(self) -> None:
+        self.data = (STATIC / "asyncapi.json").read_bytes()
+
+    async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = self.data
+
+
+class ClientScript:
+    """The built @switchboard/client (clients/js, copied here by its build) for the demo page."""
+
+    def __init__(self) -> None:
+        self.data = (STATIC / "switchboard-client.js").read_bytes()
+
+    async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.content_type = "text/javascript; charset=utf-8"
+        resp.cache_control = ["no-cache"]
+        resp.data = self.data
+
+
 class Page:
     def __init__(self) -> None:
         self.html = (STATIC / "index.html").read_text()  # read once, not per request
