@@ -9,6 +9,8 @@ import type {
   ErrorFrame, EventFrame, HelloFrame, ResumeGapFrame, ResumedFrame, ServerFrame, ToolCallFrame, TypingFrame,
 } from "./frames.js";
 import { HttpError, request, type FetchLike, type LoginResponse } from "./http.js";
+import { buildPath, type Answer, type ApiArgs, type Method, type Operation, type PathsWith } from "./api.js";
+import type { paths } from "./rest.js";
 
 export type State = "connecting" | "connected" | "reconnecting" | "closed";
 
@@ -326,6 +328,15 @@ export class SwitchboardClient {
       }
       return call();
     }
+  }
+
+  /** A typed REST call: `api("post", "/tasks", { body })`, `api("get", "/rooms/{room}/members", { path: { room } })`.
+   *  Types come from the server's OpenAPI document (src/rest.ts). Errors are HttpError (problem+json). */
+  api<M extends Method, P extends PathsWith<M> & keyof paths>(method: M, path: P,
+    ...[args]: {} extends ApiArgs<Operation<P, M>> ? [ApiArgs<Operation<P, M>>?] : [ApiArgs<Operation<P, M>>]
+  ): Promise<Answer<Operation<P, M>>> {
+    const a = (args ?? {}) as { path?: Record<string, unknown>; query?: Record<string, unknown>; body?: unknown };
+    return this.http(method.toUpperCase(), buildPath(path, a.path, a.query), a.body);
   }
 
   /** Room members with `online` (presence), from GET /rooms/{room}/members. */

@@ -215,4 +215,4 @@ export type ClientFrame = JoinAction | LeaveAction | ResumeAction | TypingAction
 /** Message names the server sends (AsyncAPI operation receiveFrames). */
 export const SERVER_MESSAGES = ["hello","joined","left","resumed","resumeGap","pong","sessionUpdated","error","event","typing","toolCall"] as const;
 /** Message names a client may send (AsyncAPI operation sendActions). */
-export const CLIENT_MESSAGES = ["join","leave","resume","typing","toolResult","ping"] as const;
+export const CLIENT_MESSAGES = ["joinAction","leaveAction","resumeAction","typingAction","toolResultAction","pingAction"] as const;

@@ -8,3 +8,5 @@ export { HttpError } from "./http.js";
 export type { FetchLike, LoginResponse } from "./http.js";
 export type * from "./frames.js";
 export { SERVER_MESSAGES, CLIENT_MESSAGES } from "./frames.js";
+export type { paths, components, operations } from "./rest.js";
+export type { Answer, ApiArgs, Method, Operation, PathsWith, RequestBody } from "./api.js";

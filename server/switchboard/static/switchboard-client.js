@@ -54,6 +54,20 @@ async function request(fetchFn, url, opt) {
   }
 }
 
+// src/api.ts
+function buildPath(template, path, query) {
+  let p = template.replace(/\{(\w+)\}/g, (_, k) => {
+    const v = path?.[k];
+    if (v === void 0 || v === null) throw new Error(`missing path parameter ${k} for ${template}`);
+    return encodeURIComponent(String(v));
+  });
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(query ?? {})) if (v !== void 0 && v !== null) q.set(k, String(v));
+  const qs = q.toString();
+  if (qs) p += `?${qs}`;
+  return p;
+}
+
 // src/client.ts
 var CURSOR_RE = /^[A-Za-z0-9._~-]{1,256}$/;
 var ROOMS_IN_HANDSHAKE = 50;
@@ -240,6 +254,12 @@ var SwitchboardClient = class {
       }
       return call();
     }
+  }
+  /** A typed REST call: `api("post", "/tasks", { body })`, `api("get", "/rooms/{room}/members", { path: { room } })`.
+   *  Types come from the server's OpenAPI document (src/rest.ts). Errors are HttpError (problem+json). */
+  api(method, path, ...[args]) {
+    const a = args ?? {};
+    return this.http(method.toUpperCase(), buildPath(path, a.path, a.query), a.body);
   }
   /** Room members with `online` (presence), from GET /rooms/{room}/members. */
   presence(room) {
@@ -643,7 +663,7 @@ var SwitchboardClient = class {
 
 // src/frames.ts
 var SERVER_MESSAGES = ["hello", "joined", "left", "resumed", "resumeGap", "pong", "sessionUpdated", "error", "event", "typing", "toolCall"];
-var CLIENT_MESSAGES = ["join", "leave", "resume", "typing", "toolResult", "ping"];
+var CLIENT_MESSAGES = ["joinAction", "leaveAction", "resumeAction", "typingAction", "toolResultAction", "pingAction"];
 export {
   CLIENT_MESSAGES,
   HttpError,
