@@ -136,7 +136,7 @@ export interface ClientOptions {
 
 type Listener<T> = (value: T) => void;
 
-interface Persisted { v: 1; user?: string; cursor?: string; lastId?: number; ids?: number[] }
+interface Persisted { v: 1; user?: string; cursor?: string; lastId?: number; ids?: number[]; rooms?: string[] }
 
 const CURSOR_RE = /^[A-Za-z0-9._~-]{1,256}$/;
 const ROOMS_IN_HANDSHAKE = 50;
@@ -536,6 +536,7 @@ export class SwitchboardClient {
         const p = (f as { payload?: { reason?: string } }).payload;
         if (typeof f.room === "string" && p?.reason === "removed") {
           this.rooms.delete(f.room);
+          this.persist();
           this.emit("room", { room: f.room, state: "removed", reason: "removed" });
         }
         return;
@@ -625,6 +626,7 @@ export class SwitchboardClient {
   private onServerError(p: ErrorFrame["payload"]): void {
     if (p.action === "join" && typeof p.room === "string" && this.rooms.has(p.room) && p.code === "forbidden") {
       this.rooms.delete(p.room);   // not a member: forget the room (it is not re-joined on reconnect)
+      this.persist();
       this.emit("room", { room: p.room, state: "refused", reason: p.message });
     }
     this.emit("error", p);
@@ -635,12 +637,14 @@ export class SwitchboardClient {
   join(room: string): void {
     if (this.rooms.get(room) === "joined") return;
     this.rooms.set(room, "joining");
+    this.persist();
     this.emit("room", { room, state: "joining" });
     this.send({ action: "join", room });
   }
 
   leave(room: string): void {
     if (!this.rooms.delete(room)) return;
+    this.persist();
     this.send({ action: "leave", room });
     this.emit("room", { room, state: "left" });
   }
@@ -710,6 +714,8 @@ export class SwitchboardClient {
       if (Number.isSafeInteger(p.lastId) && p.lastId! >= 0) this.lastId = p.lastId;
       if (typeof p.user === "string") this.storedUser = p.user;
       for (const id of p.ids ?? []) if (Number.isSafeInteger(id)) this.seen.add(id);
+      // The rooms too: a reload re-joins them in the handshake, so their missed events replay.
+      for (const r of p.rooms ?? []) if (typeof r === "string" && !this.rooms.has(r)) this.rooms.set(r, "joining");
     } catch {
       /* unreadable: start fresh */
     }
@@ -718,7 +724,7 @@ export class SwitchboardClient {
   private persist(): void {
     if (!this.storage) return;
     const p: Persisted = { v: 1, user: this.storedUser, cursor: this.cursor, lastId: this.lastId,
-      ids: [...this.seen].slice(-PERSIST_IDS) };
+      ids: [...this.seen].slice(-PERSIST_IDS), rooms: [...this.rooms.keys()] };
     try {
       this.storage.setItem(this.storageKey, JSON.stringify(p));
     } catch {
@@ -726,8 +732,9 @@ export class SwitchboardClient {
     }
   }
 
-  /** Forget the resume position and the de-duplication window (logout, another user). */
+  /** Forget the resume position, the de-duplication window and the rooms (logout, another user). */
   forget(): void {
+    this.rooms.clear();
     this.cursor = undefined;
     this.lastId = undefined;
     this.storedUser = undefined;

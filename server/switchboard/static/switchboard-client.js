@@ -448,6 +448,7 @@ var SwitchboardClient = class {
         const p = f.payload;
         if (typeof f.room === "string" && p?.reason === "removed") {
           this.rooms.delete(f.room);
+          this.persist();
           this.emit("room", { room: f.room, state: "removed", reason: "removed" });
         }
         return;
@@ -546,6 +547,7 @@ var SwitchboardClient = class {
   onServerError(p) {
     if (p.action === "join" && typeof p.room === "string" && this.rooms.has(p.room) && p.code === "forbidden") {
       this.rooms.delete(p.room);
+      this.persist();
       this.emit("room", { room: p.room, state: "refused", reason: p.message });
     }
     this.emit("error", p);
@@ -555,11 +557,13 @@ var SwitchboardClient = class {
   join(room) {
     if (this.rooms.get(room) === "joined") return;
     this.rooms.set(room, "joining");
+    this.persist();
     this.emit("room", { room, state: "joining" });
     this.send({ action: "join", room });
   }
   leave(room) {
     if (!this.rooms.delete(room)) return;
+    this.persist();
     this.send({ action: "leave", room });
     this.emit("room", { room, state: "left" });
   }
@@ -624,6 +628,7 @@ var SwitchboardClient = class {
       if (Number.isSafeInteger(p.lastId) && p.lastId >= 0) this.lastId = p.lastId;
       if (typeof p.user === "string") this.storedUser = p.user;
       for (const id of p.ids ?? []) if (Number.isSafeInteger(id)) this.seen.add(id);
+      for (const r of p.rooms ?? []) if (typeof r === "string" && !this.rooms.has(r)) this.rooms.set(r, "joining");
     } catch {
     }
   }
@@ -634,15 +639,17 @@ var SwitchboardClient = class {
       user: this.storedUser,
       cursor: this.cursor,
       lastId: this.lastId,
-      ids: [...this.seen].slice(-PERSIST_IDS)
+      ids: [...this.seen].slice(-PERSIST_IDS),
+      rooms: [...this.rooms.keys()]
     };
     try {
       this.storage.setItem(this.storageKey, JSON.stringify(p));
     } catch {
     }
   }
-  /** Forget the resume position and the de-duplication window (logout, another user). */
+  /** Forget the resume position, the de-duplication window and the rooms (logout, another user). */
   forget() {
+    this.rooms.clear();
     this.cursor = void 0;
     this.lastId = void 0;
     this.storedUser = void 0;
