@@ -74,6 +74,13 @@ def test_typed_usage_compiles_under_tsc_strict(built: dict[str, str]) -> None:
     assert out.returncode == 0, show(out)
 
 
+def test_node_unit_suite(built: dict[str, str]) -> None:
+    """The client's decisions against a scripted WebSocket: close codes, backoff, dedupe, ping, tools."""
+    out = run("node", "--experimental-websocket", "--test", "test/unit.test.mjs", timeout=300)
+    assert out.returncode == 0, show(out)
+    assert "# fail 0" in out.stdout, show(out)
+
+
 def test_node_suite_on_real_replicas(built: dict[str, str]) -> None:
     out = run("node", "--experimental-websocket", "--test", "--test-concurrency=1", "test/client.test.mjs",
               timeout=900)
