@@ -274,18 +274,34 @@ export class SwitchboardClient {
    *  Concurrent callers share one request (a refresh token is single use). */
   refresh(): Promise<LoginResponse> {
     if (!this.refreshing) {
-      this.refreshing = this.http<LoginResponse>("POST", "auth/refresh", undefined,
-        { auth: false, credentials: "include" })
+      this.refreshing = this.refreshOnce()
         .then((r) => { this.setSession(r); return r; })
         .finally(() => { this.refreshing = null; });
     }
     return this.refreshing;
   }
 
-  /** POST /auth/logout (ends the session on the server), then forget everything of this user here. */
+  private async refreshOnce(): Promise<LoginResponse> {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await this.http<LoginResponse>("POST", "auth/refresh", undefined, { auth: false, credentials: "include" });
+      } catch (e) {
+        // 409: another tab of this browser used the same refresh token a moment ago; by now the
+        // browser holds the rotated cookie, so a retry after Retry-After succeeds.
+        if (!(e instanceof HttpError) || e.status !== 409 || attempt >= 2) throw e;
+        await new Promise((r) => setTimeout(r, Math.min(5000, (e.retryAfter || 0.5) * 1000)));
+      }
+    }
+  }
+
+  /** POST /auth/logout (ends the session on every replica: its sockets close 1008 "session ended"),
+   *  then forget everything of this user here. */
   async logout(): Promise<void> {
     try {
-      if (this.token) await this.http("POST", "auth/logout", undefined, { credentials: "include", retry401: false });
+      // The bearer token or the refresh cookie alone is enough (a tab whose access token expired).
+      await this.http("POST", "auth/logout", undefined, { credentials: "include", retry401: false });
+    } catch (e) {
+      if (!(e instanceof HttpError) || e.status !== 401) throw e;   // 401: there was no session to end
     } finally {
       this.token = null;
       this.user = null;

@@ -194,12 +194,7 @@ var SwitchboardClient = class {
    *  Concurrent callers share one request (a refresh token is single use). */
   refresh() {
     if (!this.refreshing) {
-      this.refreshing = this.http(
-        "POST",
-        "auth/refresh",
-        void 0,
-        { auth: false, credentials: "include" }
-      ).then((r) => {
+      this.refreshing = this.refreshOnce().then((r) => {
         this.setSession(r);
         return r;
       }).finally(() => {
@@ -208,10 +203,23 @@ var SwitchboardClient = class {
     }
     return this.refreshing;
   }
-  /** POST /auth/logout (ends the session on the server), then forget everything of this user here. */
+  async refreshOnce() {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await this.http("POST", "auth/refresh", void 0, { auth: false, credentials: "include" });
+      } catch (e) {
+        if (!(e instanceof HttpError) || e.status !== 409 || attempt >= 2) throw e;
+        await new Promise((r) => setTimeout(r, Math.min(5e3, (e.retryAfter || 0.5) * 1e3)));
+      }
+    }
+  }
+  /** POST /auth/logout (ends the session on every replica: its sockets close 1008 "session ended"),
+   *  then forget everything of this user here. */
   async logout() {
     try {
-      if (this.token) await this.http("POST", "auth/logout", void 0, { credentials: "include", retry401: false });
+      await this.http("POST", "auth/logout", void 0, { credentials: "include", retry401: false });
+    } catch (e) {
+      if (!(e instanceof HttpError) || e.status !== 401) throw e;
     } finally {
       this.token = null;
       this.user = null;
