@@ -87,7 +87,9 @@ def test_page_survives_replica_restart_and_reload(page, server_factory, db) -> N
             log_in(page, "dora")
         expect(conn).to_have_attribute("data-state", "connected", timeout=WAIT)
         expect(row(page, e7)).to_have_count(1, timeout=WAIT)
-        expect(page.locator("#notices")).to_contain_text(f"Resumed after event #{e5}: 2 missed event(s) replayed.")
+        # resumed from where the page was before the reload (with refresh sessions the page may be
+        # back before e6/e7 are published, and then they come live: either way, once each)
+        expect(page.locator("#notices")).to_contain_text(f"Resumed after event #{e5}:")
         expect(page.locator('#rooms li[data-room="desk"]')).to_have_attribute("data-status", "joined", timeout=WAIT)
         e8 = publish(other, admin, room="desk", event="n", payload={"n": 8})
         expect(row(page, e8)).to_have_count(1, timeout=WAIT)

@@ -99,7 +99,7 @@ export type PongFrame = {
   ts: number;
 };
 
-/** The user's role changed; the socket stays open. */
+/** The user's role changed and the socket stayed open. Deprecated: sent only by servers without sessions; with sessions a role change closes the socket 1008 "session revoked". @deprecated */
 export type SessionUpdatedFrame = {
   id: null;
   event: "session.updated";
