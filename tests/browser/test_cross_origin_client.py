@@ -35,8 +35,8 @@ import { SwitchboardClient, HttpError } from "./switchboard-client.js";
 window.HttpError = HttpError;
 window.makeClient = (url) => {
   const sb = new SwitchboardClient({ url, storage: null });
-  sb.seen = [];
-  sb.on("event", (e) => sb.seen.push(e.id));
+  window.got = [];
+  sb.on("event", (e) => window.got.push(e.id));
   return sb;
 };
 document.getElementById("ready").textContent = "ready";
@@ -109,7 +109,7 @@ def test_app_on_another_origin_logs_in_refreshes_and_connects(page, server_facto
 
         page.evaluate("() => new Promise((ok) => { window.sb.on('connected', ok); window.sb.connect(); })")
         e1 = publish(srv, admin, user_id=erin, event="hello.from.api", payload={"n": 1})
-        page.wait_for_function(f"() => window.sb.seen.includes({e1})", timeout=WAIT)
+        page.wait_for_function(f"() => window.got.includes({e1})", timeout=WAIT)
 
         closed = page.evaluate("""() => new Promise((ok) => {
             window.sb.on('closed', (s) => ok(s));

@@ -529,8 +529,17 @@ export class SwitchboardClient {
     } catch {
       return;
     }
-    if (!f || typeof f !== "object") return;
+    if (!f || typeof f !== "object" || Array.isArray(f)) return;
     this.armPing();
+    try {
+      this.onFrame(f, resuming);
+    } catch (e) {
+      // A frame this client cannot handle (a server newer or broken) must not stop the socket.
+      queueMicrotask(() => { throw e; });
+    }
+  }
+
+  private onFrame(f: ServerFrame, resuming: boolean): void {
     this.emit("frame", f);
     if (f.id !== null && f.id !== undefined) {
       this.onEvent(f as EventFrame);

@@ -431,8 +431,17 @@ var SwitchboardClient = class {
     } catch {
       return;
     }
-    if (!f || typeof f !== "object") return;
+    if (!f || typeof f !== "object" || Array.isArray(f)) return;
     this.armPing();
+    try {
+      this.onFrame(f, resuming);
+    } catch (e) {
+      queueMicrotask(() => {
+        throw e;
+      });
+    }
+  }
+  onFrame(f, resuming) {
     this.emit("frame", f);
     if (f.id !== null && f.id !== void 0) {
       this.onEvent(f);
