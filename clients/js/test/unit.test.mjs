@@ -203,3 +203,25 @@ test("a throwing listener does not break the client; the error is re-thrown out 
   assert.deepEqual(errors, ["listener bug", "listener bug"]);
   c.disconnect();
 });
+
+test("a malformed frame is reported out of band and the next frame is handled", async () => {
+  const { c, rec } = setup();
+  const errors = [];
+  const real = globalThis.queueMicrotask;
+  globalThis.queueMicrotask = (fn) => { try { fn(); } catch (e) { errors.push(e); } };
+  try {
+    c.connect();
+    const ws0 = await socket(0);
+    ws0.hello();
+    ws0.onmessage({ data: '{"id":null,"event":"resumed","room":null,"ts":1,"payload":null}' });
+    ws0.onmessage({ data: "not json" });
+    ws0.onmessage({ data: "[1,2]" });
+    ws0.frame({ id: 11, event: "e" });
+  } finally {
+    globalThis.queueMicrotask = real;
+  }
+  assert.equal(errors.length, 1);
+  assert.deepEqual(rec.events, [11]);
+  assert.equal(c.state, "connected");
+  c.disconnect();
+});
