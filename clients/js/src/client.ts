@@ -60,8 +60,8 @@ export interface ClientEvents {
   /** A stored event (it has an id): delivered once, in stream order, across reconnects and reloads. */
   event: EventFrame;
   typing: TypingFrame;
-  /** The replay after a reconnect is complete. */
-  resumed: ResumedFrame["payload"];
+  /** The replay after a reconnect is complete. `afterId`: the last event id delivered before it. */
+  resumed: ResumedFrame["payload"] & { afterId?: number };
   /** Some missed events were older than the server keeps: the replay is incomplete. */
   resume_gap: ResumeGapFrame["payload"];
   room: RoomChange;
@@ -187,6 +187,7 @@ export class SwitchboardClient {
   private pingTimer: ReturnType<typeof setTimeout> | undefined;
   private pongTimer: ReturnType<typeof setTimeout> | undefined;
   private helloSeen = false;        // on the current socket
+  private resumedFromId: number | undefined;   // lastId when the current socket was opened
 
   // resume position and de-duplication
   private cursor: string | undefined;
@@ -408,8 +409,10 @@ export class SwitchboardClient {
     const q = new URLSearchParams({ ticket });
     // Resume in the handshake: the server joins the rooms and replays everything after the
     // position before any live frame, so nothing live can overtake the replay.
+    // Both when both are known: a server with cursors resumes from the cursor (it wins), a
+    // replica of the previous release (a rolling update) ignores it and resumes after the id.
     if (this.cursor !== undefined) q.set("cursor", this.cursor);
-    else if (this.lastId !== undefined) q.set("after", String(this.lastId));
+    if (this.lastId !== undefined) q.set("after", String(this.lastId));
     const rooms = [...this.rooms.keys()].slice(0, ROOMS_IN_HANDSHAKE);
     if (rooms.length) q.set("rooms", rooms.join(","));
     u.search = q.toString().replace(/%2C/g, ",");
@@ -434,6 +437,7 @@ export class SwitchboardClient {
     }
     if (gen !== this.gen || !this.wanted) return;
     const resuming = this.cursor !== undefined || this.lastId !== undefined;
+    this.resumedFromId = this.lastId;
     let ws: WebSocketLike;
     try {
       ws = new this.WS!(this.wsUrl(ticket));
@@ -570,7 +574,7 @@ export class SwitchboardClient {
         const p = (f as ResumedFrame).payload;
         if (typeof p.cursor === "string" && CURSOR_RE.test(p.cursor)) this.cursor = p.cursor;
         this.persist();
-        this.emit("resumed", p);
+        this.emit("resumed", { ...p, ...(this.resumedFromId !== undefined ? { afterId: this.resumedFromId } : {}) });
         return;
       }
       case "resume_gap": {

@@ -61,8 +61,8 @@ export type ResumedFrame = {
   event: "resumed";
   room: null;
   payload: {
-    /** The event id the replay started after. */
-    after?: number;
+    /** Where the replay started, as the client gave it: an event id (after=) or a cursor; null when the server itself resumed after its own reconnect. */
+    after?: number | string | null;
     replayed: number;
     cursor?: Cursor;
     [key: string]: unknown;
@@ -77,7 +77,8 @@ export type ResumeGapFrame = {
   event: "resume_gap";
   room: null;
   payload: {
-    after?: number;
+    /** Where the replay started, as the client gave it (an event id or a cursor); null after the server's own reconnect. */
+    after?: number | string | null;
     /** Events up to this id were reaped (older than the retention window). */
     horizon?: number;
     cursor?: Cursor;

@@ -90,7 +90,7 @@ test("states, a ticket per attempt, handshake resume with rooms, backoff with ji
   assert.equal(c.state, "closed");
 });
 
-test("events once and in order: duplicates by id are dropped, cursor preferred over after", async () => {
+test("events once and in order: duplicates by id are dropped; cursor and after both sent", async () => {
   const { c, rec } = setup();
   c.connect();
   const ws0 = await socket(0);
@@ -103,7 +103,8 @@ test("events once and in order: duplicates by id are dropped, cursor preferred o
   ws0.drop(1006);
   const ws1 = await socket(1);
   assert.equal(ws1.url.searchParams.get("cursor"), "c-13");
-  assert.equal(ws1.url.searchParams.get("after"), null);
+  // after= too: a previous-release replica (rolling update) ignores cursor= and resumes after the id
+  assert.equal(ws1.url.searchParams.get("after"), "14");
   ws1.hello({ cursor: "c-99" });     // a reconnect keeps its own position, not hello's
   ws1.frame({ id: 13, event: "e" }); // replay overlap
   ws1.frame({ id: 15, event: "e" });

@@ -318,7 +318,7 @@ var SwitchboardClient = class {
     u.protocol = u.protocol === "https:" ? "wss:" : "ws:";
     const q = new URLSearchParams({ ticket });
     if (this.cursor !== void 0) q.set("cursor", this.cursor);
-    else if (this.lastId !== void 0) q.set("after", String(this.lastId));
+    if (this.lastId !== void 0) q.set("after", String(this.lastId));
     const rooms = [...this.rooms.keys()].slice(0, ROOMS_IN_HANDSHAKE);
     if (rooms.length) q.set("rooms", rooms.join(","));
     u.search = q.toString().replace(/%2C/g, ",");
@@ -341,6 +341,7 @@ var SwitchboardClient = class {
     }
     if (gen !== this.gen || !this.wanted) return;
     const resuming = this.cursor !== void 0 || this.lastId !== void 0;
+    this.resumedFromId = this.lastId;
     let ws;
     try {
       ws = new this.WS(this.wsUrl(ticket));
@@ -474,7 +475,7 @@ var SwitchboardClient = class {
         const p = f.payload;
         if (typeof p.cursor === "string" && CURSOR_RE.test(p.cursor)) this.cursor = p.cursor;
         this.persist();
-        this.emit("resumed", p);
+        this.emit("resumed", { ...p, ...this.resumedFromId !== void 0 ? { afterId: this.resumedFromId } : {} });
         return;
       }
       case "resume_gap": {
