@@ -226,3 +226,79 @@ test("a malformed frame is reported out of band and the next frame is handled", 
   assert.equal(c.state, "connected");
   c.disconnect();
 });
+
+test("an expired access token: the ticket's 401 refreshes once and the attempt goes on", async () => {
+  FakeWS.all = [];
+  const calls = [];
+  let token = "old";
+  let refreshes = 0;
+  const fetch = async (url, init) => {
+    const path = new URL(url).pathname;
+    calls.push(`${path} ${init.headers.Authorization ?? "-"} ${init.credentials}`);
+    if (path.endsWith("/auth/refresh")) {
+      refreshes++;
+      if (refreshes === 1) {   // the two-tab race: 409 + Retry-After, then the rotated cookie works
+        return new Response(JSON.stringify({ type: "about:blank", title: "Conflict", status: 409, detail: "retry" }),
+          { status: 409, headers: { "Retry-After": "0.05", "Content-Type": "application/problem+json" } });
+      }
+      token = "new";
+      return new Response(JSON.stringify({ access_token: "new", token_type: "bearer", expires_in: 60, user_id: "u1",
+        role: "member" }), { status: 200 });
+    }
+    if (path.endsWith("/ws/ticket")) {
+      if (init.headers.Authorization !== `Bearer ${token}` || token === "old") {
+        return new Response(JSON.stringify({ title: "Unauthorized", status: 401, detail: "token expired",
+          description: "token expired" }), { status: 401 });
+      }
+      return new Response(JSON.stringify({ ticket: "t", expires_in: 30 }), { status: 201 });
+    }
+    if (path.endsWith("/auth/login")) {
+      return new Response(JSON.stringify({ access_token: "old", token_type: "bearer", expires_in: 60, user_id: "u1",
+        role: "member" }), { status: 200 });
+    }
+    return new Response("{}", { status: 404 });
+  };
+  const c = new SwitchboardClient({ url: "http://sb.test/", WebSocket: FakeWS, fetch, storage: null });
+  await c.login("alice", "pw");
+  c.connect();
+  const ws0 = await socket(0);
+  ws0.hello();
+  assert.equal(c.state, "connected");
+  assert.equal(c.accessToken, "new");
+  assert.deepEqual(calls, [
+    "/auth/login - include",
+    "/ws/ticket Bearer old same-origin",
+    "/auth/refresh - include",
+    "/auth/refresh - include",
+    "/ws/ticket Bearer new same-origin",
+  ]);
+  c.disconnect();
+});
+
+test("no session left: the ticket is refused, the refresh too: closed, no retry, with the reason", async () => {
+  FakeWS.all = [];
+  const fetch = async (url) => {
+    const path = new URL(url).pathname;
+    if (path.endsWith("/auth/refresh")) {
+      return new Response(JSON.stringify({ type: "https://switchboard.dev/problems/session-ended", title: "Unauthorized",
+        status: 401, detail: "the session has ended" }), { status: 401 });
+    }
+    return new Response(JSON.stringify({ title: "Unauthorized", status: 401, detail: "token revoked" }), { status: 401 });
+  };
+  const c = new SwitchboardClient({ url: "http://sb.test/", WebSocket: FakeWS, fetch, storage: null });
+  const closed = [];
+  const retries = [];
+  c.on("closed", (s) => closed.push(s));
+  c.on("retry", (r) => retries.push(r));
+  c.connect();
+  for (let k = 0; k < 400 && c.state !== "closed"; k++) await sleep(5);
+  assert.equal(c.state, "closed");
+  assert.equal(closed[0].code, 4003);
+  assert.equal(closed[0].reason, "session over: token revoked");
+  assert.equal(retries.length, 0);
+  assert.equal(FakeWS.all.length, 0);
+  const err = await c.refresh().catch((e) => e);
+  assert.equal(err.status, 401);
+  assert.equal(err.type, "https://switchboard.dev/problems/session-ended");
+  assert.equal(err.detail, "the session has ended");
+});
