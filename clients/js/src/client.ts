@@ -370,8 +370,17 @@ export class SwitchboardClient {
     this.attempt = 0;
     this.quick = false;
     this.transition("connecting");
+    (globalThis as { addEventListener?: (t: string, f: () => void) => void }).addEventListener?.("online", this.onOnline);
     void this.open();
   }
+
+  /** The browser is back online: a pending retry goes now instead of waiting out its backoff. */
+  private readonly onOnline = (): void => {
+    if (!this.wanted || this._state !== "reconnecting" || this.ws) return;
+    clearTimeout(this.retryTimer);
+    this.attempt = 0;
+    void this.open();
+  };
 
   /** Close the socket and stop reconnecting. Rooms, tools and the resume position are kept. */
   disconnect(): void {
@@ -380,6 +389,7 @@ export class SwitchboardClient {
 
   private stop(code: number, reason: string): void {
     this.wanted = false;
+    (globalThis as { removeEventListener?: (t: string, f: () => void) => void }).removeEventListener?.("online", this.onOnline);
     this.gen++;
     this.clearTimers();
     clearTimeout(this.retryTimer);

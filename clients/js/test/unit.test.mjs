@@ -302,3 +302,25 @@ test("no session left: the ticket is refused, the refresh too: closed, no retry,
   assert.equal(err.type, "https://switchboard.dev/problems/session-ended");
   assert.equal(err.detail, "the session has ended");
 });
+
+test("back online: a pending retry goes at once instead of waiting out the backoff", async () => {
+  const handlers = {};
+  globalThis.addEventListener = (t, f) => { handlers[t] = f; };
+  globalThis.removeEventListener = (t, f) => { if (handlers[t] === f) delete handlers[t]; };
+  try {
+    const { c, rec } = setup({ backoff: { initialMs: 60_000, maxMs: 60_000 } });
+    c.connect();
+    (await socket(0)).hello();
+    FakeWS.all[0].drop(1006);
+    assert.ok(rec.retries[0].delayMs >= 30_000);
+    handlers.online();
+    const ws1 = await socket(1);
+    ws1.hello();
+    assert.equal(c.state, "connected");
+    c.disconnect();
+    assert.equal(handlers.online, undefined, "the listener goes with disconnect()");
+  } finally {
+    delete globalThis.addEventListener;
+    delete globalThis.removeEventListener;
+  }
+});

@@ -107,6 +107,13 @@ var SwitchboardClient = class {
     this.toolFns = /* @__PURE__ */ new Map();
     this.answered = /* @__PURE__ */ new Set();
     this.outbox = [];
+    /** The browser is back online: a pending retry goes now instead of waiting out its backoff. */
+    this.onOnline = () => {
+      if (!this.wanted || this._state !== "reconnecting" || this.ws) return;
+      clearTimeout(this.retryTimer);
+      this.attempt = 0;
+      void this.open();
+    };
     /** Tool answers, grouped: `client.tools.register(name, fn)`. */
     this.tools = {
       register: (name, fn) => this.registerTool(name, fn),
@@ -282,6 +289,7 @@ var SwitchboardClient = class {
     this.attempt = 0;
     this.quick = false;
     this.transition("connecting");
+    globalThis.addEventListener?.("online", this.onOnline);
     void this.open();
   }
   /** Close the socket and stop reconnecting. Rooms, tools and the resume position are kept. */
@@ -290,6 +298,7 @@ var SwitchboardClient = class {
   }
   stop(code, reason) {
     this.wanted = false;
+    globalThis.removeEventListener?.("online", this.onOnline);
     this.gen++;
     this.clearTimers();
     clearTimeout(this.retryTimer);
