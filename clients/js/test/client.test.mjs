@@ -45,6 +45,15 @@ describe("@switchboard/client on real replicas", { timeout: 600_000 }, () => {
     await until(c, () => c.rec.events.length >= 20, "20 events");
     assert.deepEqual(ids(c), sent);
     assert.deepEqual(c.rec.events.map((f) => f.payload.i), [...Array(20).keys()]);
+    // The resume position: the last event's opaque cursor on a server that sends cursors (and
+    // then every event frame carries one), else its id.
+    const last = c.rec.events.at(-1);
+    if (info.hello.cursor !== undefined) {
+      assert.ok(c.rec.events.every((f) => typeof f.cursor === "string"), "every event frame carries a cursor");
+      assert.deepEqual(c.position(), { cursor: last.cursor, lastId: last.id });
+    } else {
+      assert.deepEqual(c.position(), { cursor: undefined, lastId: last.id });
+    }
     c.disconnect();
     assert.equal(c.state, "closed");
     assert.equal(c.rec.closed.at(-1).code, 1000);
