@@ -186,6 +186,7 @@ export class SwitchboardClient {
   private stableTimer: ReturnType<typeof setTimeout> | undefined;
   private pingTimer: ReturnType<typeof setTimeout> | undefined;
   private pongTimer: ReturnType<typeof setTimeout> | undefined;
+  private refreshTimer: ReturnType<typeof setTimeout> | undefined;
   private helloSeen = false;        // on the current socket
   private resumedFromId: number | undefined;   // lastId when the current socket was opened
 
@@ -304,6 +305,7 @@ export class SwitchboardClient {
     } catch (e) {
       if (!(e instanceof HttpError) || e.status !== 401) throw e;   // 401: there was no session to end
     } finally {
+      clearTimeout(this.refreshTimer);
       this.token = null;
       this.user = null;
       this.disconnect();
@@ -318,6 +320,25 @@ export class SwitchboardClient {
     this.token = r.access_token;
     this.user = { id: r.user_id, role: r.role, username: username ?? this.user?.username };
     if (this.storedUser !== undefined && this.storedUser !== r.user_id) this.forget();
+    this.scheduleRefresh(r.expires_in);
+  }
+
+  /** While the client wants its socket, refresh before the access token expires: the server
+   *  ends a session nobody refreshed within its lifetime, and closes its sockets (1008). */
+  private scheduleRefresh(expiresIn: number): void {
+    clearTimeout(this.refreshTimer);
+    if (!(expiresIn > 0)) return;
+    const delay = Math.max(1000, expiresIn * 1000 * (expiresIn > 120 ? 0.8 : 0.5));
+    this.refreshTimer = setTimeout(() => {
+      if (!this.wanted || this.token === null) return;   // nobody needs it now: a later 401 refreshes
+      this.refresh().catch((e) => {
+        if (!this.wanted) return;
+        if (e instanceof HttpError && e.status === 401) this.stop(4003, `session over: ${e.message}`);
+        else this.scheduleRefresh(expiresIn / 4);        // the server did not answer: try again sooner
+      });
+    }, delay);
+    // A timer must not keep a Node process alive on its own.
+    (this.refreshTimer as { unref?: () => void }).unref?.();
   }
 
   private async bearer(): Promise<string | null> {

@@ -12,8 +12,9 @@ const here = dirname(fileURLToPath(import.meta.url));
 export const WAIT = 30_000;   // upper bound of any wait; each returns as soon as its condition holds
 
 /** Start a throwaway Postgres + `replicas` real replicas behind a round-robin proxy. */
-export async function startReplicas(replicas = 2) {
-  const proc = spawn(process.env.PYTHON || "python3", [resolve(here, "replicas.py"), "--replicas", String(replicas)],
+export async function startReplicas(replicas = 2, env = {}) {
+  const extra = Object.entries(env).flatMap(([k, v]) => ["--env", `${k}=${v}`]);
+  const proc = spawn(process.env.PYTHON || "python3", [resolve(here, "replicas.py"), "--replicas", String(replicas), ...extra],
     { stdio: ["pipe", "pipe", "inherit"] });
   const lines = createInterface({ input: proc.stdout });
   const queue = [];
@@ -38,7 +39,7 @@ export async function startReplicas(replicas = 2) {
     chain = p.catch(() => {});
     return p;
   };
-  const env = {
+  const handle = {
     ...info,
     proc,
     cmd,
@@ -48,8 +49,8 @@ export async function startReplicas(replicas = 2) {
       await once(proc, "exit");
     },
   };
-  env.admin = await Admin.login(env.proxy, "admin", info.password);
-  return env;
+  handle.admin = await Admin.login(handle.proxy, "admin", info.password);
+  return handle;
 }
 
 /** An admin speaking plain HTTP (the way a backend service would). */

@@ -15,7 +15,7 @@ object per stdin line, answering one JSON line each:
 
 Everything stops on stdin EOF (the test process exited) or {"cmd": "quit"}.
 
-    python3 clients/js/test/replicas.py [--replicas 2]
+    python3 clients/js/test/replicas.py [--replicas 2] [--env SWITCHBOARD_X=1 ...]
 """
 
 from __future__ import annotations
@@ -59,7 +59,11 @@ def replica_info(s: Server) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra environment for the replicas (repeatable)")
     args = ap.parse_args()
+    env = dict(ENV)
+    env.update(dict(kv.split("=", 1) for kv in args.env))
     os.environ["PGOPTIONS"] = (os.environ.get("PGOPTIONS", "") + " -c switchboard.shared_roles=on").strip()
     logs = Path(tempfile.mkdtemp(prefix="sb-js-"))
     pg = ThrowawayPostgres()
@@ -76,7 +80,7 @@ def main() -> int:
         users = {name: {"id": make_user(url, name, PASSWORD, role), "role": role} for name, role in USERS.items()}
 
         def start(name: str) -> Server:
-            s = Server(app_url_for(url), env=ENV, log_dir=logs, name=name).start()
+            s = Server(app_url_for(url), env=env, log_dir=logs, name=name).start()
             servers[replica_info(s)["replica"]] = s
             return s
 

@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
 import { HttpError } from "../dist/index.js";
-import { MemoryStorage, cookieFetch, ids, makeClient, startReplicas, until } from "./helpers.mjs";
+import { Admin, MemoryStorage, cookieFetch, ids, makeClient, startReplicas, until } from "./helpers.mjs";
 
 let env;
 const clients = [];
@@ -79,5 +79,32 @@ describe("sessions: refresh, reload, logout", { timeout: 300_000 }, () => {
     assert.match(other.rec.closed.at(-1).reason, /session (ended|revoked)/);
     assert.equal(other.rec.retries.length, 0);
     await assert.rejects(other.refresh(), (e) => e instanceof HttpError && e.status === 401);
+  });
+});
+
+describe("a connected tab outlives the session lifetime by refreshing", { timeout: 300_000 }, () => {
+  const TTL = 8;   // SWITCHBOARD_SESSION_TTL: a session nobody refreshes for 8 s ends, and its sockets close
+  let short;
+  before(async () => { short = await startReplicas(1, { SWITCHBOARD_SESSION_TTL: String(TTL) }); }, { timeout: 240_000 });
+  after(async () => { if (short) await short.stop(); });
+
+  test("three lifetimes connected: no close, events still arrive, the token was renewed", async () => {
+    const tab = makeClient(short, { fetch: cookieFetch() });
+    clients.push(tab);
+    const first = await tab.login("alice", short.password);
+    assert.ok(first.expires_in <= TTL);
+    tab.connect();
+    await until(tab, () => tab.state === "connected", "connected");
+    // Wall-clock time is the subject here: the server closes an unrefreshed session's sockets
+    // TTL seconds after the last refresh. Wait three lifetimes.
+    await new Promise((r) => setTimeout(r, 3 * TTL * 1000));
+    const admin = await Admin.login(short.proxy, "admin", short.password);   // (the first admin token expired)
+    const e = await admin.publish({ user_id: short.users.alice.id, event: "still-here", payload: {} });
+    await until(tab, () => ids(tab).includes(e), "an event after three lifetimes");
+    assert.equal(tab.state, "connected");
+    assert.deepEqual(tab.rec.closed, []);
+    assert.equal(tab.rec.connected.length, 1, "never reconnected: the same socket all along");
+    assert.notEqual(tab.accessToken, first.access_token);
+    tab.disconnect();
   });
 });

@@ -324,3 +324,27 @@ test("back online: a pending retry goes at once instead of waiting out the backo
     delete globalThis.removeEventListener;
   }
 });
+
+test("while connected, the session is refreshed before the access token expires", async () => {
+  FakeWS.all = [];
+  let refreshes = 0;
+  const body = (t) => JSON.stringify({ access_token: t, token_type: "bearer", expires_in: 0.2, user_id: "u1", role: "member" });
+  const fetch = async (url) => {
+    const path = new URL(url).pathname;
+    if (path.endsWith("/auth/login")) return new Response(body("t0"), { status: 200 });
+    if (path.endsWith("/auth/refresh")) return new Response(body(`t${++refreshes}`), { status: 200 });
+    if (path.endsWith("/ws/ticket")) return new Response(JSON.stringify({ ticket: "x", expires_in: 30 }), { status: 201 });
+    return new Response("{}", { status: 404 });
+  };
+  const c = new SwitchboardClient({ url: "http://sb.test/", WebSocket: FakeWS, fetch, storage: null });
+  await c.login("alice", "pw");
+  c.connect();
+  (await socket(0)).hello();
+  for (let k = 0; k < 4000 && refreshes < 2; k++) await sleep(5);
+  assert.ok(refreshes >= 2, `refreshed ${refreshes} times`);
+  assert.equal(c.accessToken, `t${refreshes}`);
+  c.disconnect();
+  const after = refreshes;
+  await sleep(1500);
+  assert.equal(refreshes, after, "no refreshing once nobody wants the socket");
+});

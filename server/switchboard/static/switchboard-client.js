@@ -228,6 +228,7 @@ var SwitchboardClient = class {
     } catch (e) {
       if (!(e instanceof HttpError) || e.status !== 401) throw e;
     } finally {
+      clearTimeout(this.refreshTimer);
       this.token = null;
       this.user = null;
       this.disconnect();
@@ -242,6 +243,23 @@ var SwitchboardClient = class {
     this.token = r.access_token;
     this.user = { id: r.user_id, role: r.role, username: username ?? this.user?.username };
     if (this.storedUser !== void 0 && this.storedUser !== r.user_id) this.forget();
+    this.scheduleRefresh(r.expires_in);
+  }
+  /** While the client wants its socket, refresh before the access token expires: the server
+   *  ends a session nobody refreshed within its lifetime, and closes its sockets (1008). */
+  scheduleRefresh(expiresIn) {
+    clearTimeout(this.refreshTimer);
+    if (!(expiresIn > 0)) return;
+    const delay = Math.max(1e3, expiresIn * 1e3 * (expiresIn > 120 ? 0.8 : 0.5));
+    this.refreshTimer = setTimeout(() => {
+      if (!this.wanted || this.token === null) return;
+      this.refresh().catch((e) => {
+        if (!this.wanted) return;
+        if (e instanceof HttpError && e.status === 401) this.stop(4003, `session over: ${e.message}`);
+        else this.scheduleRefresh(expiresIn / 4);
+      });
+    }, delay);
+    this.refreshTimer.unref?.();
   }
   async bearer() {
     if (this.getTokenFn) return await this.getTokenFn() ?? null;
