@@ -155,7 +155,7 @@ def test_errors_are_json_with_the_right_status(one) -> None:  # type: ignore[no-
     r = httpx.post(base + "/tasks", headers=h, json={"name": "dup", "handler": "noop"})
     assert r.status_code == 409
     r = httpx.get(base + "/no/such/route", headers=h)
-    assert r.status_code == 404 and r.headers["content-type"].startswith("application/json")
+    assert r.status_code == 404 and r.headers["content-type"] == "application/problem+json"
     assert r.json()["title"] == "Not Found" and "/no/such/route" in r.json()["description"]
     r = httpx.delete(base + "/tasks", headers=h)
     assert r.status_code == 405 and "DELETE" in r.json()["description"]

@@ -212,10 +212,14 @@ def test_logout_disable_and_role_change(server_factory, db) -> None:  # type: ig
     assert httpx.post(s.base + "/tasks", headers=auth(tok2), json={"name": "n", "handler": "noop"}).status_code == 403
     subprocess.run([sys.executable, "-m", "switchboard.cli", "user", "set-role", "dave", "admin"], check=True,
                    env={**os.environ, "DATABASE_URL": db, "PYTHONPATH": str(ROOT / "server")})
-    # a role change revokes existing tokens (token epoch); the socket stays, with its new role
+    # a role change revokes existing tokens (token epoch) and ends the sessions: the socket closes
     assert _wait(lambda: httpx.get(s.base + "/me", headers=auth(tok2)).status_code == 401, 2)
-    assert ws.recv_until(lambda f: f["event"] == "session.updated")["payload"] == {"role": "admin"}
+    with pytest.raises(ConnectionClosed) as e:
+        while True:
+            ws.recv(timeout=3)
+    assert (e.value.rcvd.code, e.value.rcvd.reason) == (1008, "session revoked")
     tok2 = s.login("dave")
+    ws = s.ws(tok2)
     assert httpx.post(s.base + "/tasks", headers=auth(tok2), json={"name": "n", "handler": "noop"}).status_code == 201
     t0 = time.time()
     subprocess.run([sys.executable, "-m", "switchboard.cli", "user", "disable", "dave"], check=True,

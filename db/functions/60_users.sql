@@ -148,17 +148,25 @@ RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_old text;
 BEGIN
     PERFORM switchboard._check_role(role);
+    -- The old role, locked: whether this is a real change is decided on the row.
+    SELECT u.role INTO v_old FROM switchboard.users u WHERE u.id = set_user_role.user_id FOR UPDATE;
     UPDATE switchboard.users u
        SET role = set_user_role.role, updated_at = now(),
            token_epoch = u.token_epoch + CASE WHEN u.role = set_user_role.role THEN 0 ELSE 1 END
      WHERE u.id = set_user_role.user_id;
+    IF FOUND AND v_old IS DISTINCT FROM set_user_role.role THEN
+        -- A real change: the sessions minted under the old role end too (V0011).
+        PERFORM switchboard._end_user_sessions(user_id, 'role');
+    END IF;
     PERFORM switchboard._user_changed(user_id);
 END
 $$;
 COMMENT ON FUNCTION switchboard.set_user_role(uuid, text) IS
-    'Change a user''s role (admin or member). A real change revokes the user''s existing tokens (token_epoch) and is announced at COMMIT: every replica re-checks the user''s sockets within a second.';
+    'Change a user''s role (admin or member). A real change revokes the user''s existing tokens (token_epoch), ends its sessions and is announced at COMMIT: every replica closes the user''s sockets (1008) within a second.';
 REVOKE ALL ON FUNCTION switchboard.set_user_role(uuid, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.set_user_role(uuid, text) TO switchboard_app;
 
@@ -175,13 +183,15 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'user % does not exist', user_id USING ERRCODE = 'P0002';
     END IF;
-    -- A ticket minted with the old credentials must not open a socket after the change.
+    -- A ticket minted with the old credentials must not open a socket after the change,
+    -- and a refresh cookie must not outlive it (V0011).
     DELETE FROM switchboard.tickets t WHERE t.user_id = set_user_password_hash.user_id;
+    PERFORM switchboard._end_user_sessions(user_id, 'password');
     PERFORM switchboard._user_changed(user_id);
 END
 $$;
 COMMENT ON FUNCTION switchboard.set_user_password_hash(uuid, text) IS
-    'Replace a user''s password hash (argon2/bcrypt, computed by the server). Revokes the user''s existing tokens and unused WebSocket tickets; every replica closes the user''s open sockets at COMMIT.';
+    'Replace a user''s password hash (argon2/bcrypt, computed by the server). Revokes the user''s existing tokens, sessions (refresh tokens) and unused WebSocket tickets; every replica closes the user''s open sockets at COMMIT.';
 REVOKE ALL ON FUNCTION switchboard.set_user_password_hash(uuid, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.set_user_password_hash(uuid, text) TO switchboard_app;
 
@@ -194,11 +204,12 @@ BEGIN
     UPDATE switchboard.users u SET disabled = true, updated_at = now(), token_epoch = u.token_epoch + 1
      WHERE u.id = disable_user.user_id;
     DELETE FROM switchboard.tickets t WHERE t.user_id = disable_user.user_id;
+    PERFORM switchboard._end_user_sessions(user_id, 'disabled');
     PERFORM switchboard._user_changed(user_id);
 END
 $$;
 COMMENT ON FUNCTION switchboard.disable_user(uuid) IS
-    'Disable a user: tickets are dropped, its tokens are revoked for good (enable_user does not revive them), and at COMMIT every replica closes the user''s sockets (within a second).';
+    'Disable a user: tickets are dropped, its sessions end, its tokens are revoked for good (enable_user does not revive them), and at COMMIT every replica closes the user''s sockets (within a second).';
 REVOKE ALL ON FUNCTION switchboard.disable_user(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.disable_user(uuid) TO switchboard_app;
 

@@ -105,6 +105,7 @@ BEGIN
     v := v || jsonb_build_object('expired_runs', switchboard.reap_expired_runs());
     v := v || jsonb_build_object('runs', switchboard.reap_runs(keep_runs));
     v := v || jsonb_build_object('tickets', switchboard.reap_tickets());
+    v := v || jsonb_build_object('sessions', switchboard.reap_sessions());
     v := v || jsonb_build_object('rate_limits', switchboard.reap_rate_limits(rate_limit_idle));
     v := v || jsonb_build_object('events', switchboard.reap_events(keep_events));
     v := v || jsonb_build_object('replicas', switchboard.reap_replicas(replica_stale));
@@ -118,6 +119,6 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.maintenance(interval, interval, interval, interval) IS
-    'Run every reaper once (expired leases, old runs, tickets, idle rate-limit keys, old events, dead replicas, expired revocations, stale tool calls). Returns counts per reaper.';
+    'Run every reaper once (expired leases, old runs, tickets, sessions ended a day ago, idle rate-limit keys, old events, dead replicas, expired revocations, stale tool calls). Returns counts per reaper.';
 REVOKE ALL ON FUNCTION switchboard.maintenance(interval, interval, interval, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.maintenance(interval, interval, interval, interval) TO switchboard_app;

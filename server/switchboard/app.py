@@ -21,6 +21,7 @@ import falcon.media
 from . import errors
 from .config import Config
 from .http import auth, events, ops, rooms, tasks, tools
+from .http.cors import cors_middleware
 from .http.middleware import AccessLog, install_log_redaction
 from .services import Services, build_services
 from .ws import WebSocketResource
@@ -39,6 +40,7 @@ class Lifecycle:
         install_log_redaction()
         await svc.db.open()
         svc.relay.start()
+        svc.sessions.start()
         if svc.config.scheduler_enabled:
             svc.scheduler.start()
         await svc.heartbeat.start()
@@ -75,6 +77,7 @@ class Lifecycle:
             await svc.scheduler.stop(svc.config.shutdown_grace)
         for c in svc.registry.clients():
             svc.relay.close_client(c, 1012, "server restarting")
+        await svc.sessions.stop()
         await svc.heartbeat.stop()
         await svc.sampler.stop()
         await svc.relay.stop()
@@ -92,7 +95,8 @@ def create_app(config: Config) -> SwitchboardApp:
     db, au, cfg = svc.db, svc.auth, svc.config
     body = cfg.max_body_bytes
 
-    app = SwitchboardApp(middleware=[Lifecycle(svc), AccessLog(svc.metrics, body)], cors_enable=False)
+    app = SwitchboardApp(middleware=[Lifecycle(svc), *cors_middleware(cfg.allowed_origins),
+                                     AccessLog(svc.metrics, body)], cors_enable=False)
     app.ws_options.max_receive_queue = 8
     json_handler = falcon.media.JSONHandler(dumps=partial(json.dumps, default=str, ensure_ascii=False),
                                             loads=json.loads)
@@ -104,10 +108,11 @@ def create_app(config: Config) -> SwitchboardApp:
     # -- the route table ---------------------------------------------------------------
     app.add_route("/", ops.Page())
     app.add_route("/auth/login", auth.Login(db, au, svc.limiter, cfg))
-    app.add_route("/auth/logout", auth.Logout(db, au))
+    app.add_route("/auth/refresh", auth.Refresh(db, au, cfg))
+    app.add_route("/auth/logout", auth.Logout(db, au, cfg))
     app.add_route("/me", auth.Me(au, svc.replica.replica_id))
     app.add_route("/ws/ticket", auth.Ticket(db, au, cfg.ticket_ttl))
-    app.add_route("/ws", WebSocketResource(db, svc.relay, svc.registry, cfg, svc.replica))
+    app.add_route("/ws", WebSocketResource(db, svc.relay, svc.registry, cfg, svc.replica, svc.sessions))
     app.add_route("/tasks", tasks.Tasks(db, au, body, svc.catalog))
     app.add_route("/tasks/{task_id:uuid}", tasks.Task(db, au, body, svc.catalog))
     app.add_route("/tasks/{task_id:uuid}/trigger", tasks.Trigger(db, au))

@@ -2,7 +2,11 @@
 
 Passwords: argon2id (argon2-cffi), verified in a thread so hashing never
 blocks the event loop. Tokens: HS256 JWTs, algorithm pinned on decode, with
-exp, iat, jti, sub, role and gen (the user's token epoch when it was issued).
+exp, iat, jti, sub, role, gen (the user's token epoch when it was issued) and
+sid (the login session it was minted under; absent in tokens issued before
+sessions existed, which stay valid until they expire -- at most
+SWITCHBOARD_JWT_TTL). A token never outlives its session's current expiry,
+and an ended session's tokens are refused (ended_sessions, fed like revoked).
 Revocation (logout), role changes and disabled users come from the database:
 announced on switchboard_control at COMMIT, *read back* by the relay
 (user_states, revoked_among: an announcement is a hint anybody could forge)
@@ -54,6 +58,7 @@ class Principal:
     role: str
     jti: str
     exp: int
+    session_id: uuid.UUID | None = None
 
     @property
     def is_admin(self) -> bool:
@@ -67,6 +72,8 @@ class AuthState:
         self.secret = secret
         self.ttl = ttl
         self.revoked: dict[str, float] = {}
+        # session id -> until when to remember it ended (its tokens expire before that)
+        self.ended_sessions: dict[uuid.UUID, float] = {}
         # user id -> (role, disabled, token epoch), for users changed within a token lifetime
         self.users: dict[uuid.UUID, tuple[str, bool, int]] = {}
         # Verified tokens -> (claims, user id). A client sends the same bearer token on
@@ -75,11 +82,17 @@ class AuthState:
         # revocation and the user's role/disabled flag are still checked every time.
         self._verified: OrderedDict[str, tuple[dict, uuid.UUID]] = OrderedDict()
 
-    def issue(self, user_id: uuid.UUID, username: str, role: str, epoch: int = 0) -> tuple[str, int]:
+    def issue(self, user_id: uuid.UUID, username: str, role: str, epoch: int = 0,
+              session_id: uuid.UUID | None = None, not_after: float | None = None) -> tuple[str, int]:
+        """A token and its lifetime in seconds: ttl, or less if ``not_after`` (the
+        session's expiry) comes first."""
         now = int(time.time())
+        ttl = self.ttl if not_after is None else max(1, min(self.ttl, int(not_after) - now))
         claims = {"sub": str(user_id), "name": username, "role": role, "iat": now,
-                  "exp": now + self.ttl, "jti": secrets.token_hex(16), "gen": int(epoch)}
-        return jwt.encode(claims, self.secret, algorithm=ALGORITHM), self.ttl
+                  "exp": now + ttl, "jti": secrets.token_hex(16), "gen": int(epoch)}
+        if session_id is not None:
+            claims["sid"] = str(session_id)
+        return jwt.encode(claims, self.secret, algorithm=ALGORITHM), ttl
 
     def authenticate(self, header: str | None) -> Principal:
         if not header:
@@ -115,6 +128,14 @@ class AuthState:
         if jti in self.revoked:
             raise falcon.HTTPUnauthorized(title="Unauthorized", description="The token was revoked.",
                                           challenges=['Bearer error="invalid_token"'])
+        try:
+            sid = _session_claim(claims)
+        except ValueError:
+            raise falcon.HTTPUnauthorized(title="Unauthorized", description="The token is invalid.",
+                                          challenges=['Bearer error="invalid_token"']) from None
+        if sid is not None and sid in self.ended_sessions:
+            raise falcon.HTTPUnauthorized(title="Unauthorized", description="The session has ended; log in again.",
+                                          challenges=['Bearer error="invalid_token"'])
         role = str(claims.get("role", "member"))
         known = self.users.get(user_id)
         if known is not None:
@@ -128,11 +149,15 @@ class AuthState:
                     title="Unauthorized",
                     description="The token was revoked (the user's role or password changed); log in again.",
                     challenges=['Bearer error="invalid_token"'])
-        return Principal(user_id, str(claims.get("name", "")), role, jti, int(claims["exp"]))
+        return Principal(user_id, str(claims.get("name", "")), role, jti, int(claims["exp"]), sid)
 
     # -- fed by the relay's control channel ------------------------------------
     def apply_revoke(self, jti: str, exp: float | None = None) -> None:
         self.revoked[jti] = exp or time.time() + self.ttl
+
+    def apply_session_end(self, session_id: uuid.UUID) -> None:
+        """Read from the database (session_states / auth_snapshot), never from a payload."""
+        self.ended_sessions[session_id] = time.time() + self.ttl
 
     def apply_user(self, user_id: uuid.UUID, role: str, disabled: bool, epoch: int = 0) -> None:
         """State read from the database (user_states / auth_snapshot), never from a payload."""
@@ -145,14 +170,26 @@ class AuthState:
     def load_snapshot(self, rows: list[dict]) -> None:
         revoked: dict[str, float] = {}
         users: dict[uuid.UUID, tuple[str, bool, int]] = {}
+        ended: dict[uuid.UUID, float] = {}
         for r in rows:
             if r["kind"] == "revoke":
                 revoked[r["id"]] = time.time() + self.ttl
+            elif r["kind"] == "session":
+                ended[uuid.UUID(r["id"])] = time.time() + self.ttl
             else:
                 users[r["user_id"]] = (r["role"], bool(r["disabled"]), int(r.get("token_epoch") or 0))
         self.revoked = revoked
         self.users = users
+        self.ended_sessions = ended
 
     def prune(self) -> None:
         now = time.time()
         self.revoked = {k: v for k, v in self.revoked.items() if v > now}
+        self.ended_sessions = {k: v for k, v in self.ended_sessions.items() if v > now}
+
+
+def _session_claim(claims: dict) -> uuid.UUID | None:
+    raw = claims.get("sid")
+    if raw is None:
+        return None
+    return uuid.UUID(str(raw))  # a malformed sid in a signed token: ValueError -> invalid

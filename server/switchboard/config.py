@@ -62,6 +62,19 @@ def prepare_threshold(listen_url: str | None) -> int | None:
     return val
 
 
+def _samesite() -> str:
+    """SWITCHBOARD_SESSION_COOKIE_SAMESITE: Strict (default), Lax or None.
+
+    Strict: the refresh cookie is only ever sent by fetch() from the app itself,
+    never on a navigation, so Lax would add nothing but exposure; an app on
+    another *site* (not just another origin of the same site) needs None, which
+    also forces Secure (browsers drop SameSite=None cookies without it)."""
+    raw = os.environ.get("SWITCHBOARD_SESSION_COOKIE_SAMESITE", "Strict").strip().capitalize()
+    if raw not in ("Strict", "Lax", "None"):
+        raise ConfigError(f"SWITCHBOARD_SESSION_COOKIE_SAMESITE={raw!r} is not Strict, Lax or None")
+    return raw
+
+
 def ws_compression_enabled() -> bool:
     """SWITCHBOARD_WS_COMPRESSION (default off): negotiate permessage-deflate on /ws.
 
@@ -87,6 +100,11 @@ class Config:
     prepare_threshold: int | None = 5
     jwt_ttl: int = 3600
     ticket_ttl: int = 30
+    # sessions (refresh cookie): idle lifetime, extended by every refresh
+    session_ttl: int = 14 * 86400
+    session_cookie_samesite: str = "Strict"
+    session_check_interval: float = 1.0
+    session_race_window: float = 10.0
     # scheduler
     scheduler_enabled: bool = True
     scheduler_concurrency: int = 8
@@ -148,6 +166,10 @@ class Config:
             prepare_threshold=prepare_threshold(listen_url),
             jwt_ttl=_int("SWITCHBOARD_JWT_TTL", 3600, 60, 86400),
             ticket_ttl=_int("SWITCHBOARD_TICKET_TTL", 30, 1, 3600),
+            session_ttl=_int("SWITCHBOARD_SESSION_TTL", 14 * 86400, 5, 365 * 86400),
+            session_cookie_samesite=_samesite(),
+            session_check_interval=_float("SWITCHBOARD_SESSION_CHECK_INTERVAL", 1.0, 0.1, 300),
+            session_race_window=_float("SWITCHBOARD_SESSION_REFRESH_RACE_SECONDS", 10.0, 0, 60),
             scheduler_enabled=os.environ.get("SWITCHBOARD_SCHEDULER", "on").lower() not in ("0", "off", "false", "no"),
             scheduler_concurrency=_int("SWITCHBOARD_SCHEDULER_CONCURRENCY", 8, 1, 1000),
             lease_seconds=_float("SWITCHBOARD_LEASE_SECONDS", 60.0, 1, 86400),

@@ -212,6 +212,38 @@ class Database:
     async def consume_ticket(self, ticket: str) -> UUID | None:
         return await self.scalar("SELECT switchboard.consume_ticket(%s)", (ticket,))
 
+    # -- sessions (db/functions/62_sessions.sql) -----------------------------------------
+    async def issue_ticket_v2(self, user_id: UUID, session_id: UUID | None, ttl: int) -> str:
+        return await self.scalar("SELECT switchboard.issue_ticket_v2(%s, %s, %s)",
+                                 (user_id, session_id, timedelta(seconds=ttl)))
+
+    async def consume_ticket_v2(self, ticket: str) -> dict | None:
+        """{user_id, session_id, session_expires_at}, or None if the ticket is refused."""
+        return await self.fetchone("SELECT user_id, session_id, session_expires_at"
+                                   " FROM switchboard.consume_ticket_v2(%s)", (ticket,))
+
+    async def start_session(self, user_id: UUID, lifetime: int) -> dict:
+        return await self.fetchone("SELECT session_id, refresh_token, expires_at FROM switchboard.start_session(%s, %s)",
+                                   (user_id, timedelta(seconds=lifetime)))
+
+    async def refresh_session(self, refresh_token: str, lifetime: int, race_window: float) -> dict:
+        return await self.fetchone(
+            "SELECT outcome, session_id, user_id, username, role, token_epoch, new_refresh_token, expires_at"
+            " FROM switchboard.refresh_session(%s, %s, %s)",
+            (refresh_token, timedelta(seconds=lifetime), timedelta(seconds=race_window)))
+
+    async def end_session(self, session_id: UUID, reason: str = "logout") -> bool:
+        return await self.scalar("SELECT switchboard.end_session(%s, %s)", (session_id, reason))
+
+    async def end_session_by_refresh(self, refresh_token: str) -> UUID | None:
+        return await self.scalar("SELECT switchboard.end_session_by_refresh(%s)", (refresh_token,))
+
+    @staticmethod
+    async def session_states(conn: psycopg.AsyncConnection, session_ids: list[UUID]) -> list[dict]:
+        cur = await conn.execute("SELECT session_id, user_id, expires_at, end_reason, live"
+                                 " FROM switchboard.session_states(%s)", (session_ids,))
+        return await cur.fetchall()
+
     async def rate_check(self, key: str, rate: float, burst: int, cost: int = 1,
                          timeout: float | None = None) -> dict:
         return await self.fetchone("SELECT * FROM switchboard.rate_check(%s, %s, %s, %s)",
@@ -314,7 +346,7 @@ class Database:
 
     @staticmethod
     async def auth_snapshot(conn: psycopg.AsyncConnection, since_seconds: int) -> list[dict]:
-        cur = await conn.execute("SELECT * FROM switchboard.auth_snapshot_v2(%s)", (timedelta(seconds=since_seconds),))
+        cur = await conn.execute("SELECT * FROM switchboard.auth_snapshot_v3(%s)", (timedelta(seconds=since_seconds),))
         return await cur.fetchall()
 
     @staticmethod

@@ -1,19 +1,95 @@
-"""Error translation in one place: psycopg SQLSTATEs -> HTTP statuses.
+"""Error translation in one place: psycopg SQLSTATEs -> HTTP statuses, and every
+HTTP error -> an RFC 9457 problem document.
 
 Modelled on PostgREST's mapping. Anything a client can send must end as a
 4xx with a JSON body naming the problem; an unexpected exception is logged
-with its traceback server-side and answered with a bare 500 JSON body.
+with its traceback server-side and answered with a bare 500.
+
+Every error leaves as ``application/problem+json``:
+``{"type", "title", "status", "detail", ...extensions}``. ``type`` is
+``https://switchboard.dev/problems/<slug>`` (README "Errors" lists the
+slugs); extension members (``known_handlers``, ``active_run``, ``reasons``,
+``sqlstate``) are top-level. For one release the body also keeps
+``description`` (= ``detail``) for clients written against the old
+``{title, description}`` shape. Resources keep raising plain falcon errors (or
+``Problem`` when they need a specific type or extension members); the
+serializer below is the only place that shapes the body.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from http import HTTPStatus
+from typing import Any
 
 import falcon
 import psycopg
 import psycopg_pool
 
 LOG = logging.getLogger("switchboard.errors")
+
+PROBLEM_BASE = "https://switchboard.dev/problems/"
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+# The type of an error nobody gave a more specific one: one slug per status.
+DEFAULT_SLUGS = {
+    400: "bad-request", 401: "unauthorized", 403: "forbidden", 404: "not-found",
+    405: "method-not-allowed", 409: "conflict", 413: "content-too-large", 415: "unsupported-media-type",
+    422: "unprocessable", 429: "rate-limited", 500: "internal", 503: "unavailable", 504: "timeout",
+}
+# Members of falcon's to_dict() that are not extensions.
+_FALCON_KEYS = {"title", "description", "code", "link"}
+
+
+class Problem(falcon.HTTPError):
+    """An HTTP error with a specific problem type and extension members.
+
+    ``Problem(409, "active-run", "the task already has a queued or running run",
+    active_run={...})``. The extensions become top-level members of the body."""
+
+    def __init__(self, status: int, slug: str, detail: str, *, title: str | None = None,
+                 headers: dict[str, str] | None = None, **extensions: Any) -> None:
+        super().__init__(falcon.code_to_http_status(status), title=title or HTTPStatus(status).phrase,
+                         description=detail, headers=headers)
+        self.problem = slug
+        self.extensions = extensions
+
+    def to_dict(self, obj_type: type = dict) -> Any:
+        d = super().to_dict(obj_type)
+        d.update(self.extensions)
+        return d
+
+
+def problem_type(slug: str) -> str:
+    return PROBLEM_BASE + slug
+
+
+def problem_body(exc: falcon.HTTPError) -> dict[str, Any]:
+    """The RFC 9457 document of one error (what the serializer writes)."""
+    status = int(exc.status_code)
+    raw = dict(exc.to_dict())
+    slug = getattr(exc, "problem", None) or DEFAULT_SLUGS.get(status) or f"http-{status}"
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "Error"
+    title = raw.get("title")
+    if not isinstance(title, str) or not title or title[:3] == str(status):
+        title = phrase  # falcon's default title is "404 Not Found": the phrase alone
+    detail = raw.get("description")
+    if not isinstance(detail, str) or not detail:
+        detail = title
+    body: dict[str, Any] = {"type": problem_type(slug), "title": title, "status": status, "detail": detail}
+    for k, v in raw.items():
+        if k not in _FALCON_KEYS and k not in body:
+            body[k] = v
+    body["description"] = detail  # deprecated alias of detail, kept for one release
+    return body
+
+
+def serialize_problem(req: falcon.Request, resp: falcon.Response, exc: falcon.HTTPError) -> None:
+    resp.content_type = PROBLEM_CONTENT_TYPE
+    resp.data = json.dumps(problem_body(exc), default=str, ensure_ascii=False).encode()
 
 
 def status_for_sqlstate(sqlstate: str | None) -> str:
@@ -58,7 +134,8 @@ def http_error_from_db(exc: psycopg.Error) -> falcon.HTTPError:
     desc = diag.message_primary or str(exc)
     if diag.message_hint:
         desc = f"{desc} (hint: {diag.message_hint})"
-    return falcon.HTTPError(status, description=desc)
+    code = int(status[:3])
+    return Problem(code, DEFAULT_SLUGS.get(code, f"http-{code}"), desc, sqlstate=exc.sqlstate)
 
 
 async def handle_db_error(req: falcon.Request, resp: falcon.Response, exc: Exception, params: dict) -> None:
@@ -101,6 +178,7 @@ async def handle_method_not_allowed(req: falcon.Request, resp: falcon.Response, 
 
 
 def register(app: falcon.asgi.App) -> None:
+    app.set_error_serializer(serialize_problem)
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(falcon.HTTPRouteNotFound, handle_route_not_found)
     app.add_error_handler(falcon.HTTPMethodNotAllowed, handle_method_not_allowed)
@@ -109,4 +187,5 @@ def register(app: falcon.asgi.App) -> None:
     app.add_error_handler(psycopg_pool.PoolClosed, handle_pool_timeout)
 
 
-__all__ = ["register", "http_error_from_db", "status_for_sqlstate", "psycopg_pool"]
+__all__ = ["register", "http_error_from_db", "status_for_sqlstate", "psycopg_pool", "Problem", "problem_body",
+           "problem_type", "PROBLEM_CONTENT_TYPE"]

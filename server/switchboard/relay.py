@@ -20,6 +20,7 @@ Channels (documented for programs in other languages):
   switchboard_control {"kind": "user", "user_id"} | {"kind": "revoke", "jti"}
                       | {"kind": "member", "room", "user_id"}
                       | {"kind": "tool_result", "call_id", "replica_id"}
+                      | {"kind": "session", "session_id"}
   switchboard_runs    "" (a run was queued: claim now)
 """
 
@@ -93,9 +94,11 @@ class Hints:
         self.revoked: set[str] = set()
         self.members: set[tuple[str, uuid.UUID]] = set()
         self.tools: set[uuid.UUID] = set()
+        self.sessions: set[uuid.UUID] = set()
 
     def __bool__(self) -> bool:
-        return bool(self.events or self.ephemeral or self.users or self.revoked or self.members or self.tools)
+        return bool(self.events or self.ephemeral or self.users or self.revoked or self.members or self.tools
+                    or self.sessions)
 
     @classmethod
     def add(cls, bucket: set, item: Any) -> None:
@@ -242,7 +245,9 @@ class Relay:
     def __init__(self, db: Database, auth: AuthState, registry: Registry, metrics: Metrics,
                  config: Config, replica_id: str, *, on_run_wake: Callable[[], None],
                  on_tool_result: Callable[[uuid.UUID], None],
-                 on_connect: Callable[[psycopg.AsyncConnection], Awaitable[None]] | None = None) -> None:
+                 on_connect: Callable[[psycopg.AsyncConnection], Awaitable[None]] | None = None,
+                 on_sessions: Callable[[psycopg.AsyncConnection, list[uuid.UUID]], Awaitable[None]] | None = None,
+                 ) -> None:
         self.db = db
         self.auth = auth
         self.metrics = metrics
@@ -253,6 +258,7 @@ class Relay:
         self.on_run_wake = on_run_wake
         self.on_tool_result = on_tool_result
         self.on_connect = on_connect
+        self.on_sessions = on_sessions
         self.connected = False
         self.last_error: str | None = "not connected yet"
         self.down_since: float | None = time.monotonic()
@@ -464,6 +470,8 @@ class Relay:
                     if msg.get("replica_id") != self.replica_id:
                         return  # another replica's waiter (or noise)
                     Hints.add(h.tools, uuid.UUID(str(msg["call_id"])))
+                elif kind == "session":
+                    Hints.add(h.sessions, uuid.UUID(str(msg["session_id"])))
                 else:
                     return
             else:
@@ -535,6 +543,8 @@ class Relay:
                             c.offer(frame("left", {"reason": "removed"}, room=room))
         for call_id in h.tools:
             self.on_tool_result(call_id)
+        if h.sessions and self.on_sessions is not None:
+            await self.on_sessions(rconn, list(h.sessions))
 
     async def _deliver_wait(self, user_id: uuid.UUID | None, room: str | None, f: dict) -> None:
         """_deliver for a catch-up: each socket's frame waits for room in its send queue
@@ -573,11 +583,9 @@ class Relay:
         to the auth cache and to their local sockets.
 
         A socket remembers the user's token epoch when it was accepted. Disabled: closed
-        (1008). Epoch moved on by more than a role change explains (a password change; or
-        anything else that revokes the user's tokens): closed (1008, "session revoked"), so
-        a password reset cuts existing sessions. A role change alone: the socket stays and
-        receives session.updated. Two changes coalesced into one read may close a socket
-        that a role change alone would have kept; closing is the safe side."""
+        (1008). Epoch moved on (a password change, a role change: both revoke the user's
+        tokens and end its sessions): closed (1008, "session revoked"), so a password reset
+        or a demotion cuts existing sessions."""
         for i in range(0, len(ids), 10000):
             chunk = ids[i:i + 10000]
             found = {r["user_id"]: r for r in await self.db.user_states(rconn, chunk)}
@@ -592,12 +600,8 @@ class Relay:
                 for c in list(self.registry.by_user.get(uid, ())):
                     if disabled:
                         self.close_client(c, 1008, "user disabled")
-                    elif epoch > c.epoch + (1 if c.role != role else 0):
+                    elif epoch > c.epoch or c.role != role:
                         self.close_client(c, 1008, "session revoked")
-                    elif c.role != role:
-                        c.role = role
-                        c.epoch = epoch
-                        c.offer(frame("session.updated", {"role": role}))
 
     def close_client(self, c: Client, code: int, reason: str) -> None:
         if c.closing is not None:

@@ -8,7 +8,10 @@ and nothing is patched in afterwards:
            -> catalog(db, handlers), tools(db), limiter(db, metrics),
               scheduler(db, metrics, config, handlers)
            -> relay(db, auth, registry, metrics, config, on_run_wake=scheduler.wake,
-                    on_tool_result=tools.resolve)
+                    on_tool_result=tools.resolve, on_sessions=sessions.recheck)
+           -> sessions(db, auth, registry, close=relay.close_client): sockets bound to
+              their login session (the relay hands it "session" hints and calls its
+              on_connect after every reconnect)
            -> heartbeat(db, registry, auth, handler names)
            -> sampler(metrics, gauges read from the components, db.metrics_snapshot)
            -> failover watch(db, metrics, on reset: tools.database_reset, heartbeat.beat),
@@ -20,6 +23,8 @@ Only app.py (create_app) imports this module; components never do.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import psycopg
 
 from . import __version__
 from .auth import AuthState
@@ -35,6 +40,7 @@ from .ratelimit import RateLimiter
 from .relay import Registry, Relay
 from .replica import ReplicaState
 from .scheduler import Scheduler
+from .sessions import SessionWatch
 from .tools import ToolBridge
 
 
@@ -55,6 +61,7 @@ class Services:
     heartbeat: ReplicaHeartbeat
     sampler: GaugeSampler
     failover: FailoverWatch
+    sessions: SessionWatch
 
 
 def build_services(config: Config) -> Services:
@@ -74,8 +81,18 @@ def build_services(config: Config) -> Services:
     scheduler = Scheduler(db, metrics, config, handlers, replica)
     heartbeat = ReplicaHeartbeat(db, registry, auth, replica, config.heartbeat_interval, served, __version__)
     failover = FailoverWatch(db, metrics, on_unlogged_reset=[tools.database_reset, heartbeat.beat])
+    # The watch closes sockets through the relay, and the relay hands the watch its
+    # hints: the close callback is late-bound to the relay built on the next line.
+    sessions = SessionWatch(db, auth, registry, lambda c, code, reason: relay.close_client(c, code, reason),
+                            config.session_check_interval)
+
+    async def on_connect(conn: psycopg.AsyncConnection) -> None:
+        await failover.observe(conn)
+        await sessions.on_connect(conn)
+
     relay = Relay(db, auth, registry, metrics, config, replica.replica_id,
-                  on_run_wake=scheduler.wake, on_tool_result=tools.resolve, on_connect=failover.observe)
+                  on_run_wake=scheduler.wake, on_tool_result=tools.resolve, on_connect=on_connect,
+                  on_sessions=sessions.recheck)
 
     pool_stat = db.pool.get_stats
     sampler = GaugeSampler(
@@ -95,4 +112,4 @@ def build_services(config: Config) -> Services:
     )
     return Services(config=config, db=db, metrics=metrics, auth=auth, registry=registry, replica=replica,
                     handlers=handlers, catalog=catalog, tools=tools, limiter=limiter, scheduler=scheduler, relay=relay,
-                    heartbeat=heartbeat, sampler=sampler, failover=failover)
+                    heartbeat=heartbeat, sampler=sampler, failover=failover, sessions=sessions)

@@ -16,7 +16,6 @@ import re
 import time
 import uuid
 from typing import Any
-from urllib.parse import urlsplit
 
 import falcon
 import falcon.asgi
@@ -24,8 +23,10 @@ import psycopg
 
 from .config import Config
 from .db import Database
+from .http.cors import origin_allowed
 from .relay import Client, Registry, Relay, encode, frame, frame_from_row
 from .replica import ReplicaState
+from .sessions import SessionWatch
 
 
 LOG = logging.getLogger("switchboard.ws")
@@ -55,25 +56,11 @@ class _FrameBucket:
         return False
 
 
-def origin_allowed(origin: str | None, host: str | None, allowed: list[str]) -> bool:
-    if origin is None:
-        return True  # non-browser clients: the ticket alone decides
-    if "*" in allowed:
-        return True
-    origin = origin.rstrip("/")
-    if allowed:
-        return origin in [a.rstrip("/") for a in allowed]
-    # default: the server's own origin
-    try:
-        return urlsplit(origin).netloc.lower() == (host or "").lower()
-    except ValueError:
-        return False
-
-
 class WebSocketResource:
     def __init__(self, db: Database, relay: Relay, registry: Registry, config: Config,
-                 replica: ReplicaState) -> None:
+                 replica: ReplicaState, sessions: SessionWatch) -> None:
         self.db = db
+        self.sessions = sessions
         self.relay = relay
         self.registry = registry
         self.cfg = config
@@ -95,15 +82,17 @@ class WebSocketResource:
             return
         ticket = req.get_param("ticket") or ""
         try:
-            user_id = await db.consume_ticket(ticket)
-            user = await db.get_user_session(user_id) if user_id else None
+            # A ticket minted under a session that has ended since is refused here.
+            grant = await db.consume_ticket_v2(ticket)
+            user = await db.get_user_session(grant["user_id"]) if grant else None
         except Exception as exc:  # database error, pool timeout, DB down
             LOG.warning("ticket check failed: %s", exc)
             await ws.close(1011)
             return
-        if user is None or user["disabled"]:
+        if grant is None or user is None or user["disabled"]:
             await ws.close(1008)
             return
+        user_id: uuid.UUID = grant["user_id"]
         if registry.sockets_of(user_id) >= self.cfg.ws_max_sockets_per_user:
             await ws.close(1008)
             return
@@ -134,6 +123,7 @@ class WebSocketResource:
         client = Client(user_id, user["username"], user["role"], self.cfg.ws_queue_size,
                         relay.last_seen_id, relay.overflow)
         client.epoch = int(user["token_epoch"])
+        self.sessions.bind(client, grant["session_id"], grant["session_expires_at"])
         if after is not None:
             client.resuming = True  # buffer live events from the moment the socket is registered
             client.buffer = []
@@ -153,8 +143,10 @@ class WebSocketResource:
         # An announcement the relay applied between our read and add() found no socket to
         # close: its auth cache has the newer state, so check against that now.
         known = relay.auth.users.get(user_id)
-        if known is not None and (known[1] or known[2] > client.epoch + (1 if known[0] != client.role else 0)):
+        if known is not None and (known[1] or known[2] > client.epoch or known[0] != client.role):
             relay.close_client(client, 1008, "user disabled" if known[1] else "session revoked")
+        elif grant["session_id"] is not None and grant["session_id"] in relay.auth.ended_sessions:
+            relay.close_client(client, 1008, "session ended")
         client.queue.put_nowait(encode(frame(
             "hello", {"replica": self.replica.replica_id, "user_id": str(user_id), "username": user["username"],
                       "role": user["role"], "last_id": client.cursor, "rooms": sorted(rooms)})))

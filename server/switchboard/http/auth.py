@@ -15,12 +15,57 @@ import falcon
 from ..auth import AuthState, verify_password
 from ..config import Config
 from ..db import Database
+from ..errors import Problem
 from ..ratelimit import RateLimiter, client_ip, ip_key, too_many
-from .common import authenticate, check_fields, field_str, read_json
+from .common import authenticate, check_fields, field_str, reached_over_tls, read_json
+from .cors import origin_allowed
 
 USERNAME_MAX = 64
 DEVICE_COOKIE = "sb_device_"  # + a hash of the username: one cookie per user a browser logged in as
 DEVICE_TTL = 30 * 86400
+# The refresh cookie: sent only to /auth/refresh and /auth/logout (and /auth/login,
+# which ignores it); never readable by scripts (HttpOnly).
+REFRESH_COOKIE = "sb_refresh"
+REFRESH_PATH = "/auth"
+
+
+class RefreshCookie:
+    """Sets and clears the refresh cookie with the attributes of this deployment."""
+
+    def __init__(self, config: Config) -> None:
+        self.cfg = config
+
+    def _secure(self, req: falcon.Request) -> bool:
+        # SameSite=None is only honoured with Secure, so it forces it.
+        return reached_over_tls(req, self.cfg.trusted_proxies) or self.cfg.session_cookie_samesite == "None"
+
+    def set(self, req: falcon.Request, resp: falcon.Response, token: str, expires_at: datetime) -> None:
+        max_age = max(1, int(expires_at.timestamp() - time.time()))
+        resp.set_cookie(REFRESH_COOKIE, token, max_age=max_age, path=REFRESH_PATH, secure=self._secure(req),
+                        http_only=True, same_site=self.cfg.session_cookie_samesite)
+
+    def clear(self, req: falcon.Request, resp: falcon.Response) -> None:
+        # Expires in 1970 (falcon drops max_age=0 as falsy): the browser deletes it.
+        resp.set_cookie(REFRESH_COOKIE, "", expires=datetime.fromtimestamp(0, tz=timezone.utc), path=REFRESH_PATH,
+                        secure=self._secure(req), http_only=True, same_site=self.cfg.session_cookie_samesite)
+
+    @staticmethod
+    def get(req: falcon.Request) -> str | None:
+        values = req.get_cookie_values(REFRESH_COOKIE) or []
+        return values[0] if values else None
+
+
+def check_origin(req: falcon.Request, config: Config) -> None:
+    """The cookie endpoints refuse a browser Origin that is neither ours nor allowed
+    (OWASP "verify origin"): SameSite keeps other *sites* out, this keeps other
+    origins of the same site (a sibling subdomain) from driving a refresh."""
+    if not origin_allowed(req.get_header("Origin"), req.get_header("Host"), config.allowed_origins):
+        raise Problem(403, "origin-not-allowed", "this Origin may not use the session cookie; "
+                      "see SWITCHBOARD_ALLOWED_ORIGINS")
+
+
+def token_body(token: str, ttl: int, user_id: object, role: str) -> dict:
+    return {"access_token": token, "token_type": "bearer", "expires_in": ttl, "user_id": str(user_id), "role": role}
 
 
 class DeviceCookies:
@@ -68,6 +113,7 @@ class Login:
         self.limiter = limiter
         self.cfg = config
         self.devices = DeviceCookies(config.jwt_secret)
+        self.cookie = RefreshCookie(config)
 
     async def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         """Throttle, then verify.
@@ -103,27 +149,96 @@ class Login:
         row = await self.db.login_lookup(username)
         ok = await verify_password(row["password_hash"] if row else None, password)
         if ok and row and not row["disabled"]:
-            token, ttl = self.auth.issue(row["user_id"], username, row["role"], row["token_epoch"])
+            session = await self.db.start_session(row["user_id"], cfg.session_ttl)
+            token, ttl = self.auth.issue(row["user_id"], username, row["role"], row["token_epoch"],
+                                         session_id=session["session_id"],
+                                         not_after=session["expires_at"].timestamp())
             resp.set_headers(d_ip.headers())
             resp.set_cookie(self.devices.name(username), self.devices.issue(username), max_age=DEVICE_TTL,
-                            path="/auth/login", secure=req.scheme == "https", http_only=True,
+                            path="/auth/login", secure=reached_over_tls(req, cfg.trusted_proxies), http_only=True,
                             same_site="Strict")
-            resp.media = {"access_token": token, "token_type": "bearer", "expires_in": ttl,
-                          "user_id": str(row["user_id"]), "role": row["role"]}
+            self.cookie.set(req, resp, session["refresh_token"], session["expires_at"])
+            resp.cache_control = ["no-store"]
+            resp.media = token_body(token, ttl, row["user_id"], row["role"])
             return
         raise falcon.HTTPUnauthorized(title="Unauthorized", description="wrong username or password",
                                       headers=d_ip.headers())
 
 
-class Logout:
-    def __init__(self, db: Database, auth: AuthState) -> None:
+class Refresh:
+    """POST /auth/refresh: the refresh cookie buys a new access token and the next cookie.
+
+    The presented refresh token is used up (refresh_session: rotating, single use);
+    presenting a used one again ends the whole session (reuse detection), except
+    within a few seconds of its use, which is two tabs refreshing at once: 409, retry
+    (the browser holds the newer cookie by then)."""
+
+    def __init__(self, db: Database, auth: AuthState, config: Config) -> None:
         self.db = db
         self.auth = auth
+        self.cfg = config
+        self.cookie = RefreshCookie(config)
 
     async def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        p = authenticate(self.auth, req)
-        await self.db.revoke_token(p.jti, p.user_id, datetime.fromtimestamp(p.exp, tz=timezone.utc))
-        self.auth.apply_revoke(p.jti)
+        check_origin(req, self.cfg)
+        raw = self.cookie.get(req)
+        if not raw:
+            raise Problem(401, "no-session", "no refresh cookie: log in with POST /auth/login")
+        r = await self.db.refresh_session(raw, self.cfg.session_ttl, self.cfg.session_race_window)
+        outcome = r["outcome"]
+        if outcome == "rotated":
+            token, ttl = self.auth.issue(r["user_id"], r["username"], r["role"], r["token_epoch"],
+                                         session_id=r["session_id"], not_after=r["expires_at"].timestamp())
+            self.cookie.set(req, resp, r["new_refresh_token"], r["expires_at"])
+            resp.cache_control = ["no-store"]
+            resp.media = token_body(token, ttl, r["user_id"], r["role"])
+            return
+        if outcome == "concurrent":
+            raise Problem(409, "refresh-in-progress",
+                          "this refresh token was just used by a concurrent refresh; retry with the newer cookie",
+                          headers={"Retry-After": "1"})
+        self.cookie.clear(req, resp)
+        if outcome == "reused":
+            self.auth.apply_session_end(r["session_id"])
+            raise Problem(401, "refresh-token-reused",
+                          "this refresh token was already used: the session is revoked; log in again")
+        if r["session_id"] is not None:
+            self.auth.apply_session_end(r["session_id"])
+        raise Problem(401, "session-ended", "the session has ended or expired; log in again")
+
+
+class Logout:
+    """POST /auth/logout: ends the session on every replica (its sockets close with
+    1008 "session ended", its refresh token and tickets stop working), revokes the
+    bearer token, clears the cookie. Either credential is enough: the bearer token,
+    or the refresh cookie alone (a tab whose access token has expired)."""
+
+    def __init__(self, db: Database, auth: AuthState, config: Config) -> None:
+        self.db = db
+        self.auth = auth
+        self.cfg = config
+        self.cookie = RefreshCookie(config)
+
+    async def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        check_origin(req, self.cfg)
+        raw = self.cookie.get(req)
+        try:
+            p = authenticate(self.auth, req)
+        except falcon.HTTPUnauthorized:
+            if not raw:
+                raise
+            p = None
+        if p is not None:
+            await self.db.revoke_token(p.jti, p.user_id, datetime.fromtimestamp(p.exp, tz=timezone.utc))
+            self.auth.apply_revoke(p.jti)
+            if p.session_id is not None:
+                await self.db.end_session(p.session_id, "logout")
+                self.auth.apply_session_end(p.session_id)
+        if raw:
+            sid = await self.db.end_session_by_refresh(raw)
+            if sid is not None:
+                self.auth.apply_session_end(sid)
+        self.cookie.clear(req, resp)
         resp.status = falcon.HTTP_204
 
 
@@ -135,7 +250,8 @@ class Ticket:
 
     async def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         p = authenticate(self.auth, req)
-        ticket = await self.db.issue_ticket(p.user_id, self.ttl)
+        # Bound to the token's session: once it ends, the ticket opens nothing.
+        ticket = await self.db.issue_ticket_v2(p.user_id, p.session_id, self.ttl)
         resp.status = falcon.HTTP_201
         resp.media = {"ticket": ticket, "expires_in": self.ttl}
 
@@ -148,4 +264,4 @@ class Me:
     async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         p = authenticate(self.auth, req)
         resp.media = {"user_id": str(p.user_id), "username": p.username, "role": p.role,
-                      "replica": self.replica_id}
+                      "replica": self.replica_id, "session_id": str(p.session_id) if p.session_id else None}

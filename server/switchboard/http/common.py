@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import uuid
 from typing import Any
@@ -87,3 +88,22 @@ def require_admin(auth: AuthState, req: falcon.Request) -> Principal:
     if not p.is_admin:
         raise falcon.HTTPForbidden(title="Forbidden", description="admin role required")
     return p
+
+
+def reached_over_tls(req: falcon.Request, trusted: list[ipaddress._BaseNetwork]) -> bool:
+    """Did the client reach us over TLS? Directly (the ASGI scheme), or through a
+    TLS-terminating proxy: X-Forwarded-Proto counts only when the socket peer is in
+    SWITCHBOARD_TRUSTED_PROXIES (anybody else could send it). The first value is the
+    one the client-facing proxy wrote."""
+    if req.scheme == "https":
+        return True
+    if not trusted:
+        return False
+    try:
+        peer = ipaddress.ip_address((req.remote_addr or "").strip())
+    except ValueError:
+        return False
+    if not any(peer in net for net in trusted):
+        return False
+    proto = (req.get_header("X-Forwarded-Proto") or "").split(",")[0].strip().lower()
+    return proto == "https"

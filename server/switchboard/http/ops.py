@@ -8,6 +8,7 @@ from pathlib import Path
 import falcon
 
 from ..db import Database
+from ..errors import Problem
 from ..metrics import CONTENT_TYPE, GaugeSampler, Metrics
 from ..openapi import openapi_document
 from ..relay import Relay
@@ -44,8 +45,9 @@ class Ready:
             reasons.append("database_unavailable")
         rid = self.replica.replica_id
         if reasons:
-            resp.status = falcon.HTTP_503
-            resp.media = {"status": "unavailable", "reasons": reasons, "replica": rid}
+            # A problem document like every other error; the reason codes are its extension.
+            raise Problem(503, "not-ready", f"this replica is not ready: {', '.join(reasons)}",
+                          reasons=reasons, replica=rid)
         else:
             resp.media = {"status": "ready", "reasons": [], "replica": rid}
 

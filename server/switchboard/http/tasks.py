@@ -14,6 +14,7 @@ import falcon
 from ..auth import AuthState
 from ..catalog import HandlerCatalog
 from ..db import Database
+from ..errors import Problem
 from .common import (check_fields, field_str, jsonable_row, read_json, require_admin,
                      unprocessable)
 
@@ -33,6 +34,7 @@ class UnknownHandler(falcon.HTTPUnprocessableEntity):
                          description=f"no live replica of this version runs handler {handler!r}; "
                                      f"known handlers: {', '.join(known) or '(none)'}")
         self.known = known
+        self.problem = "unknown-handler"
 
     def to_dict(self, obj_type: type = dict) -> dict:
         d = super().to_dict(obj_type)
@@ -126,10 +128,8 @@ class Trigger:
         run = await self.db.create_run_exclusive(task_id, "api")
         if run is None:
             active = await self.db.active_run(task_id)
-            resp.status = falcon.HTTP_409
-            resp.media = {"title": "Conflict", "description": "the task already has a queued or running run",
-                          "active_run": jsonable_row(active) if active else None}
-            return
+            raise Problem(409, "active-run", "the task already has a queued or running run",
+                          active_run=jsonable_row(active) if active else None)
         resp.status = falcon.HTTP_202
         resp.media = {"run": jsonable_row(run)}
 
