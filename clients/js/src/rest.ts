@@ -13,45 +13,28 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Log in: a bearer token */
-        post: {
-            parameters: {
-                query?: never;
-                header?: never;
-                path?: never;
-                cookie?: never;
-            };
-            requestBody: {
-                content: {
-                    "application/json": {
-                        username: string;
-                        password: string;
-                    };
-                };
-            };
-            responses: {
-                /** @description token */
-                200: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content: {
-                        "application/json": {
-                            access_token: string;
-                            /** @enum {string} */
-                            token_type: "bearer";
-                            expires_in: number;
-                        };
-                    };
-                };
-                400: components["responses"]["Error"];
-                401: components["responses"]["Error"];
-                413: components["responses"]["Error"];
-                422: components["responses"]["Error"];
-                429: components["responses"]["Error"];
-                503: components["responses"]["Error"];
-            };
+        /** Log in: an access token, and a session (refresh cookie) */
+        post: operations["login"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/auth/refresh": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
         };
+        get?: never;
+        put?: never;
+        /**
+         * A new access token for the refresh cookie, which is rotated
+         * @description Single use: the cookie is used up and replaced. A used cookie presented again (after the concurrent-refresh window) ends the whole session: 401 refresh-token-reused, and its sockets close with 1008 'session revoked'.
+         */
+        post: operations["refreshSession"];
         delete?: never;
         options?: never;
         head?: never;
@@ -67,27 +50,8 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Revoke this token on every replica */
-        post: {
-            parameters: {
-                query?: never;
-                header?: never;
-                path?: never;
-                cookie?: never;
-            };
-            requestBody?: never;
-            responses: {
-                /** @description revoked */
-                204: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content?: never;
-                };
-                401: components["responses"]["Error"];
-                503: components["responses"]["Error"];
-            };
-        };
+        /** End the session on every replica (its sockets close with 1008) */
+        post: operations["logout"];
         delete?: never;
         options?: never;
         head?: never;
@@ -102,28 +66,7 @@ export interface paths {
             cookie?: never;
         };
         /** Who am I */
-        get: {
-            parameters: {
-                query?: never;
-                header?: never;
-                path?: never;
-                cookie?: never;
-            };
-            requestBody?: never;
-            responses: {
-                /** @description the caller */
-                200: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content: {
-                        "application/json": Record<string, never>;
-                    };
-                };
-                401: components["responses"]["Error"];
-                503: components["responses"]["Error"];
-            };
-        };
+        get: operations["getMe"];
         put?: never;
         post?: never;
         delete?: never;
@@ -141,33 +84,8 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** A single-use WebSocket ticket */
-        post: {
-            parameters: {
-                query?: never;
-                header?: never;
-                path?: never;
-                cookie?: never;
-            };
-            requestBody?: never;
-            responses: {
-                /** @description ticket */
-                201: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content: {
-                        "application/json": {
-                            ticket: string;
-                            expires_in: number;
-                        };
-                    };
-                };
-                401: components["responses"]["Error"];
-                403: components["responses"]["Error"];
-                503: components["responses"]["Error"];
-            };
-        };
+        /** A single-use WebSocket ticket, bound to the token's session */
+        post: operations["createTicket"];
         delete?: never;
         options?: never;
         head?: never;
@@ -182,72 +100,10 @@ export interface paths {
             cookie?: never;
         };
         /** List tasks (admin) */
-        get: {
-            parameters: {
-                query?: never;
-                header?: never;
-                path?: never;
-                cookie?: never;
-            };
-            requestBody?: never;
-            responses: {
-                /** @description tasks */
-                200: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content: {
-                        "application/json": {
-                            tasks?: components["schemas"]["Task"][];
-                        };
-                    };
-                };
-                401: components["responses"]["Error"];
-                403: components["responses"]["Error"];
-                503: components["responses"]["Error"];
-            };
-        };
+        get: operations["listTasks"];
         put?: never;
         /** Create a task (admin) */
-        post: {
-            parameters: {
-                query?: never;
-                header?: never;
-                path?: never;
-                cookie?: never;
-            };
-            requestBody: {
-                content: {
-                    "application/json": {
-                        name: string;
-                        schedule?: string | null;
-                        handler: string;
-                        args?: Record<string, never>;
-                        timezone?: string;
-                        max_attempts?: number;
-                    };
-                };
-            };
-            responses: {
-                /** @description created */
-                201: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content: {
-                        "application/json": components["schemas"]["Task"];
-                    };
-                };
-                400: components["responses"]["Error"];
-                401: components["responses"]["Error"];
-                403: components["responses"]["Error"];
-                404: components["responses"]["Error"];
-                409: components["responses"]["Error"];
-                413: components["responses"]["Error"];
-                422: components["responses"]["Error"];
-                503: components["responses"]["Error"];
-            };
-        };
+        post: operations["createTask"];
         delete?: never;
         options?: never;
         head?: never;
@@ -262,104 +118,15 @@ export interface paths {
             cookie?: never;
         };
         /** A task (admin) */
-        get: {
-            parameters: {
-                query?: never;
-                header?: never;
-                path: {
-                    task_id: string;
-                };
-                cookie?: never;
-            };
-            requestBody?: never;
-            responses: {
-                /** @description task */
-                200: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content: {
-                        "application/json": components["schemas"]["Task"];
-                    };
-                };
-                401: components["responses"]["Error"];
-                403: components["responses"]["Error"];
-                404: components["responses"]["Error"];
-                503: components["responses"]["Error"];
-            };
-        };
+        get: operations["getTask"];
         put?: never;
         post?: never;
         /** Delete a task (admin) */
-        delete: {
-            parameters: {
-                query?: never;
-                header?: never;
-                path: {
-                    task_id: string;
-                };
-                cookie?: never;
-            };
-            requestBody?: never;
-            responses: {
-                /** @description deleted */
-                204: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content?: never;
-                };
-                401: components["responses"]["Error"];
-                403: components["responses"]["Error"];
-                404: components["responses"]["Error"];
-                503: components["responses"]["Error"];
-            };
-        };
+        delete: operations["deleteTask"];
         options?: never;
         head?: never;
         /** Change a task (admin) */
-        patch: {
-            parameters: {
-                query?: never;
-                header?: never;
-                path: {
-                    task_id: string;
-                };
-                cookie?: never;
-            };
-            requestBody: {
-                content: {
-                    "application/json": {
-                        name?: string;
-                        schedule?: string | null;
-                        handler?: string;
-                        args?: Record<string, never>;
-                        timezone?: string;
-                        is_active?: boolean;
-                        max_attempts?: number;
-                    };
-                };
-            };
-            responses: {
-                /** @description changed */
-                200: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content: {
-                        "application/json": components["schemas"]["Task"];
-                    };
-                };
-                400: components["responses"]["Error"];
-                401: components["responses"]["Error"];
-                403: components["responses"]["Error"];
-                404: components["responses"]["Error"];
-                409: components["responses"]["Error"];
-                413: components["responses"]["Error"];
-                422: components["responses"]["Error"];
-                503: components["responses"]["Error"];
-            };
-        };
+        patch: operations["updateTask"];
         trace?: never;
     };
     "/tasks/{task_id}/trigger": {
@@ -371,46 +138,11 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Queue a run now (admin) */
-        post: {
-            parameters: {
-                query?: never;
-                header?: never;
-                path: {
-                    task_id: string;
-                };
-                cookie?: never;
-            };
-            requestBody?: never;
-            responses: {
-                /** @description queued */
-                202: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content: {
-                        "application/json": {
-                            run?: components["schemas"]["Run"];
-                        };
-                    };
-                };
-                401: components["responses"]["Error"];
-                403: components["responses"]["Error"];
-                404: components["responses"]["Error"];
-                /** @description a run is already queued or running */
-                409: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content: {
-                        "application/json": {
-                            active_run?: unknown;
-                        };
-                    };
-                };
-                503: components["responses"]["Error"];
-            };
-        };
+        /**
+         * Queue a run now (admin)
+         * @description 409 active-run when a run is already queued or running (the problem's active_run).
+         */
+        post: operations["triggerTask"];
         delete?: never;
         options?: never;
         head?: never;
@@ -425,37 +157,7 @@ export interface paths {
             cookie?: never;
         };
         /** Runs of a task, newest first (admin) */
-        get: {
-            parameters: {
-                query?: {
-                    limit?: number;
-                };
-                header?: never;
-                path: {
-                    task_id: string;
-                };
-                cookie?: never;
-            };
-            requestBody?: never;
-            responses: {
-                /** @description runs */
-                200: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content: {
-                        "application/json": {
-                            runs?: components["schemas"]["Run"][];
-                        };
-                    };
-                };
-                400: components["responses"]["Error"];
-                401: components["responses"]["Error"];
-                403: components["responses"]["Error"];
-                404: components["responses"]["Error"];
-                503: components["responses"]["Error"];
-            };
-        };
+        get: operations["listTaskRuns"];
         put?: never;
         post?: never;
         delete?: never;
@@ -474,45 +176,7 @@ export interface paths {
         get?: never;
         put?: never;
         /** Publish an event to a user or a room (admin) */
-        post: {
-            parameters: {
-                query?: never;
-                header?: never;
-                path?: never;
-                cookie?: never;
-            };
-            requestBody: {
-                content: {
-                    "application/json": {
-                        /** Format: uuid */
-                        user_id?: string;
-                        room?: string;
-                        event: string;
-                        payload?: unknown;
-                    } & (unknown | unknown);
-                };
-            };
-            responses: {
-                /** @description published */
-                202: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content: {
-                        "application/json": {
-                            id: number;
-                        };
-                    };
-                };
-                400: components["responses"]["Error"];
-                401: components["responses"]["Error"];
-                403: components["responses"]["Error"];
-                404: components["responses"]["Error"];
-                413: components["responses"]["Error"];
-                422: components["responses"]["Error"];
-                503: components["responses"]["Error"];
-            };
-        };
+        post: operations["publishEvent"];
         delete?: never;
         options?: never;
         head?: never;
@@ -527,35 +191,7 @@ export interface paths {
             cookie?: never;
         };
         /** Members of a room, with who is online */
-        get: {
-            parameters: {
-                query?: never;
-                header?: never;
-                path: {
-                    room: string;
-                };
-                cookie?: never;
-            };
-            requestBody?: never;
-            responses: {
-                /** @description members */
-                200: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content: {
-                        "application/json": {
-                            room?: string;
-                            members?: unknown[];
-                        };
-                    };
-                };
-                401: components["responses"]["Error"];
-                403: components["responses"]["Error"];
-                404: components["responses"]["Error"];
-                503: components["responses"]["Error"];
-            };
-        };
+        get: operations["listRoomMembers"];
         put?: never;
         post?: never;
         delete?: never;
@@ -573,60 +209,10 @@ export interface paths {
         };
         get?: never;
         /** Add a member (admin) */
-        put: {
-            parameters: {
-                query?: never;
-                header?: never;
-                path: {
-                    room: string;
-                    user_id: string;
-                };
-                cookie?: never;
-            };
-            requestBody?: never;
-            responses: {
-                /** @description added */
-                204: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content?: never;
-                };
-                401: components["responses"]["Error"];
-                403: components["responses"]["Error"];
-                404: components["responses"]["Error"];
-                422: components["responses"]["Error"];
-                503: components["responses"]["Error"];
-            };
-        };
+        put: operations["addRoomMember"];
         post?: never;
         /** Remove a member (admin) */
-        delete: {
-            parameters: {
-                query?: never;
-                header?: never;
-                path: {
-                    room: string;
-                    user_id: string;
-                };
-                cookie?: never;
-            };
-            requestBody?: never;
-            responses: {
-                /** @description removed */
-                204: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content?: never;
-                };
-                401: components["responses"]["Error"];
-                403: components["responses"]["Error"];
-                404: components["responses"]["Error"];
-                422: components["responses"]["Error"];
-                503: components["responses"]["Error"];
-            };
-        };
+        delete: operations["removeRoomMember"];
         options?: never;
         head?: never;
         patch?: never;
@@ -642,46 +228,7 @@ export interface paths {
         get?: never;
         put?: never;
         /** Call a tool in a user's browser, wherever its socket is (admin) */
-        post: {
-            parameters: {
-                query?: never;
-                header?: never;
-                path?: never;
-                cookie?: never;
-            };
-            requestBody: {
-                content: {
-                    "application/json": {
-                        /** Format: uuid */
-                        user_id: string;
-                        name: string;
-                        args?: unknown;
-                        timeout_ms?: number;
-                    };
-                };
-            };
-            responses: {
-                /** @description the browser's answer */
-                200: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content: {
-                        "application/json": {
-                            result?: unknown;
-                        };
-                    };
-                };
-                400: components["responses"]["Error"];
-                401: components["responses"]["Error"];
-                403: components["responses"]["Error"];
-                404: components["responses"]["Error"];
-                413: components["responses"]["Error"];
-                422: components["responses"]["Error"];
-                503: components["responses"]["Error"];
-                504: components["responses"]["Error"];
-            };
-        };
+        post: operations["callTool"];
         delete?: never;
         options?: never;
         head?: never;
@@ -696,26 +243,7 @@ export interface paths {
             cookie?: never;
         };
         /** Liveness */
-        get: {
-            parameters: {
-                query?: never;
-                header?: never;
-                path?: never;
-                cookie?: never;
-            };
-            requestBody?: never;
-            responses: {
-                /** @description alive */
-                200: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content: {
-                        "application/json": Record<string, never>;
-                    };
-                };
-            };
-        };
+        get: operations["getLiveness"];
         put?: never;
         post?: never;
         delete?: never;
@@ -731,38 +259,11 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Readiness: Postgres answers and LISTEN is up */
-        get: {
-            parameters: {
-                query?: never;
-                header?: never;
-                path?: never;
-                cookie?: never;
-            };
-            requestBody?: never;
-            responses: {
-                /** @description ready */
-                200: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content: {
-                        "application/json": Record<string, never>;
-                    };
-                };
-                /** @description not ready */
-                503: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content: {
-                        "application/json": {
-                            reasons?: string[];
-                        };
-                    };
-                };
-            };
-        };
+        /**
+         * Readiness: Postgres answers and LISTEN is up
+         * @description 503 not-ready: the problem's reasons say why.
+         */
+        get: operations["getReadiness"];
         put?: never;
         post?: never;
         delete?: never;
@@ -779,26 +280,7 @@ export interface paths {
             cookie?: never;
         };
         /** Prometheus metrics */
-        get: {
-            parameters: {
-                query?: never;
-                header?: never;
-                path?: never;
-                cookie?: never;
-            };
-            requestBody?: never;
-            responses: {
-                /** @description text format */
-                200: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content: {
-                        "text/plain": string;
-                    };
-                };
-            };
-        };
+        get: operations["getMetrics"];
         put?: never;
         post?: never;
         delete?: never;
@@ -815,26 +297,7 @@ export interface paths {
             cookie?: never;
         };
         /** This document */
-        get: {
-            parameters: {
-                query?: never;
-                header?: never;
-                path?: never;
-                cookie?: never;
-            };
-            requestBody?: never;
-            responses: {
-                /** @description OpenAPI 3 */
-                200: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content: {
-                        "application/json": Record<string, never>;
-                    };
-                };
-            };
-        };
+        get: operations["getOpenAPI"];
         put?: never;
         post?: never;
         delete?: never;
@@ -847,11 +310,33 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
-        Error: {
+        /** @description RFC 9457 problem details. Extension members are top-level; README "Errors" lists the types. */
+        Problem: {
+            /**
+             * Format: uri
+             * @description https://switchboard.dev/problems/<slug>: stable, compare it, not the title
+             */
+            type: string;
             title: string;
-            description: string;
-            /** @description 422 of POST/PATCH /tasks: the handlers live replicas run */
+            status: number;
+            detail: string;
+            /**
+             * @deprecated
+             * @description = detail; removed after one release
+             */
+            description?: string;
+            /** @description unknown-handler (422): the handlers live replicas of this version run */
             known_handlers?: string[];
+            /** @description active-run (409): the queued or running run */
+            active_run?: components["schemas"]["Run"] | null;
+            /** @description not-ready (503) */
+            reasons?: ("shutting_down" | "listen_down" | "database_unavailable")[];
+            /** @description not-ready (503): which replica answered */
+            replica?: string;
+            /** @description a database refusal: its SQLSTATE */
+            sqlstate?: string;
+        } & {
+            [key: string]: unknown;
         };
         Task: {
             /** Format: uuid */
@@ -860,43 +345,740 @@ export interface components {
             schedule?: string | null;
             timezone?: string;
             handler: string;
-            args?: Record<string, never>;
+            args: {
+                [key: string]: unknown;
+            };
             is_active: boolean;
             max_attempts?: number;
+            /** @description a timestamp (ISO 8601), or null */
             next_run_at?: string | null;
             skipped_ticks?: number;
             /** @description Why the next fire time could not be computed (the task is parked and re-checked every minute); null when healthy. */
             last_error?: string | null;
+            /** @description a timestamp (ISO 8601), or null */
             last_error_at?: string | null;
-            created_by?: string;
+            created_by?: string | null;
             created_at?: string;
             updated_at?: string;
         };
         Run: {
             id: number;
+            /** Format: uuid */
             task_id?: string | null;
             handler: string;
+            args?: {
+                [key: string]: unknown;
+            };
             /** @enum {string} */
             status: "queued" | "running" | "succeeded" | "failed" | "abandoned";
+            trigger?: string | null;
             attempt?: number;
-            trigger?: string;
+            max_attempts?: number;
+            queueing_lock?: string | null;
+            /** @description a timestamp (ISO 8601), or null */
+            run_at?: string | null;
+            /** @description a timestamp (ISO 8601), or null */
+            scheduled_for?: string | null;
+            worker?: string | null;
+            /** @description a timestamp (ISO 8601), or null */
+            lease_expires_at?: string | null;
+            /** @description a timestamp (ISO 8601), or null */
+            started_at?: string | null;
+            /** @description a timestamp (ISO 8601), or null */
+            finished_at?: string | null;
+            /** @description any JSON value */
+            result?: unknown;
+            error?: string | null;
+            retry_of?: number | null;
+            created_at?: string;
+        };
+        Token: {
+            access_token: string;
+            /** @enum {string} */
+            token_type: "bearer";
+            /** @description seconds; never beyond the session's expiry */
+            expires_in: number;
+            /** Format: uuid */
+            user_id: string;
+            /** @enum {string} */
+            role: "admin" | "member";
+        };
+        Me: {
+            /** Format: uuid */
+            user_id: string;
+            username: string;
+            /** @enum {string} */
+            role: "admin" | "member";
+            /** @description the replica that answered */
+            replica: string;
+            /**
+             * Format: uuid
+             * @description the login session of this token (null: a token from before sessions)
+             */
+            session_id: string | null;
+        };
+        RoomMembers: {
+            room: string;
+            members: {
+                /** Format: uuid */
+                user_id: string;
+                username: string;
+                /** @description has a socket on some replica now */
+                online: boolean;
+            }[];
         };
     };
     responses: {
-        /** @description Error */
-        Error: {
+        /** @description an error (RFC 9457 problem details) */
+        Problem: {
             headers: {
                 [name: string]: unknown;
             };
             content: {
-                "application/json": components["schemas"]["Error"];
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /** @description rate limited */
+        TooManyRequests: {
+            headers: {
+                "Retry-After": components["headers"]["RetryAfter"];
+                RateLimit: components["headers"]["RateLimit"];
+                "RateLimit-Policy": components["headers"]["RateLimitPolicy"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
             };
         };
     };
     parameters: never;
     requestBodies: never;
-    headers: never;
+    headers: {
+        /** @description seconds to wait before retrying */
+        RetryAfter: number;
+        /** @description IETF RateLimit: remaining quota and reset of the policy */
+        RateLimit: string;
+        /** @description IETF RateLimit-Policy: quota and window */
+        RateLimitPolicy: string;
+        /** @description sb_refresh=<token>; HttpOnly; Path=/auth; SameSite=Strict; Max-Age=<session lifetime> (Secure over TLS) */
+        SetRefreshCookie: string;
+    };
     pathItems: never;
 }
 export type $defs = Record<string, never>;
-export type operations = Record<string, never>;
+export interface operations {
+    login: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    username: string;
+                    password: string;
+                };
+            };
+        };
+        responses: {
+            /** @description an access token; the refresh cookie is set */
+            200: {
+                headers: {
+                    "Set-Cookie": components["headers"]["SetRefreshCookie"];
+                    RateLimit: components["headers"]["RateLimit"];
+                    "RateLimit-Policy": components["headers"]["RateLimitPolicy"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Token"];
+                };
+            };
+            400: components["responses"]["Problem"];
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            413: components["responses"]["Problem"];
+            422: components["responses"]["Problem"];
+            429: components["responses"]["TooManyRequests"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    refreshSession: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description a new access token; the next refresh cookie is set */
+            200: {
+                headers: {
+                    "Set-Cookie": components["headers"]["SetRefreshCookie"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Token"];
+                };
+            };
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            /** @description refresh-in-progress: the cookie was used by a concurrent refresh a moment ago; retry (the browser holds the newer cookie) */
+            409: {
+                headers: {
+                    "Retry-After": components["headers"]["RetryAfter"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            503: components["responses"]["Problem"];
+        };
+    };
+    logout: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description ended; the refresh cookie is cleared */
+            204: {
+                headers: {
+                    "Set-Cookie": components["headers"]["SetRefreshCookie"];
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    getMe: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the caller */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Me"];
+                };
+            };
+            401: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    createTicket: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description ticket */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        ticket: string;
+                        expires_in: number;
+                    };
+                };
+            };
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    listTasks: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description tasks */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        tasks: components["schemas"]["Task"][];
+                    };
+                };
+            };
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    createTask: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    name: string;
+                    /** @description a cron expression; null: manual only */
+                    schedule?: string | null;
+                    handler: string;
+                    args?: {
+                        [key: string]: unknown;
+                    };
+                    timezone?: string;
+                    max_attempts?: number;
+                };
+            };
+        };
+        responses: {
+            /** @description created */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Task"];
+                };
+            };
+            400: components["responses"]["Problem"];
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            404: components["responses"]["Problem"];
+            409: components["responses"]["Problem"];
+            413: components["responses"]["Problem"];
+            422: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    getTask: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                task_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description task */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Task"];
+                };
+            };
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            404: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    deleteTask: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                task_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description deleted */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            404: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    updateTask: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                task_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    name?: string;
+                    /** @description a cron expression; null: manual only */
+                    schedule?: string | null;
+                    handler?: string;
+                    args?: {
+                        [key: string]: unknown;
+                    };
+                    timezone?: string;
+                    max_attempts?: number;
+                    is_active?: boolean;
+                };
+            };
+        };
+        responses: {
+            /** @description changed */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Task"];
+                };
+            };
+            400: components["responses"]["Problem"];
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            404: components["responses"]["Problem"];
+            409: components["responses"]["Problem"];
+            413: components["responses"]["Problem"];
+            422: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    triggerTask: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                task_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description queued */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        run: components["schemas"]["Run"];
+                    };
+                };
+            };
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            404: components["responses"]["Problem"];
+            409: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    listTaskRuns: {
+        parameters: {
+            query?: {
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                task_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description runs */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        runs: components["schemas"]["Run"][];
+                    };
+                };
+            };
+            400: components["responses"]["Problem"];
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            404: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    publishEvent: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    /** Format: uuid */
+                    user_id?: string;
+                    room?: string;
+                    event: string;
+                    /** @description any JSON value */
+                    payload?: unknown;
+                } & (unknown | unknown);
+            };
+        };
+        responses: {
+            /** @description published */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        id: number;
+                    };
+                };
+            };
+            400: components["responses"]["Problem"];
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            404: components["responses"]["Problem"];
+            413: components["responses"]["Problem"];
+            422: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    listRoomMembers: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                room: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description members */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RoomMembers"];
+                };
+            };
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            404: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    addRoomMember: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                room: string;
+                user_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description added */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            404: components["responses"]["Problem"];
+            422: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    removeRoomMember: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                room: string;
+                user_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description removed */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            404: components["responses"]["Problem"];
+            422: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    callTool: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    /** Format: uuid */
+                    user_id: string;
+                    name: string;
+                    /** @description any JSON value */
+                    args?: unknown;
+                    timeout_ms?: number;
+                };
+            };
+        };
+        responses: {
+            /** @description the browser's answer */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @description any JSON value */
+                        result: unknown;
+                    };
+                };
+            };
+            400: components["responses"]["Problem"];
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            404: components["responses"]["Problem"];
+            413: components["responses"]["Problem"];
+            422: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+            504: components["responses"]["Problem"];
+        };
+    };
+    getLiveness: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description alive */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @enum {string} */
+                        status: "ok";
+                    };
+                };
+            };
+        };
+    };
+    getReadiness: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description ready */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @enum {string} */
+                        status: "ready";
+                        reasons: unknown[];
+                        replica: string;
+                    };
+                };
+            };
+            503: components["responses"]["Problem"];
+        };
+    };
+    getMetrics: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description text format */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+        };
+    };
+    getOpenAPI: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OpenAPI 3.1 */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        [key: string]: unknown;
+                    };
+                };
+            };
+        };
+    };
+}
