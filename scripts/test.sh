@@ -107,6 +107,17 @@ python3 -m mypy || { echo "mypy found problems (above): fix them first" >&2; exi
 # Debian's Chromium for the browser test (never a downloaded browser).
 if [ -f tests/browser/install.sh ]; then bash tests/browser/install.sh; fi
 
+# Node >= 20 for the JS client (clients/js: tests/test_js_client.py builds it and runs its
+# node --test suites against real replicas). Installed from the lockfile, never resolved anew.
+if ! command -v node >/dev/null 2>&1; then apt_install nodejs npm; fi
+if command -v node >/dev/null 2>&1; then
+  node_major=$(node -p 'process.versions.node.split(".")[0]')
+  if [ "$node_major" -lt 20 ]; then
+    echo "scripts/test.sh: clients/js needs Node >= 20 (found $(node --version)); tests/test_js_client.py will fail" >&2
+  fi
+  (cd clients/js && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
 # pytest exit code 5 (no tests collected) means the selection matched nothing:
 # reported, and not counted as a failure of the code.
 pytest_rc() {

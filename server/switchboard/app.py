@@ -137,6 +137,8 @@ def create_app(config: Config) -> SwitchboardApp:
     app.add_route("/metrics", ops.MetricsResource(svc.metrics, svc.sampler))
     app.add_route("/openapi.json", ops.OpenAPI())
     console.add_routes(app, db, au)  # /console and its two reads (issue 20)
+    app.add_route("/asyncapi.json", ops.AsyncAPI())
+    app.add_route("/switchboard-client.js", ops.ClientScript())
     app.services = svc
     return app
 

@@ -83,15 +83,38 @@ def page_csp(html: str, host: str | None) -> str:
     """The page's Content-Security-Policy: its one inline script allowed by hash (no
     'unsafe-inline' for scripts: an injected <script> does not run), inline styles
     (the page uses style attributes), requests and its WebSocket to its own origin
-    only, never framed (clickjacking), no plugins, no <base> rewrites."""
-    scripts = re.findall(r"<script>(.*?)</script>", html, flags=re.S)
+    only, never framed (clickjacking), no plugins, no <base> rewrites. Scripts from
+    our own origin are allowed too (the page's module imports the client package)."""
+    scripts = re.findall(r"<script\b[^>]*>(.*?)</script>", html, flags=re.S)
     hashes = " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(sc.encode()).digest()).decode()}'"
                       for sc in scripts)
     # CSP3 lets 'self' cover ws(s): to the same host; older engines need it spelled out.
     ws = f" ws://{host} wss://{host}" if host and _HOST_RE.fullmatch(host) else ""
-    return (f"default-src 'self'; script-src {hashes or chr(39) + 'none' + chr(39)}; "
+    # 'self' after the hashes: the page's module imports ./switchboard-client.js.
+    return (f"default-src 'self'; script-src {hashes + ' ' if hashes else ''}'self'; "
             f"style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'{ws}; "
             "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+class AsyncAPI:
+    """The WebSocket protocol as an AsyncAPI 3.0 document (the client's frame types come from it)."""
+
+    def __init__(self) -> None:
+        self.data = (STATIC / "asyncapi.json").read_bytes()
+
+    async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = self.data
+
+
+class ClientScript:
+    """The built @switchboard/client (clients/js, copied here by its build) for the demo page."""
+
+    def __init__(self) -> None:
+        self.data = (STATIC / "switchboard-client.js").read_bytes()
+
+    async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.content_type = "text/javascript; charset=utf-8"
+        resp.cache_control = ["no-cache"]
+        resp.data = self.data
 
 
 class Page:

@@ -1,0 +1,12 @@
+// @switchboard/client: the typed client for Switchboard's HTTP and WebSocket API.
+export { SwitchboardClient } from "./client.js";
+export type {
+  BackoffOptions, ClientEvents, ClientOptions, ConnectedInfo, RetryInfo, RoomChange, RoomState, State, StateChange,
+  StorageLike, ToolCallInfo, ToolFn, ToolResultInfo, WebSocketCtor, WebSocketLike,
+} from "./client.js";
+export { HttpError } from "./http.js";
+export type { FetchLike, LoginResponse } from "./http.js";
+export type * from "./frames.js";
+export { SERVER_MESSAGES, CLIENT_MESSAGES } from "./frames.js";
+export type { paths, components, operations } from "./rest.js";
+export type { Answer, ApiArgs, Method, Operation, PathsWith, RequestBody } from "./api.js";

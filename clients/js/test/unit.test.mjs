@@ -1,0 +1,350 @@
+// The client's decisions in isolation (no server): a scripted WebSocket and fetch.
+// Fast; covers what is awkward to provoke on real replicas -- exact close-code
+// policy, backoff bounds and reset, duplicate frames, ticket per attempt, ping.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { SwitchboardClient } from "../dist/index.js";
+
+class FakeWS {
+  static all = [];
+  constructor(url) {
+    this.url = new URL(url);
+    this.readyState = 0;
+    this.sent = [];
+    this.onopen = this.onmessage = this.onclose = this.onerror = null;
+    FakeWS.all.push(this);
+  }
+  send(text) { this.sent.push(JSON.parse(text)); }
+  close() { this.readyState = 3; }
+  // -- the server's side --
+  hello(extra = {}) {
+    this.readyState = 1;
+    this.onopen?.({});
+    this.frame({ id: null, event: "hello", room: null, ts: 1,
+      payload: { replica: "r1", user_id: "u1", username: "alice", role: "member", last_id: 10, rooms: [], ...extra } });
+  }
+  frame(f) { this.onmessage?.({ data: JSON.stringify({ room: null, ts: 1, payload: {}, ...f }) }); }
+  drop(code, reason = "") { this.readyState = 3; this.onclose?.({ code, reason }); }
+}
+
+function setup(options = {}) {
+  FakeWS.all = [];
+  let n = 0;
+  const fetch = async (url) => {
+    const path = new URL(url).pathname;
+    if (path.endsWith("/ws/ticket")) return new Response(JSON.stringify({ ticket: `t${++n}`, expires_in: 30 }), { status: 201 });
+    if (path.endsWith("/auth/login")) {
+      return new Response(JSON.stringify({ access_token: "a", token_type: "bearer", expires_in: 3600, user_id: "u1", role: "member" }), { status: 200 });
+    }
+    return new Response("{}", { status: 404 });
+  };
+  const c = new SwitchboardClient({ url: "http://sb.test/api/", WebSocket: FakeWS, fetch, storage: null,
+    random: () => 0.5, backoff: { initialMs: 40, maxMs: 400, stableMs: 150 }, ...options });
+  const rec = { states: [], retries: [], events: [], closed: [] };
+  c.on("state", (s) => rec.states.push(`${s.from}>${s.to}`));
+  c.on("retry", (r) => rec.retries.push(r));
+  c.on("event", (f) => rec.events.push(f.id));
+  c.on("closed", (s) => rec.closed.push(s));
+  return { c, rec };
+}
+
+const socket = async (i) => {
+  for (let k = 0; k < 2000 && FakeWS.all.length <= i; k++) await new Promise((r) => setTimeout(r, 5));
+  assert.ok(FakeWS.all[i], `socket ${i} was opened`);
+  return FakeWS.all[i];
+};
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+test("states, a ticket per attempt, handshake resume with rooms, backoff with jitter", async () => {
+  const { c, rec } = setup({ rooms: ["ops"] });
+  c.connect();
+  const ws0 = await socket(0);
+  assert.equal(ws0.url.pathname, "/api/ws");
+  assert.equal(ws0.url.searchParams.get("ticket"), "t1");
+  assert.equal(ws0.url.searchParams.get("after"), null, "nothing to resume from on the first connect");
+  assert.equal(ws0.url.searchParams.get("rooms"), "ops");
+  ws0.hello({ rooms: ["ops"] });
+  assert.equal(c.state, "connected");
+  assert.equal(c.roomStates().get("ops"), "joined");
+  ws0.frame({ id: 11, event: "e" });
+  ws0.frame({ id: 12, event: "e" });
+  ws0.drop(1006);
+  assert.equal(c.state, "reconnecting");
+  assert.equal(rec.retries[0].attempt, 1);
+  assert.equal(rec.retries[0].delayMs, 30, "0.75 x initialMs with random()=0.5");
+  const ws1 = await socket(1);
+  assert.equal(ws1.url.searchParams.get("ticket"), "t2", "a fresh ticket");
+  assert.equal(ws1.url.searchParams.get("after"), "12");
+  assert.equal(ws1.url.searchParams.get("rooms"), "ops");
+  ws1.drop(1006);   // failed before hello: the delay grows
+  assert.equal(rec.retries[1].delayMs, 60);
+  const ws2 = await socket(2);
+  ws2.hello({ rooms: ["ops"] });
+  assert.deepEqual(rec.states, ["closed>connecting", "connecting>connected", "connected>reconnecting",
+    "reconnecting>connected"]);
+  await sleep(250);   // stayed up past stableMs: the backoff starts over
+  ws2.drop(1011);
+  assert.equal(rec.retries.at(-1).delayMs, 30);
+  c.disconnect();
+  assert.equal(c.state, "closed");
+});
+
+test("events once and in order: duplicates by id are dropped; cursor and after both sent", async () => {
+  const { c, rec } = setup();
+  c.connect();
+  const ws0 = await socket(0);
+  ws0.hello({ cursor: "c-10" });
+  for (const id of [11, 12, 12, 11, 13]) ws0.frame({ id, event: "e", cursor: `c-${id}` });
+  assert.deepEqual(rec.events, [11, 12, 13]);
+  assert.deepEqual(c.position(), { cursor: "c-13", lastId: 13 });
+  ws0.frame({ id: 14, event: "e", cursor: "not a cursor!" });   // an invalid cursor is not stored
+  assert.equal(c.position().cursor, "c-13");
+  ws0.drop(1006);
+  const ws1 = await socket(1);
+  assert.equal(ws1.url.searchParams.get("cursor"), "c-13");
+  // after= too: a previous-release replica (rolling update) ignores cursor= and resumes after the id
+  assert.equal(ws1.url.searchParams.get("after"), "14");
+  ws1.hello({ cursor: "c-99" });     // a reconnect keeps its own position, not hello's
+  ws1.frame({ id: 13, event: "e" }); // replay overlap
+  ws1.frame({ id: 15, event: "e" });
+  assert.deepEqual(rec.events, [11, 12, 13, 14, 15]);
+  c.disconnect();
+});
+
+test("close codes: 1012 at once (once in a row), 1013 backs off, 1008 stops with the reason", async () => {
+  const { c, rec } = setup();
+  c.connect();
+  (await socket(0)).hello();
+  FakeWS.all[0].drop(1012, "server restarting");
+  assert.ok(rec.retries[0].delayMs < 100, "1012: at once");
+  const ws1 = await socket(1);
+  ws1.hello();
+  ws1.drop(1012, "server restarting");
+  assert.ok(rec.retries[1].delayMs >= 40, "a second 1012 in a row backs off");
+  const ws2 = await socket(2);
+  ws2.hello();
+  ws2.drop(1013, "too slow");
+  assert.ok(rec.retries[2].delayMs >= 0.5 * 40 * 4, "1013: at least the third step");
+  const ws3 = await socket(3);
+  ws3.hello();
+  ws3.drop(1008, "user disabled");
+  assert.equal(c.state, "closed");
+  assert.deepEqual(rec.closed.at(-1), { from: "connected", to: "closed", code: 1008, reason: "user disabled" });
+  const retries = rec.retries.length;
+  await sleep(300);
+  assert.equal(FakeWS.all.length, 4, "no reconnect after 1008");
+  assert.equal(rec.retries.length, retries);
+});
+
+test("a silent socket is noticed by the ping and replaced", async () => {
+  const { c, rec } = setup({ pingIntervalMs: 30, pongTimeoutMs: 60 });
+  c.connect();
+  const ws0 = await socket(0);
+  ws0.hello();
+  await sleep(45);
+  assert.deepEqual(ws0.sent.at(-1), { action: "ping" });
+  ws0.frame({ id: null, event: "pong" });   // answered: still fine
+  await sleep(45);
+  assert.equal(c.state, "connected");
+  // now nothing comes back
+  const ws1 = await socket(1);
+  assert.equal(rec.retries[0].code, 4000);
+  assert.equal(rec.retries[0].reason, "ping timeout");
+  ws1.hello();
+  assert.equal(c.state, "connected");
+  c.disconnect();
+});
+
+test("tool calls answered once, queued while disconnected; unknown tools answered with the list", async () => {
+  const { c } = setup();
+  c.tools.register("add", ({ a, b }) => a + b);
+  c.connect();
+  const ws0 = await socket(0);
+  ws0.hello();
+  const call = { id: null, event: "tool.call.6f1c1f0e-4b9e-4c1a-9d6a-1b2c3d4e5f60", payload: { name: "add", args: { a: 1, b: 2 } } };
+  ws0.frame(call);
+  ws0.frame(call);   // the same call twice
+  await sleep(10);
+  assert.deepEqual(ws0.sent.filter((f) => f.action === "publish"), [
+    { action: "publish", event: "tool.result.6f1c1f0e-4b9e-4c1a-9d6a-1b2c3d4e5f60", payload: 3 }]);
+  ws0.frame({ id: null, event: "tool.call.00000000-0000-0000-0000-000000000001", payload: { name: "nope", args: {} } });
+  await sleep(10);
+  assert.deepEqual(ws0.sent.at(-1).payload, { error: 'unknown tool "nope"', tools: ["add"] });
+  // a slow tool whose socket is gone by the time it answers: sent after the next hello
+  let release;
+  c.tools.register("slow", () => new Promise((r) => { release = r; }));
+  ws0.frame({ id: null, event: "tool.call.00000000-0000-0000-0000-000000000002", payload: { name: "slow" } });
+  ws0.drop(1006);
+  release({ done: true });
+  const ws1 = await socket(1);
+  assert.equal(ws1.sent.length, 0);
+  ws1.hello();
+  assert.deepEqual(ws1.sent, [{ action: "publish", event: "tool.result.00000000-0000-0000-0000-000000000002",
+    payload: { done: true } }]);
+  c.disconnect();
+});
+
+test("a throwing listener does not break the client; the error is re-thrown out of band", async () => {
+  const { c, rec } = setup();
+  const errors = [];
+  const real = globalThis.queueMicrotask;
+  globalThis.queueMicrotask = (fn) => { try { fn(); } catch (e) { errors.push(e.message); } };
+  try {
+    c.on("event", () => { throw new Error("listener bug"); });
+    c.connect();
+    const ws0 = await socket(0);
+    ws0.hello();
+    ws0.frame({ id: 11, event: "e" });
+    ws0.frame({ id: 12, event: "e" });
+  } finally {
+    globalThis.queueMicrotask = real;
+  }
+  assert.deepEqual(rec.events, [11, 12]);
+  assert.deepEqual(errors, ["listener bug", "listener bug"]);
+  c.disconnect();
+});
+
+test("a malformed frame is reported out of band and the next frame is handled", async () => {
+  const { c, rec } = setup();
+  const errors = [];
+  const real = globalThis.queueMicrotask;
+  globalThis.queueMicrotask = (fn) => { try { fn(); } catch (e) { errors.push(e); } };
+  try {
+    c.connect();
+    const ws0 = await socket(0);
+    ws0.hello();
+    ws0.onmessage({ data: '{"id":null,"event":"resumed","room":null,"ts":1,"payload":null}' });
+    ws0.onmessage({ data: "not json" });
+    ws0.onmessage({ data: "[1,2]" });
+    ws0.frame({ id: 11, event: "e" });
+  } finally {
+    globalThis.queueMicrotask = real;
+  }
+  assert.equal(errors.length, 1);
+  assert.deepEqual(rec.events, [11]);
+  assert.equal(c.state, "connected");
+  c.disconnect();
+});
+
+test("an expired access token: the ticket's 401 refreshes once and the attempt goes on", async () => {
+  FakeWS.all = [];
+  const calls = [];
+  let token = "old";
+  let refreshes = 0;
+  const fetch = async (url, init) => {
+    const path = new URL(url).pathname;
+    calls.push(`${path} ${init.headers.Authorization ?? "-"} ${init.credentials}`);
+    if (path.endsWith("/auth/refresh")) {
+      refreshes++;
+      if (refreshes === 1) {   // the two-tab race: 409 + Retry-After, then the rotated cookie works
+        return new Response(JSON.stringify({ type: "about:blank", title: "Conflict", status: 409, detail: "retry" }),
+          { status: 409, headers: { "Retry-After": "0.05", "Content-Type": "application/problem+json" } });
+      }
+      token = "new";
+      return new Response(JSON.stringify({ access_token: "new", token_type: "bearer", expires_in: 60, user_id: "u1",
+        role: "member" }), { status: 200 });
+    }
+    if (path.endsWith("/ws/ticket")) {
+      if (init.headers.Authorization !== `Bearer ${token}` || token === "old") {
+        return new Response(JSON.stringify({ title: "Unauthorized", status: 401, detail: "token expired",
+          description: "token expired" }), { status: 401 });
+      }
+      return new Response(JSON.stringify({ ticket: "t", expires_in: 30 }), { status: 201 });
+    }
+    if (path.endsWith("/auth/login")) {
+      return new Response(JSON.stringify({ access_token: "old", token_type: "bearer", expires_in: 60, user_id: "u1",
+        role: "member" }), { status: 200 });
+    }
+    return new Response("{}", { status: 404 });
+  };
+  const c = new SwitchboardClient({ url: "http://sb.test/", WebSocket: FakeWS, fetch, storage: null });
+  await c.login("alice", "pw");
+  c.connect();
+  const ws0 = await socket(0);
+  ws0.hello();
+  assert.equal(c.state, "connected");
+  assert.equal(c.accessToken, "new");
+  assert.deepEqual(calls, [
+    "/auth/login - include",
+    "/ws/ticket Bearer old same-origin",
+    "/auth/refresh - include",
+    "/auth/refresh - include",
+    "/ws/ticket Bearer new same-origin",
+  ]);
+  c.disconnect();
+});
+
+test("no session left: the ticket is refused, the refresh too: closed, no retry, with the reason", async () => {
+  FakeWS.all = [];
+  const fetch = async (url) => {
+    const path = new URL(url).pathname;
+    if (path.endsWith("/auth/refresh")) {
+      return new Response(JSON.stringify({ type: "https://switchboard.dev/problems/session-ended", title: "Unauthorized",
+        status: 401, detail: "the session has ended" }), { status: 401 });
+    }
+    return new Response(JSON.stringify({ title: "Unauthorized", status: 401, detail: "token revoked" }), { status: 401 });
+  };
+  const c = new SwitchboardClient({ url: "http://sb.test/", WebSocket: FakeWS, fetch, storage: null });
+  const closed = [];
+  const retries = [];
+  c.on("closed", (s) => closed.push(s));
+  c.on("retry", (r) => retries.push(r));
+  c.connect();
+  for (let k = 0; k < 400 && c.state !== "closed"; k++) await sleep(5);
+  assert.equal(c.state, "closed");
+  assert.equal(closed[0].code, 4003);
+  assert.equal(closed[0].reason, "session over: token revoked");
+  assert.equal(retries.length, 0);
+  assert.equal(FakeWS.all.length, 0);
+  const err = await c.refresh().catch((e) => e);
+  assert.equal(err.status, 401);
+  assert.equal(err.type, "https://switchboard.dev/problems/session-ended");
+  assert.equal(err.detail, "the session has ended");
+});
+
+test("back online: a pending retry goes at once instead of waiting out the backoff", async () => {
+  const handlers = {};
+  globalThis.addEventListener = (t, f) => { handlers[t] = f; };
+  globalThis.removeEventListener = (t, f) => { if (handlers[t] === f) delete handlers[t]; };
+  try {
+    const { c, rec } = setup({ backoff: { initialMs: 60_000, maxMs: 60_000 } });
+    c.connect();
+    (await socket(0)).hello();
+    FakeWS.all[0].drop(1006);
+    assert.ok(rec.retries[0].delayMs >= 30_000);
+    handlers.online();
+    const ws1 = await socket(1);
+    ws1.hello();
+    assert.equal(c.state, "connected");
+    c.disconnect();
+    assert.equal(handlers.online, undefined, "the listener goes with disconnect()");
+  } finally {
+    delete globalThis.addEventListener;
+    delete globalThis.removeEventListener;
+  }
+});
+
+test("while connected, the session is refreshed before the access token expires", async () => {
+  FakeWS.all = [];
+  let refreshes = 0;
+  const body = (t) => JSON.stringify({ access_token: t, token_type: "bearer", expires_in: 0.2, user_id: "u1", role: "member" });
+  const fetch = async (url) => {
+    const path = new URL(url).pathname;
+    if (path.endsWith("/auth/login")) return new Response(body("t0"), { status: 200 });
+    if (path.endsWith("/auth/refresh")) return new Response(body(`t${++refreshes}`), { status: 200 });
+    if (path.endsWith("/ws/ticket")) return new Response(JSON.stringify({ ticket: "x", expires_in: 30 }), { status: 201 });
+    return new Response("{}", { status: 404 });
+  };
+  const c = new SwitchboardClient({ url: "http://sb.test/", WebSocket: FakeWS, fetch, storage: null });
+  await c.login("alice", "pw");
+  c.connect();
+  (await socket(0)).hello();
+  for (let k = 0; k < 4000 && refreshes < 2; k++) await sleep(5);
+  assert.ok(refreshes >= 2, `refreshed ${refreshes} times`);
+  assert.equal(c.accessToken, `t${refreshes}`);
+  c.disconnect();
+  const after = refreshes;
+  await sleep(1500);
+  assert.equal(refreshes, after, "no refreshing once nobody wants the socket");
+});

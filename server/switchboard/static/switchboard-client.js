@@ -1,0 +1,724 @@
+// src/http.ts
+var HttpError = class extends Error {
+  constructor(status, message, body = null, retryAfter = 0) {
+    super(message);
+    this.name = "HttpError";
+    this.status = status;
+    this.body = body;
+    this.retryAfter = retryAfter;
+    this.type = typeof body?.type === "string" ? body.type : void 0;
+    this.title = typeof body?.title === "string" ? body.title : void 0;
+    const detail = body?.detail ?? body?.description;
+    this.detail = typeof detail === "string" ? detail : void 0;
+  }
+};
+async function request(fetchFn, url, opt) {
+  const headers = { Accept: "application/json, application/problem+json" };
+  if (opt.body !== void 0) headers["Content-Type"] = "application/json";
+  if (opt.token) headers.Authorization = `Bearer ${opt.token}`;
+  const ctl = new AbortController();
+  const timer = setTimeout(() => ctl.abort(), opt.timeoutMs);
+  let r;
+  try {
+    r = await fetchFn(url, {
+      method: opt.method,
+      headers,
+      cache: "no-store",
+      signal: ctl.signal,
+      credentials: opt.credentials ?? "same-origin",
+      body: opt.body === void 0 ? void 0 : JSON.stringify(opt.body)
+    });
+  } catch (e) {
+    clearTimeout(timer);
+    const aborted = e?.name === "AbortError";
+    throw new HttpError(0, aborted ? `no answer from ${url.pathname} within ${opt.timeoutMs} ms` : `network error on ${url.pathname}: ${e?.message ?? e}`);
+  }
+  try {
+    const text = r.status === 204 ? "" : await r.text();
+    let data = null;
+    if (text) {
+      try {
+        data = JSON.parse(text);
+      } catch {
+        data = null;
+      }
+    }
+    if (!r.ok) {
+      const body = data && typeof data === "object" ? data : null;
+      const msg = body && (body.detail ?? body.description ?? body.title) || `HTTP ${r.status}`;
+      throw new HttpError(r.status, String(msg), body, Number(r.headers.get("Retry-After")) || 0);
+    }
+    return data;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+// src/api.ts
+function buildPath(template, path, query) {
+  let p = template.replace(/\{(\w+)\}/g, (_, k) => {
+    const v = path?.[k];
+    if (v === void 0 || v === null) throw new Error(`missing path parameter ${k} for ${template}`);
+    return encodeURIComponent(String(v));
+  });
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(query ?? {})) if (v !== void 0 && v !== null) q.set(k, String(v));
+  const qs = q.toString();
+  if (qs) p += `?${qs}`;
+  return p;
+}
+
+// src/client.ts
+var CURSOR_RE = /^[A-Za-z0-9._~-]{1,256}$/;
+var ROOMS_IN_HANDSHAKE = 50;
+var PERSIST_IDS = 256;
+var TOOL_CALL_PREFIX = "tool.call.";
+function defaultBase() {
+  const doc = globalThis.document;
+  if (doc?.baseURI) return new URL(".", doc.baseURI);
+  throw new Error("SwitchboardClient: pass options.url (there is no page to take it from)");
+}
+function defaultStorage() {
+  try {
+    const s = globalThis.sessionStorage;
+    return s ?? null;
+  } catch {
+    return null;
+  }
+}
+var SwitchboardClient = class {
+  constructor(options = {}) {
+    this.listeners = /* @__PURE__ */ new Map();
+    this._state = "closed";
+    this.token = null;
+    this.refreshing = null;
+    /** The user this client is logged in as (from login/refresh, else the hello frame). */
+    this.user = null;
+    this.ws = null;
+    this.gen = 0;
+    // bumped per attempt: callbacks of an abandoned attempt are ignored
+    this.wanted = false;
+    this.attempt = 0;
+    this.quick = false;
+    this.helloSeen = false;
+    this.seen = /* @__PURE__ */ new Set();
+    this.floor = 0;
+    this.rooms = /* @__PURE__ */ new Map();
+    this.toolFns = /* @__PURE__ */ new Map();
+    this.answered = /* @__PURE__ */ new Set();
+    this.outbox = [];
+    /** The browser is back online: a pending retry goes now instead of waiting out its backoff. */
+    this.onOnline = () => {
+      if (!this.wanted || this._state !== "reconnecting" || this.ws) return;
+      clearTimeout(this.retryTimer);
+      this.attempt = 0;
+      void this.open();
+    };
+    /** Tool answers, grouped: `client.tools.register(name, fn)`. */
+    this.tools = {
+      register: (name, fn) => this.registerTool(name, fn),
+      unregister: (name) => {
+        this.toolFns.delete(name);
+      },
+      names: () => [...this.toolFns.keys()]
+    };
+    this.base = options.url !== void 0 ? new URL(String(options.url)) : defaultBase();
+    if (!this.base.pathname.endsWith("/")) this.base.pathname += "/";
+    this.WS = options.WebSocket ?? globalThis.WebSocket;
+    const f = options.fetch ?? globalThis.fetch;
+    if (!f) throw new Error("SwitchboardClient: no fetch available; pass options.fetch");
+    this.fetchFn = options.fetch ?? ((input, init) => f(input, init));
+    this.getTokenFn = options.getToken;
+    this.storage = options.storage === void 0 ? defaultStorage() : options.storage;
+    this.storageKey = options.storageKey ?? "switchboard:resume";
+    this.random = options.random ?? Math.random;
+    const b = options.backoff ?? {};
+    this.opts = {
+      pingIntervalMs: options.pingIntervalMs ?? 2e4,
+      pongTimeoutMs: options.pongTimeoutMs ?? 1e4,
+      openTimeoutMs: options.openTimeoutMs ?? 1e4,
+      httpTimeoutMs: options.httpTimeoutMs ?? 1e4,
+      dedupeWindow: options.dedupeWindow ?? 1e4,
+      refreshOn401: options.refreshOn401 ?? true,
+      backoff: {
+        initialMs: b.initialMs ?? 500,
+        maxMs: b.maxMs ?? 15e3,
+        factor: b.factor ?? 2,
+        stableMs: b.stableMs ?? 5e3
+      }
+    };
+    for (const r of options.rooms ?? []) this.rooms.set(r, "joining");
+    this.restore();
+  }
+  // ---- events ---------------------------------------------------------------------------
+  /** Subscribe; returns the function that unsubscribes. */
+  on(event, fn) {
+    let set = this.listeners.get(event);
+    if (!set) this.listeners.set(event, set = /* @__PURE__ */ new Set());
+    set.add(fn);
+    return () => {
+      set.delete(fn);
+    };
+  }
+  off(event, fn) {
+    this.listeners.get(event)?.delete(fn);
+  }
+  emit(event, value) {
+    for (const fn of [...this.listeners.get(event) ?? []]) {
+      try {
+        fn(value);
+      } catch (e) {
+        queueMicrotask(() => {
+          throw e;
+        });
+      }
+    }
+  }
+  get state() {
+    return this._state;
+  }
+  transition(to, detail = {}) {
+    const from = this._state;
+    if (from === to) return;
+    this._state = to;
+    const change = { from, to, ...detail };
+    this.emit("state", change);
+    if (to !== "connected") this.emit(to, change);
+  }
+  // ---- session (COORD sessions contract) ----------------------------------------------------
+  /** POST /auth/login. Keeps the access token in memory; the server sets the HttpOnly refresh cookie. */
+  async login(username, password) {
+    const r = await this.http(
+      "POST",
+      "auth/login",
+      { username, password },
+      { auth: false, credentials: "include" }
+    );
+    this.setSession(r, username);
+    return r;
+  }
+  /** POST /auth/refresh with the refresh cookie (credentials: 'include'): a new access token, a rotated cookie.
+   *  Concurrent callers share one request (a refresh token is single use). */
+  refresh() {
+    if (!this.refreshing) {
+      this.refreshing = this.refreshOnce().then((r) => {
+        this.setSession(r);
+        return r;
+      }).finally(() => {
+        this.refreshing = null;
+      });
+    }
+    return this.refreshing;
+  }
+  async refreshOnce() {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await this.http("POST", "auth/refresh", void 0, { auth: false, credentials: "include" });
+      } catch (e) {
+        if (!(e instanceof HttpError) || e.status !== 409 || attempt >= 2) throw e;
+        await new Promise((r) => setTimeout(r, Math.min(5e3, (e.retryAfter || 0.5) * 1e3)));
+      }
+    }
+  }
+  /** POST /auth/logout (ends the session on every replica: its sockets close 1008 "session ended"),
+   *  then forget everything of this user here. */
+  async logout() {
+    try {
+      await this.http("POST", "auth/logout", void 0, { credentials: "include", retry401: false });
+    } catch (e) {
+      if (!(e instanceof HttpError) || e.status !== 401) throw e;
+    } finally {
+      clearTimeout(this.refreshTimer);
+      this.token = null;
+      this.user = null;
+      this.disconnect();
+      this.forget();
+    }
+  }
+  /** The access token in memory (null when logged out). */
+  get accessToken() {
+    return this.token;
+  }
+  setSession(r, username) {
+    this.token = r.access_token;
+    this.user = { id: r.user_id, role: r.role, username: username ?? this.user?.username };
+    if (this.storedUser !== void 0 && this.storedUser !== r.user_id) this.forget();
+    this.scheduleRefresh(r.expires_in);
+  }
+  /** While the client wants its socket, refresh before the access token expires: the server
+   *  ends a session nobody refreshed within its lifetime, and closes its sockets (1008). */
+  scheduleRefresh(expiresIn) {
+    clearTimeout(this.refreshTimer);
+    if (!(expiresIn > 0)) return;
+    const delay = Math.max(1e3, expiresIn * 1e3 * (expiresIn > 120 ? 0.8 : 0.5));
+    this.refreshTimer = setTimeout(() => {
+      if (!this.wanted || this.token === null) return;
+      this.refresh().catch((e) => {
+        if (!this.wanted) return;
+        if (e instanceof HttpError && e.status === 401) this.stop(4003, `session over: ${e.message}`);
+        else this.scheduleRefresh(expiresIn / 4);
+      });
+    }, delay);
+    this.refreshTimer.unref?.();
+  }
+  async bearer() {
+    if (this.getTokenFn) return await this.getTokenFn() ?? null;
+    return this.token;
+  }
+  /** A JSON call to the API with the bearer token; a 401 triggers one refresh and one retry. */
+  async http(method, path, body, o = {}) {
+    const url = new URL(path.replace(/^\//, ""), this.base);
+    const call = async () => request(this.fetchFn, url, {
+      method,
+      body,
+      credentials: o.credentials,
+      timeoutMs: this.opts.httpTimeoutMs,
+      token: o.auth === false ? null : await this.bearer()
+    });
+    try {
+      return await call();
+    } catch (e) {
+      const canRefresh = o.auth !== false && o.retry401 !== false && !this.getTokenFn && this.opts.refreshOn401;
+      if (!(e instanceof HttpError) || e.status !== 401 || !canRefresh) throw e;
+      try {
+        await this.refresh();
+      } catch {
+        throw e;
+      }
+      return call();
+    }
+  }
+  /** A typed REST call: `api("post", "/tasks", { body })`, `api("get", "/rooms/{room}/members", { path: { room } })`.
+   *  Types come from the server's OpenAPI document (src/rest.ts). Errors are HttpError (problem+json). */
+  api(method, path, ...[args]) {
+    const a = args ?? {};
+    return this.http(method.toUpperCase(), buildPath(path, a.path, a.query), a.body);
+  }
+  /** Room members with `online` (presence), from GET /rooms/{room}/members. */
+  presence(room) {
+    return this.http("GET", `rooms/${encodeURIComponent(room)}/members`);
+  }
+  // ---- connection ---------------------------------------------------------------------------
+  /** Open the socket (and keep it open until disconnect(), a 1008, or the session ends). */
+  connect() {
+    if (this.wanted) return;
+    if (!this.WS) throw new Error("SwitchboardClient: no WebSocket; pass options.WebSocket (Node 20: --experimental-websocket)");
+    this.wanted = true;
+    this.attempt = 0;
+    this.quick = false;
+    this.transition("connecting");
+    globalThis.addEventListener?.("online", this.onOnline);
+    void this.open();
+  }
+  /** Close the socket and stop reconnecting. Rooms, tools and the resume position are kept. */
+  disconnect() {
+    this.stop(1e3, "client disconnected");
+  }
+  stop(code, reason) {
+    this.wanted = false;
+    globalThis.removeEventListener?.("online", this.onOnline);
+    this.gen++;
+    this.clearTimers();
+    clearTimeout(this.retryTimer);
+    const ws = this.ws;
+    this.ws = null;
+    if (ws) this.abandon(ws, 1e3, "bye");
+    for (const r of this.rooms.keys()) this.rooms.set(r, "joining");
+    this.persist();
+    this.transition("closed", { code, reason });
+  }
+  abandon(ws, code, reason) {
+    ws.onopen = ws.onmessage = ws.onerror = ws.onclose = null;
+    try {
+      ws.close(code, reason);
+    } catch {
+    }
+  }
+  clearTimers() {
+    clearTimeout(this.openTimer);
+    clearTimeout(this.stableTimer);
+    clearTimeout(this.pingTimer);
+    clearTimeout(this.pongTimer);
+  }
+  wsUrl(ticket) {
+    const u = new URL("ws", this.base);
+    u.protocol = u.protocol === "https:" ? "wss:" : "ws:";
+    const q = new URLSearchParams({ ticket });
+    if (this.cursor !== void 0) q.set("cursor", this.cursor);
+    if (this.lastId !== void 0) q.set("after", String(this.lastId));
+    const rooms = [...this.rooms.keys()].slice(0, ROOMS_IN_HANDSHAKE);
+    if (rooms.length) q.set("rooms", rooms.join(","));
+    u.search = q.toString().replace(/%2C/g, ",");
+    return u.href;
+  }
+  async open() {
+    const gen = ++this.gen;
+    let ticket;
+    try {
+      ticket = (await this.http("POST", "ws/ticket")).ticket;
+    } catch (e) {
+      if (gen !== this.gen || !this.wanted) return;
+      const err = e;
+      if (err.status === 401 || err.status === 403) {
+        this.stop(4003, `session over: ${err.message}`);
+        return;
+      }
+      this.lost(4002, `no ticket: ${err.message}`, (err.retryAfter ?? 0) * 1e3);
+      return;
+    }
+    if (gen !== this.gen || !this.wanted) return;
+    const resuming = this.cursor !== void 0 || this.lastId !== void 0;
+    this.resumedFromId = this.lastId;
+    let ws;
+    try {
+      ws = new this.WS(this.wsUrl(ticket));
+    } catch (e) {
+      this.lost(4002, `cannot open a WebSocket: ${e?.message ?? e}`);
+      return;
+    }
+    this.ws = ws;
+    this.helloSeen = false;
+    this.openTimer = setTimeout(() => {
+      if (gen === this.gen && !this.helloSeen) this.dead(ws, 4001, "no hello in time");
+    }, this.opts.openTimeoutMs);
+    ws.onmessage = (m) => {
+      if (gen === this.gen) this.onText(m.data, resuming);
+    };
+    ws.onclose = (ev) => {
+      if (gen !== this.gen) return;
+      this.ws = null;
+      this.onClose(ev.code, ev.reason);
+    };
+    ws.onerror = () => {
+    };
+  }
+  /** The socket is unusable without a close event (half-open, hung handshake): drop it and go on. */
+  dead(ws, code, reason) {
+    if (this.ws !== ws) return;
+    this.ws = null;
+    this.abandon(ws, 4e3, reason);
+    this.onClose(code, reason);
+  }
+  onClose(code, reason) {
+    this.clearTimers();
+    this.gen++;
+    this.helloSeen = false;
+    for (const [r] of this.rooms) this.rooms.set(r, "joining");
+    this.persist();
+    if (!this.wanted) return;
+    if (code === 1008) {
+      this.stop(1008, reason || "policy violation");
+      return;
+    }
+    this.lost(code, reason);
+  }
+  lost(code, reason, atLeastMs = 0) {
+    this.clearTimers();
+    let delay;
+    if (code === 1012 && !this.quick) {
+      this.quick = true;
+      delay = Math.floor(this.random() * 100);
+    } else {
+      const b = this.opts.backoff;
+      if (code === 1013) this.attempt = Math.max(this.attempt, 2);
+      const ceiling = Math.min(b.maxMs, b.initialMs * b.factor ** this.attempt);
+      delay = Math.round(ceiling * (0.5 + this.random() / 2));
+    }
+    delay = Math.max(delay, atLeastMs);
+    this.attempt += 1;
+    this.transition("reconnecting", { code, reason });
+    this.emit("retry", { attempt: this.attempt, delayMs: delay, code, reason });
+    clearTimeout(this.retryTimer);
+    this.retryTimer = setTimeout(() => {
+      if (this.wanted) void this.open();
+    }, delay);
+  }
+  send(frame) {
+    const ws = this.ws;
+    if (!ws || ws.readyState !== 1 || !this.helloSeen) return false;
+    ws.send(JSON.stringify(frame));
+    return true;
+  }
+  armPing() {
+    clearTimeout(this.pingTimer);
+    clearTimeout(this.pongTimer);
+    const ws = this.ws;
+    if (!ws) return;
+    this.pingTimer = setTimeout(() => {
+      if (this.ws !== ws) return;
+      this.send({ action: "ping" });
+      this.pongTimer = setTimeout(() => this.dead(ws, 4e3, "ping timeout"), this.opts.pongTimeoutMs);
+    }, this.opts.pingIntervalMs);
+  }
+  // ---- frames -----------------------------------------------------------------------------
+  onText(data, resuming) {
+    if (typeof data !== "string") return;
+    let f;
+    try {
+      f = JSON.parse(data);
+    } catch {
+      return;
+    }
+    if (!f || typeof f !== "object" || Array.isArray(f)) return;
+    this.armPing();
+    try {
+      this.onFrame(f, resuming);
+    } catch (e) {
+      queueMicrotask(() => {
+        throw e;
+      });
+    }
+  }
+  onFrame(f, resuming) {
+    this.emit("frame", f);
+    if (f.id !== null && f.id !== void 0) {
+      this.onEvent(f);
+      return;
+    }
+    switch (f.event) {
+      case "hello":
+        this.onHello(f, resuming);
+        return;
+      case "joined":
+        if (typeof f.room === "string") {
+          if (this.rooms.has(f.room)) {
+            this.rooms.set(f.room, "joined");
+            this.emit("room", { room: f.room, state: "joined" });
+          } else {
+            this.send({ action: "leave", room: f.room });
+          }
+        }
+        return;
+      case "left": {
+        const p = f.payload;
+        if (typeof f.room === "string" && p?.reason === "removed") {
+          this.rooms.delete(f.room);
+          this.persist();
+          this.emit("room", { room: f.room, state: "removed", reason: "removed" });
+        }
+        return;
+      }
+      case "resumed": {
+        const p = f.payload;
+        if (typeof p.cursor === "string" && CURSOR_RE.test(p.cursor)) this.cursor = p.cursor;
+        this.persist();
+        this.emit("resumed", { ...p, ...this.resumedFromId !== void 0 ? { afterId: this.resumedFromId } : {} });
+        return;
+      }
+      case "resume_gap": {
+        const p = f.payload;
+        if (typeof p.cursor === "string" && CURSOR_RE.test(p.cursor)) this.cursor = p.cursor;
+        this.emit("resume_gap", p);
+        return;
+      }
+      case "pong":
+        return;
+      case "error":
+        this.onServerError(f.payload);
+        return;
+      case "session.updated": {
+        const role = String(f.payload.role);
+        if (this.user) this.user.role = role;
+        this.emit("session", { role });
+        return;
+      }
+      case "typing":
+        this.emit("typing", f);
+        return;
+    }
+    if (typeof f.event === "string" && f.event.startsWith(TOOL_CALL_PREFIX)) {
+      void this.onToolCall(f);
+    }
+  }
+  onHello(f, resuming) {
+    var _a;
+    const p = f.payload;
+    this.helloSeen = true;
+    clearTimeout(this.openTimer);
+    if (this.storedUser !== void 0 && this.storedUser !== p.user_id) {
+      this.forget();
+      resuming = false;
+    }
+    this.storedUser = p.user_id;
+    if (!this.user) this.user = { id: p.user_id, role: p.role, username: p.username };
+    else (_a = this.user).username ?? (_a.username = p.username);
+    if (this.cursor === void 0 && typeof p.cursor === "string" && CURSOR_RE.test(p.cursor)) this.cursor = p.cursor;
+    if (this.lastId === void 0 && Number.isInteger(p.last_id)) this.lastId = p.last_id;
+    this.persist();
+    const joined = new Set(p.rooms ?? []);
+    for (const [room, st] of this.rooms) {
+      if (joined.has(room)) {
+        if (st !== "joined") {
+          this.rooms.set(room, "joined");
+          this.emit("room", { room, state: "joined" });
+        }
+      }
+    }
+    this.transition("connected");
+    this.emit("connected", {
+      replica: p.replica,
+      userId: p.user_id,
+      username: p.username,
+      role: p.role,
+      resuming,
+      hello: p
+    });
+    for (const [room, st] of this.rooms) if (st === "joining" && !joined.has(room)) {
+      if ([...this.rooms.keys()].indexOf(room) >= ROOMS_IN_HANDSHAKE) this.send({ action: "join", room });
+    }
+    const pending = this.outbox.splice(0);
+    for (const text of pending) this.ws.send(text);
+    clearTimeout(this.stableTimer);
+    this.stableTimer = setTimeout(() => {
+      this.attempt = 0;
+      this.quick = false;
+    }, this.opts.backoff.stableMs);
+  }
+  onEvent(f) {
+    const id = f.id;
+    if (!Number.isSafeInteger(id)) return;
+    if (id <= this.floor || this.seen.has(id)) return;
+    this.seen.add(id);
+    if (this.seen.size > this.opts.dedupeWindow) {
+      const oldest = this.seen.values().next().value;
+      this.seen.delete(oldest);
+      if (oldest > this.floor) this.floor = oldest;
+    }
+    if (typeof f.cursor === "string" && CURSOR_RE.test(f.cursor)) this.cursor = f.cursor;
+    if (this.lastId === void 0 || id > this.lastId) this.lastId = id;
+    this.persist();
+    this.emit("event", f);
+  }
+  onServerError(p) {
+    if (p.action === "join" && typeof p.room === "string" && this.rooms.has(p.room) && p.code === "forbidden") {
+      this.rooms.delete(p.room);
+      this.persist();
+      this.emit("room", { room: p.room, state: "refused", reason: p.message });
+    }
+    this.emit("error", p);
+  }
+  // ---- rooms, typing ------------------------------------------------------------------------
+  /** Join a room now (if connected) and on every reconnect, until leave(). */
+  join(room) {
+    if (this.rooms.get(room) === "joined") return;
+    this.rooms.set(room, "joining");
+    this.persist();
+    this.emit("room", { room, state: "joining" });
+    this.send({ action: "join", room });
+  }
+  leave(room) {
+    if (!this.rooms.delete(room)) return;
+    this.persist();
+    this.send({ action: "leave", room });
+    this.emit("room", { room, state: "left" });
+  }
+  /** The rooms this client wants, with their state. */
+  roomStates() {
+    return new Map(this.rooms);
+  }
+  /** Tell a joined room that this user is typing (ephemeral; dropped when not connected). */
+  typing(room, payload = {}) {
+    return this.send({ action: "publish", event: "typing", room, payload });
+  }
+  // ---- tool answers -------------------------------------------------------------------------
+  /** Answer `tool.call` frames for `name` with fn(args): its result (or {error}) goes back as
+   *  `tool.result.<id>`. Returns the function that unregisters. */
+  registerTool(name, fn) {
+    this.toolFns.set(name, fn);
+    return () => {
+      if (this.toolFns.get(name) === fn) this.toolFns.delete(name);
+    };
+  }
+  async onToolCall(f) {
+    const callId = f.event.slice(TOOL_CALL_PREFIX.length);
+    if (this.answered.has(callId)) return;
+    this.answered.add(callId);
+    if (this.answered.size > 1e3) this.answered.delete(this.answered.values().next().value);
+    const name = String(f.payload?.name);
+    const call = { callId, name, args: f.payload?.args };
+    this.emit("toolcall", call);
+    let result;
+    let error;
+    const fn = this.toolFns.get(name);
+    if (!fn) {
+      error = `unknown tool "${name}"`;
+      result = { error, tools: [...this.toolFns.keys()] };
+    } else {
+      try {
+        result = await fn(call.args, call);
+      } catch (e) {
+        error = String(e?.message ?? e);
+        result = { error };
+      }
+    }
+    const text = JSON.stringify({
+      action: "publish",
+      event: `tool.result.${callId}`,
+      payload: result === void 0 ? null : result
+    });
+    const ws = this.ws;
+    if (ws && ws.readyState === 1 && this.helloSeen) ws.send(text);
+    else this.outbox.push(text);
+    this.emit("toolresult", { ...call, result, ...error ? { error } : {} });
+  }
+  // ---- the resume position across reloads ---------------------------------------------------
+  restore() {
+    if (!this.storage) return;
+    try {
+      const raw = this.storage.getItem(this.storageKey);
+      if (!raw) return;
+      const p = JSON.parse(raw);
+      if (p?.v !== 1) return;
+      if (typeof p.cursor === "string" && CURSOR_RE.test(p.cursor)) this.cursor = p.cursor;
+      if (Number.isSafeInteger(p.lastId) && p.lastId >= 0) this.lastId = p.lastId;
+      if (typeof p.user === "string") this.storedUser = p.user;
+      for (const id of p.ids ?? []) if (Number.isSafeInteger(id)) this.seen.add(id);
+      for (const r of p.rooms ?? []) if (typeof r === "string" && !this.rooms.has(r)) this.rooms.set(r, "joining");
+    } catch {
+    }
+  }
+  persist() {
+    if (!this.storage) return;
+    const p = {
+      v: 1,
+      user: this.storedUser,
+      cursor: this.cursor,
+      lastId: this.lastId,
+      ids: [...this.seen].slice(-PERSIST_IDS),
+      rooms: [...this.rooms.keys()]
+    };
+    try {
+      this.storage.setItem(this.storageKey, JSON.stringify(p));
+    } catch {
+    }
+  }
+  /** Forget the resume position, the de-duplication window and the rooms (logout, another user). */
+  forget() {
+    this.rooms.clear();
+    this.cursor = void 0;
+    this.lastId = void 0;
+    this.storedUser = void 0;
+    this.seen.clear();
+    this.floor = 0;
+    this.outbox = [];
+    this.answered.clear();
+    try {
+      this.storage?.removeItem(this.storageKey);
+    } catch {
+    }
+  }
+  /** The resume position this client would use now (for display and tests). */
+  position() {
+    return { cursor: this.cursor, lastId: this.lastId };
+  }
+};
+
+// src/frames.ts
+var SERVER_MESSAGES = ["hello", "joined", "left", "resumed", "resumeGap", "pong", "sessionUpdated", "error", "event", "typing", "toolCall"];
+var CLIENT_MESSAGES = ["joinAction", "leaveAction", "resumeAction", "typingAction", "toolResultAction", "pingAction"];
+export {
+  CLIENT_MESSAGES,
+  HttpError,
+  SERVER_MESSAGES,
+  SwitchboardClient
+};

@@ -1,0 +1,107 @@
+"""The JS client package (clients/js): build, generated types, tsc --strict, node --test suites.
+
+The node suites (clients/js/test/*.test.mjs) start their own throwaway
+PostgreSQL and real replicas through clients/js/test/replicas.py, so this
+wrapper only installs (npm ci, from the lockfile), builds and runs them, and
+shows their output when they fail. Node >= 20 is required: scripts/test.sh
+installs it; a missing node fails here, it never skips.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import ROOT
+
+JS = ROOT / "clients" / "js"
+STATIC_COPY = ROOT / "server" / "switchboard" / "static" / "switchboard-client.js"
+
+
+def run(*cmd: str, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=JS, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHON": sys.executable, **(env or {})})
+
+
+def show(out: subprocess.CompletedProcess) -> str:
+    return f"exit {out.returncode}\n--- stdout ---\n{out.stdout[-12000:]}\n--- stderr ---\n{out.stderr[-6000:]}"
+
+
+@pytest.fixture(scope="module")
+def built() -> dict[str, str]:
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.fail("node/npm are not installed; scripts/test.sh installs nodejs (Node >= 20)", pytrace=False)
+    stamp = JS / "node_modules" / ".package-lock.json"
+    if not stamp.exists() or stamp.stat().st_mtime < (JS / "package-lock.json").stat().st_mtime:
+        out = run("npm", "ci", "--no-audit", "--no-fund")
+        assert out.returncode == 0, show(out)
+    committed = STATIC_COPY.read_text()
+    out = run("npm", "run", "build")
+    assert out.returncode == 0, show(out)
+    return {"static_before_build": committed}
+
+
+def test_build_outputs_and_the_served_copy(built: dict[str, str]) -> None:
+    assert (JS / "dist" / "index.js").stat().st_size > 0
+    assert "export declare class SwitchboardClient" in (JS / "dist" / "client.d.ts").read_text()
+    assert "SwitchboardClient" in (JS / "dist" / "index.d.ts").read_text()
+    # The page at / loads the package from the server: the committed copy is this build.
+    assert built["static_before_build"] == (JS / "dist" / "index.js").read_text(), \
+        "server/switchboard/static/switchboard-client.js is stale: run npm run build in clients/js and commit it"
+    # zero runtime dependencies
+    import json
+
+    pkg = json.loads((JS / "package.json").read_text())
+    assert not pkg.get("dependencies"), pkg.get("dependencies")
+    assert not re.search(r"^\s*import[\s{*]", (JS / "dist" / "index.js").read_text(), re.M), "a runtime import"
+
+
+def test_rest_types_are_generated_from_the_current_openapi(built: dict[str, str]) -> None:
+    before = (JS / "src" / "rest.ts").read_text()
+    out = run("npm", "run", "gen:rest")
+    assert out.returncode == 0, show(out)
+    assert (JS / "src" / "rest.ts").read_text() == before, "src/rest.ts was stale: commit the regenerated file"
+
+
+def test_typed_usage_compiles_under_tsc_strict(built: dict[str, str]) -> None:
+    out = run("npm", "run", "typecheck")
+    assert out.returncode == 0, show(out)
+
+
+def test_node_unit_suite(built: dict[str, str]) -> None:
+    """The client's decisions against a scripted WebSocket: close codes, backoff, dedupe, ping, tools."""
+    out = run("node", "--experimental-websocket", "--test", "test/unit.test.mjs", timeout=300)
+    assert out.returncode == 0, show(out)
+    assert "# fail 0" in out.stdout, show(out)
+
+
+def test_node_suite_on_real_replicas(built: dict[str, str]) -> None:
+    out = run("node", "--experimental-websocket", "--test", "--test-concurrency=1", "test/client.test.mjs",
+              timeout=900)
+    assert out.returncode == 0, show(out)
+    assert "# fail 0" in out.stdout, show(out)
+
+
+def test_node_session_suite_on_real_replicas(built: dict[str, str]) -> None:
+    """Refresh, reload and logout-closes-the-socket: needs the sessions endpoints (COORD contract)."""
+    out = run("node", "--experimental-websocket", "--test", "--test-concurrency=1", "test/session.test.mjs",
+              timeout=600)
+    assert out.returncode == 0, show(out)
+    assert "# fail 0" in out.stdout, show(out)
+
+
+def test_bundle_is_small(built: dict[str, str]) -> None:
+    import json
+
+    out = run("node", "scripts/build.mjs", "--size")
+    assert out.returncode == 0, show(out)
+    size = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"@switchboard/client: {size['minified_bytes']} B minified, {size['min_gzip_bytes']} B min+gzip")
+    assert size["min_gzip_bytes"] < 10_000, size
+    assert Path(JS / "dist" / "index.js").exists()
