@@ -306,6 +306,193 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/runs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Runs, newest first, filtered; keyset pages (admin) */
+        get: operations["listRuns"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/runs/{run_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A run, every field (admin) */
+        get: operations["getRun"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/runs/{run_id}/retry": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Queue a new attempt of a finished run (admin) */
+        post: operations["retryRun"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/runs/{run_id}/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Cancel a queued or running run; a running handler is stopped (admin) */
+        post: operations["cancelRun"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/handlers": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Task handlers: served, paused, wanted (admin) */
+        get: operations["listHandlers"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/handlers/{name}/pause": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Hold a handler's queued runs and due ticks (admin) */
+        post: operations["pauseHandler"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/handlers/{name}/resume": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Release a paused handler (admin) */
+        post: operations["resumeHandler"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/status": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** status() as an object, and the live replicas with readiness (admin) */
+        get: operations["getStatus"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/console": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The operators' console page (HTML; its data needs an admin token) */
+        get: operations["getConsole"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/console/cron-next": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The next fire times of a schedule, as the scheduler computes them (admin) */
+        get: operations["previewCronNext"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/console/live": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Live replicas with sockets and users online, and rooms with members online (admin) */
+        get: operations["getLive"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -331,8 +518,6 @@ export interface components {
             active_run?: components["schemas"]["Run"] | null;
             /** @description not-ready (503) */
             reasons?: ("shutting_down" | "listen_down" | "database_unavailable")[];
-            /** @description not-ready (503): which replica answered */
-            replica?: string;
             /** @description a database refusal: its SQLSTATE */
             sqlstate?: string;
         } & {
@@ -370,7 +555,7 @@ export interface components {
                 [key: string]: unknown;
             };
             /** @enum {string} */
-            status: "queued" | "running" | "succeeded" | "failed" | "abandoned";
+            status: "queued" | "running" | "succeeded" | "failed" | "abandoned" | "cancelled";
             trigger?: string | null;
             attempt?: number;
             max_attempts?: number;
@@ -1032,7 +1217,6 @@ export interface operations {
                         /** @enum {string} */
                         status: "ready";
                         reasons: unknown[];
-                        replica: string;
                     };
                 };
             };
@@ -1079,6 +1263,448 @@ export interface operations {
                     };
                 };
             };
+        };
+    };
+    listRuns: {
+        parameters: {
+            query?: {
+                /** @description run status */
+                status?: "queued" | "running" | "succeeded" | "failed" | "abandoned" | "cancelled";
+                /** @description handler name */
+                handler?: string;
+                /** @description task name or id */
+                task?: string;
+                /** @description created at or after */
+                since?: string;
+                /** @description page size (default 50) */
+                limit?: number;
+                /** @description next_cursor of the previous page */
+                cursor?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description a page of runs */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        runs: {
+                            id: number;
+                            task_id?: string | null;
+                            task_name?: string | null;
+                            handler: string;
+                            /** @enum {string} */
+                            status: "queued" | "running" | "succeeded" | "failed" | "abandoned" | "cancelled";
+                            trigger?: string;
+                            attempt: number;
+                            max_attempts?: number;
+                            worker?: string | null;
+                            created_at?: string;
+                            run_at?: string | null;
+                            started_at?: string | null;
+                            finished_at?: string | null;
+                            duration_ms?: number | null;
+                            error?: string | null;
+                            retry_of?: number | null;
+                            /** @description GET /runs/{id} only */
+                            args?: unknown;
+                            /** @description GET /runs/{id} only */
+                            result?: unknown;
+                        }[];
+                        /** @description pass back as cursor for the next page */
+                        next_cursor: string | null;
+                    };
+                };
+            };
+            400: components["responses"]["Problem"];
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            404: components["responses"]["Problem"];
+            422: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    getRun: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                run_id: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the run */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        run: {
+                            id: number;
+                            task_id?: string | null;
+                            task_name?: string | null;
+                            handler: string;
+                            /** @enum {string} */
+                            status: "queued" | "running" | "succeeded" | "failed" | "abandoned" | "cancelled";
+                            trigger?: string;
+                            attempt: number;
+                            max_attempts?: number;
+                            worker?: string | null;
+                            created_at?: string;
+                            run_at?: string | null;
+                            started_at?: string | null;
+                            finished_at?: string | null;
+                            duration_ms?: number | null;
+                            error?: string | null;
+                            retry_of?: number | null;
+                            /** @description GET /runs/{id} only */
+                            args?: unknown;
+                            /** @description GET /runs/{id} only */
+                            result?: unknown;
+                        };
+                    };
+                };
+            };
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            404: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    retryRun: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                run_id: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the new run */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        run: {
+                            id: number;
+                            task_id?: string | null;
+                            task_name?: string | null;
+                            handler: string;
+                            /** @enum {string} */
+                            status: "queued" | "running" | "succeeded" | "failed" | "abandoned" | "cancelled";
+                            trigger?: string;
+                            attempt: number;
+                            max_attempts?: number;
+                            worker?: string | null;
+                            created_at?: string;
+                            run_at?: string | null;
+                            started_at?: string | null;
+                            finished_at?: string | null;
+                            duration_ms?: number | null;
+                            error?: string | null;
+                            retry_of?: number | null;
+                            /** @description GET /runs/{id} only */
+                            args?: unknown;
+                            /** @description GET /runs/{id} only */
+                            result?: unknown;
+                        };
+                    };
+                };
+            };
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            404: components["responses"]["Problem"];
+            409: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    cancelRun: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                run_id: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the cancelled run */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        run: {
+                            id: number;
+                            task_id?: string | null;
+                            task_name?: string | null;
+                            handler: string;
+                            /** @enum {string} */
+                            status: "queued" | "running" | "succeeded" | "failed" | "abandoned" | "cancelled";
+                            trigger?: string;
+                            attempt: number;
+                            max_attempts?: number;
+                            worker?: string | null;
+                            created_at?: string;
+                            run_at?: string | null;
+                            started_at?: string | null;
+                            finished_at?: string | null;
+                            duration_ms?: number | null;
+                            error?: string | null;
+                            retry_of?: number | null;
+                            /** @description GET /runs/{id} only */
+                            args?: unknown;
+                            /** @description GET /runs/{id} only */
+                            result?: unknown;
+                        };
+                    };
+                };
+            };
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            404: components["responses"]["Problem"];
+            409: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    listHandlers: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description handlers */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        handlers: {
+                            name: string;
+                            paused: boolean;
+                            paused_at?: string | null;
+                            served: boolean;
+                            replicas: number;
+                            versions?: string[];
+                            active_tasks?: number;
+                            pending_runs?: number;
+                        }[];
+                    };
+                };
+            };
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    pauseHandler: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the handler now */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        handler: {
+                            name: string;
+                            paused: boolean;
+                            paused_at?: string | null;
+                            served: boolean;
+                            replicas: number;
+                            versions?: string[];
+                            active_tasks?: number;
+                            pending_runs?: number;
+                        };
+                        changed: boolean;
+                    };
+                };
+            };
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            422: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    resumeHandler: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the handler now */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        handler: {
+                            name: string;
+                            paused: boolean;
+                            paused_at?: string | null;
+                            served: boolean;
+                            replicas: number;
+                            versions?: string[];
+                            active_tasks?: number;
+                            pending_runs?: number;
+                        };
+                        changed: boolean;
+                    };
+                };
+            };
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            422: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    getStatus: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description status */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        status: {
+                            [key: string]: number | null;
+                        };
+                        replicas: {
+                            id?: string;
+                            ready?: boolean;
+                            reasons?: string[];
+                        }[];
+                    };
+                };
+            };
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    getConsole: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the page */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+        };
+    };
+    previewCronNext: {
+        parameters: {
+            query: {
+                schedule: string;
+                timezone?: string;
+                count?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the next fires */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        schedule: string;
+                        timezone: string;
+                        next: string[];
+                    };
+                };
+            };
+            400: components["responses"]["Problem"];
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            422: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    getLive: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description replicas and rooms */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        replicas: {
+                            [key: string]: unknown;
+                        }[];
+                        rooms: {
+                            [key: string]: unknown;
+                        }[];
+                    };
+                };
+            };
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
         };
     };
 }
