@@ -187,10 +187,11 @@ LAYERS = [
     {"switchboard.app"},
     {"switchboard.services"},
     {"switchboard.http", "switchboard.ws", "switchboard.errors", "switchboard.openapi"},
-    {"switchboard.relay", "switchboard.scheduler", "switchboard.heartbeat", "switchboard.catalog",
+    {"switchboard.relay", "switchboard.resume", "switchboard.scheduler", "switchboard.heartbeat", "switchboard.catalog",
      "switchboard.tools", "switchboard.ratelimit", "switchboard.builtin_handlers", "switchboard.failover"},
     {"switchboard.handlers"},
     {"switchboard", "switchboard.db", "switchboard.auth", "switchboard.metrics", "switchboard.replica",
+     "switchboard.sockets", "switchboard.hints", "switchboard.bounded",
      "switchboard.config", "switchboard.migrate", "switchboard.pgtest"},
 ]
 

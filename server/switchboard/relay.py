@@ -1,4 +1,4 @@
-"""The relay: one LISTEN connection per process, and the local socket index.
+"""The relay: one LISTEN connection per process, and the reader that acts on it.
 
 Postgres NOTIFYs at COMMIT; every replica's relay hears it on its own
 dedicated autocommit connection and writes frames to its local sockets. The
@@ -15,6 +15,9 @@ connection (relay_read for events, user_states / revoked_among /
 is_room_member for announcements) and acts on what it read. A forged hint
 costs a read and changes nothing; the cursor only moves to ids read.
 
+The socket index and frames live in sockets.py, payload parsing in hints.py,
+a socket's resume in resume.py.
+
 Channels (documented for programs in other languages):
   switchboard_events  {"id": N} (event N committed) | {"eph": N} (ephemeral event N)
   switchboard_control {"kind": "user", "user_id"} | {"kind": "revoke", "jti"}
@@ -26,13 +29,11 @@ Channels (documented for programs in other languages):
 from __future__ import annotations
 
 import asyncio
-import itertools
-import json
 import logging
 import random
 import time
 import uuid
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -42,11 +43,11 @@ from psycopg.rows import dict_row
 from .auth import AuthState
 from .config import Config
 from .db import Database, conninfo_with_keepalives
+from .hints import CHANNELS, Hints, parse
 from .metrics import Metrics
+from .sockets import Client, Registry, encode, frame
 
 LOG = logging.getLogger("switchboard.relay")
-CHANNELS = ("switchboard_events", "switchboard_control", "switchboard_runs")
-_ids = itertools.count(1)
 
 
 async def _bounded(coro: Any, timeout: float, what: str) -> Any:
@@ -62,167 +63,6 @@ async def _bounded(coro: Any, timeout: float, what: str) -> Any:
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
         raise TimeoutError(f"{what}: no answer within {timeout:.1f} s")
     return task.result()
-
-
-def encode(f: dict) -> str:
-    return json.dumps(f, separators=(",", ":"), default=str)
-
-
-def frame(event: str, payload: Any = None, *, id: int | None = None, room: str | None = None,
-          ts: int | None = None, **extra: Any) -> dict:
-    f = {"id": id, "event": event, "room": room, "payload": {} if payload is None else payload,
-         "ts": ts if ts is not None else int(time.time() * 1000)}
-    f.update(extra)
-    return f
-
-
-def frame_from_row(r: dict) -> dict:
-    return frame(r["event"], r["payload"], id=r["id"], room=r["room"],
-                 ts=int(r["created_at"].timestamp() * 1000))
-
-
-class Hints:
-    """What the NOTIFYs since the last read named: bounded, deduplicated, untrusted."""
-
-    MAX = 10000
-
-    def __init__(self) -> None:
-        self.events = False
-        self.ephemeral: set[int] = set()
-        self.users: set[uuid.UUID] = set()
-        self.revoked: set[str] = set()
-        self.members: set[tuple[str, uuid.UUID]] = set()
-        self.tools: set[uuid.UUID] = set()
-
-    def __bool__(self) -> bool:
-        return bool(self.events or self.ephemeral or self.users or self.revoked or self.members or self.tools)
-
-    @classmethod
-    def add(cls, bucket: set, item: Any) -> None:
-        if len(bucket) < cls.MAX:
-            bucket.add(item)
-
-
-class Client:
-    """One accepted WebSocket: its user, joined rooms and bounded send queue."""
-
-    SENT_IDS_MAX = 20000
-
-    def __init__(self, user_id: uuid.UUID, username: str, role: str, queue_size: int,
-                 cursor: int, on_overflow: Callable[["Client"], None]) -> None:
-        self.cid = next(_ids)
-        self.user_id = user_id
-        self.username = username
-        self.role = role
-        self.rooms: set[str] = set()
-        self.queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=queue_size)
-        self.queue_size = queue_size
-        self.sent_ids: set[int] = set()
-        self.cursor = cursor          # highest stored event id this socket is up to date with
-        self.resuming = False
-        self.refetch = False          # live events were dropped from the buffer: fetch again
-        self.buffer: list[dict] = []
-        self.closing: int | None = None
-        self.epoch = 0                # the user's token epoch when the socket was accepted
-        self.close_task: asyncio.Task | None = None
-        self._on_overflow = on_overflow
-
-    def __hash__(self) -> int:
-        return self.cid
-
-    def offer(self, f: dict, text: str | None = None, replay: bool = False) -> None:
-        """Queue a frame unless it is a duplicate; overflow closes the socket (1013).
-
-        ``text`` is ``f`` already serialised: a room event goes to many sockets and is
-        encoded once, not once per socket."""
-        if self.closing is not None:
-            return
-        eid = f.get("id")
-        if self.resuming and not replay:
-            if len(self.buffer) >= self.queue_size:
-                # Every stored event in the buffer was committed before the relay read it,
-                # so the replay's next page will return it: drop them (and ephemeral
-                # frames, which are best-effort) and let the replay fetch one more page.
-                self.buffer = [b for b in self.buffer if b.get("id") is None][: self.queue_size // 2]
-                self.refetch = True
-            self.buffer.append(f)
-            return
-        if eid is not None:
-            if eid in self.sent_ids:
-                return
-            self.sent_ids.add(eid)
-            if eid > self.cursor:
-                self.cursor = eid
-            if len(self.sent_ids) > self.SENT_IDS_MAX:
-                floor = self.cursor - self.SENT_IDS_MAX // 2
-                self.sent_ids = {i for i in self.sent_ids if i > floor}
-        try:
-            self.queue.put_nowait(text if text is not None else encode(f))
-        except asyncio.QueueFull:
-            self._on_overflow(self)
-
-    async def offer_wait(self, f: dict, timeout: float, replay: bool = False,
-                         text: str | None = None) -> bool:
-        """Like offer(), for replays and catch-ups: waits (up to ``timeout`` s) for room in
-        the send queue instead of closing the socket, so a long replay streams at the
-        client's pace. A client that does not read for ``timeout`` s is closed 1013.
-        False if not sent."""
-        if self.closing is not None:
-            return False
-        if self.queue.full():
-            deadline = time.monotonic() + timeout
-            while self.queue.full():
-                if self.closing is not None:
-                    return False
-                if time.monotonic() >= deadline:
-                    self._on_overflow(self)
-                    return False
-                await asyncio.sleep(0.005)
-        self.offer(f, text, replay=replay)
-        return self.closing is None
-
-
-class Registry:
-    """Local sockets indexed by user and by room."""
-
-    def __init__(self) -> None:
-        self.by_user: dict[uuid.UUID, set[Client]] = defaultdict(set)
-        self.by_room: dict[str, set[Client]] = defaultdict(set)
-        self.count = 0
-
-    def add(self, c: Client) -> int:
-        self.by_user[c.user_id].add(c)
-        self.count += 1
-        return len(self.by_user[c.user_id])
-
-    def remove(self, c: Client) -> int:
-        for room in list(c.rooms):
-            self.leave(c, room)
-        peers = self.by_user.get(c.user_id)
-        if peers is not None and c in peers:
-            peers.discard(c)
-            self.count -= 1
-            if not peers:
-                del self.by_user[c.user_id]
-        return len(self.by_user.get(c.user_id, ()))
-
-    def join(self, c: Client, room: str) -> None:
-        c.rooms.add(room)
-        self.by_room[room].add(c)
-
-    def leave(self, c: Client, room: str) -> None:
-        c.rooms.discard(room)
-        members = self.by_room.get(room)
-        if members is not None:
-            members.discard(c)
-            if not members:
-                del self.by_room[room]
-
-    def clients(self) -> list[Client]:
-        return [c for peers in self.by_user.values() for c in peers]
-
-    def sockets_of(self, user_id: uuid.UUID) -> int:
-        return len(self.by_user.get(user_id, ()))
 
 
 class Relay:
@@ -427,49 +267,33 @@ class Relay:
     # -- hints (LISTEN loop: parse, bound, never act) --------------------------------------
     def _dispatch(self, channel: str, payload: str) -> None:
         self.metrics.inc("switchboard_notifications_total", channel=channel)
-        if channel == "switchboard_runs":
-            self.on_run_wake()  # harmless: the scheduler claims through the database
+        n = parse(channel, payload)
+        if n is None:
+            LOG.debug("ignored malformed notification on %s: %.200s", channel, payload)
             return
         h = self._hints
-        try:
-            msg = json.loads(payload) if len(payload) <= 8000 else None
-        except ValueError:
-            msg = None
-        if not isinstance(msg, dict):
-            msg = {}
-        try:
-            if channel == "switchboard_events":
-                eph = msg.get("eph")
-                if isinstance(eph, int) and not isinstance(eph, bool):
-                    if eph not in self._eph_seen:
-                        Hints.add(h.ephemeral, eph)
-                else:
-                    eid = msg.get("id")
-                    if isinstance(eid, int) and not isinstance(eid, bool) and eid <= self.last_seen_id:
-                        return  # already read
-                    h.events = True
-            elif channel == "switchboard_control":
-                kind = msg.get("kind")
-                if kind == "user":
-                    Hints.add(h.users, uuid.UUID(str(msg["user_id"])))
-                elif kind == "revoke":
-                    jti = msg.get("jti")
-                    if isinstance(jti, str) and 0 < len(jti) <= 200:
-                        Hints.add(h.revoked, jti)
-                elif kind == "member":
-                    room = msg.get("room")
-                    if isinstance(room, str) and 0 < len(room) <= 128:
-                        Hints.add(h.members, (room, uuid.UUID(str(msg["user_id"]))))
-                elif kind == "tool_result":
-                    if msg.get("replica_id") != self.replica_id:
-                        return  # another replica's waiter (or noise)
-                    Hints.add(h.tools, uuid.UUID(str(msg["call_id"])))
-                else:
-                    return
-            else:
-                return
-        except (KeyError, ValueError, TypeError, AttributeError):
-            LOG.debug("ignored malformed notification on %s: %.200s", channel, payload)
+        if n.kind == "run":
+            self.on_run_wake()  # harmless: the scheduler claims through the database
+            return
+        if n.kind == "eph":
+            assert n.id is not None
+            if n.id not in self._eph_seen:
+                Hints.add(h.ephemeral, n.id)
+        elif n.kind == "event":
+            if n.id is not None and n.id <= self.last_seen_id:
+                return  # already read
+            h.events = True
+        elif n.kind == "user":
+            Hints.add(h.users, n.user_id)
+        elif n.kind == "revoke":
+            Hints.add(h.revoked, n.jti)
+        elif n.kind == "member":
+            Hints.add(h.members, (n.room, n.user_id))
+        elif n.kind == "tool_result":
+            if n.replica_id != self.replica_id:
+                return  # another replica's waiter (or noise)
+            Hints.add(h.tools, n.call_id)
+        else:
             return
         self._wake.set()
 
@@ -539,8 +363,7 @@ class Relay:
     async def _deliver_wait(self, user_id: uuid.UUID | None, room: str | None, f: dict) -> None:
         """_deliver for a catch-up: each socket's frame waits for room in its send queue
         (a client that reads nothing for ws_replay_stall_seconds is closed 1013)."""
-        targets = self.registry.by_user.get(user_id) if user_id is not None else \
-            self.registry.by_room.get(room) if room is not None else None
+        targets = self.registry.targets(user_id, room)
         if not targets:
             return
         text = encode(f)
@@ -549,13 +372,7 @@ class Relay:
         self.metrics.inc("switchboard_events_relayed_total", len(targets))
 
     def _deliver(self, user_id: uuid.UUID | None, room: str | None, f: dict) -> None:
-        targets: set[Client] | None
-        if user_id is not None:
-            targets = self.registry.by_user.get(user_id)
-        elif room is not None:
-            targets = self.registry.by_room.get(room)
-        else:
-            return
+        targets = self.registry.targets(user_id, room)
         if not targets:
             return
         text = encode(f)
@@ -600,15 +417,8 @@ class Relay:
                         c.offer(frame("session.updated", {"role": role}))
 
     def close_client(self, c: Client, code: int, reason: str) -> None:
-        if c.closing is not None:
-            return
-        c.closing = code
-        self.metrics.inc("switchboard_ws_closed_total", code=str(code))
-        closer = getattr(c, "closer", None)
-        if closer is not None:
-            # Kept on the client: the socket's handler awaits it before returning, or the
-            # ASGI server's implicit close (1000) could overtake this one.
-            c.close_task = asyncio.get_running_loop().create_task(closer(code, reason))
+        if c.request_close(code, reason):
+            self.metrics.inc("switchboard_ws_closed_total", code=str(code))
 
     def overflow(self, c: Client) -> None:
         LOG.info("closing socket of user %s: send queue full (client too slow)", c.user_id)

@@ -32,7 +32,8 @@ from .handlers import HandlerRegistry, load_handlers
 from .heartbeat import ReplicaHeartbeat
 from .metrics import GaugeSampler, Metrics
 from .ratelimit import RateLimiter
-from .relay import Registry, Relay
+from .relay import Relay
+from .sockets import Registry
 from .replica import ReplicaState
 from .scheduler import Scheduler
 from .tools import ToolBridge

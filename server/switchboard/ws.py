@@ -24,8 +24,10 @@ import psycopg
 
 from .config import Config
 from .db import Database
-from .relay import Client, Registry, Relay, encode, frame, frame_from_row
+from .relay import Relay
 from .replica import ReplicaState
+from .resume import resume
+from .sockets import Client, Registry, encode, frame
 
 
 LOG = logging.getLogger("switchboard.ws")
@@ -34,7 +36,6 @@ LOG = logging.getLogger("switchboard.ws")
 # untrusted client may make us send to the database.
 ROOM_MAX = 128
 TOOL_RESULT_RE = re.compile(r"^tool\.result\.([0-9a-fA-F-]{36})$")
-REPLAY_PAGE = 200   # events per events_since() call during a resume
 
 
 class _FrameBucket:
@@ -131,21 +132,20 @@ class WebSocketResource:
                 await ws.close(1011)
                 return
         await ws.accept()
-        client = Client(user_id, user["username"], user["role"], self.cfg.ws_queue_size,
-                        relay.last_seen_id, relay.overflow)
-        client.epoch = int(user["token_epoch"])
-        if after is not None:
-            client.resuming = True  # buffer live events from the moment the socket is registered
-            client.buffer = []
-        for r in rooms:
-            registry.join(client, r)
 
         async def closer(code: int, reason: str) -> None:
             try:
                 await ws.close(code, reason)
             except Exception:
                 pass
-        client.closer = closer  # type: ignore[attr-defined]
+        client = Client(user_id, user["username"], user["role"], self.cfg.ws_queue_size,
+                        relay.last_seen_id, relay.overflow, close_hook=closer)
+        client.epoch = int(user["token_epoch"])
+        if after is not None:
+            client.resuming = True  # buffer live events from the moment the socket is registered
+            client.buffer = []
+        for r in rooms:
+            registry.join(client, r)
         # hello is queued in the same step that registers the socket (no await between):
         # once registered, the relay may offer live events, and none may overtake hello
         # (a client that resumes from "the last id seen" would skip what it missed).
@@ -165,7 +165,7 @@ class WebSocketResource:
         sender = asyncio.create_task(self._sender(ws, client))
         try:
             if after is not None:
-                await self._resume(client, after)
+                await resume(db, client, after, self.cfg.ws_replay_stall_seconds)
             await self._presence(user_id, n)
             await self._receive_loop(ws, client)
         except falcon.WebSocketDisconnected:
@@ -268,68 +268,12 @@ class WebSocketResource:
             if isinstance(after, bool) or not isinstance(after, int) or after < 0:
                 self._error(client, "bad_resume", "after must be the last event id seen (an integer >= 0)")
                 return
-            await self._resume(client, after)
+            await resume(self.db, client, after, self.cfg.ws_replay_stall_seconds)
         elif action == "publish":
             await self._publish(client, msg)
         else:
             self._error(client, "unknown_action", f"unknown action {str(action)[:50]!r}",
                         allowed=["join", "leave", "resume", "publish", "ping"])
-
-    async def _resume(self, client: Client, after: int) -> None:
-        """Replay what was missed, then live, with no gap and no duplicate.
-
-        Live events are buffered while the replay runs; both are de-duplicated by
-        event id (ids follow commit order, so the replay plus the buffer cover
-        everything after `after`). The replay is paged (REPLAY_PAGE events per
-        events_since() call) and streamed with back-pressure: each frame waits for
-        room in the socket's send queue, so an absence of any length inside the
-        retention window replays completely, at the client's pace (a client that
-        stops reading for ws_replay_stall_seconds is closed 1013). If the live
-        buffer fills meanwhile, its stored events are dropped and one more page is
-        fetched: they were committed before their NOTIFY arrived, so that page has
-        them. A cursor below the event horizon gets resume_gap first.
-        """
-        db = self.db
-        stall = self.cfg.ws_replay_stall_seconds
-        if not client.resuming:  # (a handshake-time resume is already buffering)
-            client.resuming = True
-            client.buffer = []
-        client.refetch = False
-        replayed = 0
-        try:
-            horizon = await db.event_horizon()
-            if after < horizon:
-                client.offer(frame("resume_gap", {"after": after, "horizon": horizon}), replay=True)
-            cursor = after
-            while True:
-                rows = await db.events_since(client.user_id, cursor, sorted(client.rooms), REPLAY_PAGE)
-                for r in rows:
-                    if not await client.offer_wait(frame_from_row(r), stall, replay=True):
-                        return                  # closed (too slow, or going away)
-                replayed += len(rows)
-                if rows:
-                    cursor = rows[-1]["id"]
-                if len(rows) == REPLAY_PAGE:
-                    continue
-                # The buffered live events, oldest first; new arrivals keep going to the
-                # buffer until it is empty, so nothing live can overtake them.
-                while client.buffer:
-                    client.buffer.sort(key=lambda f: (f.get("id") is None, f.get("id") or 0))
-                    f = client.buffer.pop(0)
-                    if not await client.offer_wait(f, stall, replay=True):
-                        return
-                if not client.refetch:
-                    break
-                client.refetch = False          # live events were dropped: look once more
-        except BaseException:
-            buffered, client.buffer, client.resuming = client.buffer, [], False
-            for f in buffered:
-                client.offer(f)
-            raise
-        client.resuming = False
-        if client.cursor < after:
-            client.cursor = after
-        client.offer(frame("resumed", {"after": after, "replayed": replayed}))
 
     async def _publish(self, client: Client, msg: dict) -> None:
         event = msg.get("event")
