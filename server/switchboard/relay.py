@@ -43,7 +43,8 @@ from psycopg.rows import dict_row
 from .auth import AuthState
 from .config import Config
 from .db import Database, conninfo_with_keepalives
-from .hints import CHANNELS, Hints, parse
+from .bounded import BadInput
+from .hints import CHANNELS, REJECT_REASONS, Hints, RejectLog, parse
 from .metrics import Metrics
 from .sockets import Client, Registry, encode, frame
 
@@ -103,6 +104,7 @@ class Relay:
         self._hints = Hints()
         self._wake = asyncio.Event()
         self._eph_seen: OrderedDict[int, None] = OrderedDict()
+        self._reject_log = RejectLog(LOG)
         self._stop = asyncio.Event()
         self._conn: psycopg.AsyncConnection | None = None
         self._reader: psycopg.AsyncConnection | None = None
@@ -267,9 +269,16 @@ class Relay:
     # -- hints (LISTEN loop: parse, bound, never act) --------------------------------------
     def _dispatch(self, channel: str, payload: str) -> None:
         self.metrics.inc("switchboard_notifications_total", channel=channel)
-        n = parse(channel, payload)
-        if n is None:
-            LOG.debug("ignored malformed notification on %s: %.200s", channel, payload)
+        try:
+            n = parse(channel, payload)
+        except BadInput as exc:
+            reason = exc.reason if exc.reason in REJECT_REASONS else "malformed"
+            self.metrics.inc("switchboard_notify_rejected_total", reason=reason)
+            self._reject_log(channel, exc, payload)
+            return
+        except Exception as exc:  # a parser bug must not cost the LISTEN connection either
+            self.metrics.inc("switchboard_notify_rejected_total", reason="malformed")
+            self._reject_log(channel, BadInput("malformed", type(exc).__name__), payload)
             return
         h = self._hints
         if n.kind == "run":
@@ -279,7 +288,7 @@ class Relay:
             assert n.id is not None
             if n.id not in self._eph_seen:
                 Hints.add(h.ephemeral, n.id)
-        elif n.kind == "event":
+        elif n.kind in ("event", "tick"):
             if n.id is not None and n.id <= self.last_seen_id:
                 return  # already read
             h.events = True
@@ -401,7 +410,10 @@ class Relay:
             for uid in chunk:
                 r = found.get(uid)
                 if r is None:  # no such user (any more): nothing it holds is valid
-                    self.auth.apply_user(uid, "member", True, 1 << 30)
+                    # Cached only if it was cached already: a forged hint naming a random id
+                    # must not grow the cache (it holds no token and has no socket anyway).
+                    if uid in self.auth.users:
+                        self.auth.apply_user(uid, "member", True, 1 << 30)
                     disabled, role, epoch = True, "member", 1 << 30
                 else:
                     self.auth.apply_user(uid, r["role"], r["disabled"], r["token_epoch"])
@@ -419,6 +431,12 @@ class Relay:
     def close_client(self, c: Client, code: int, reason: str) -> None:
         if c.request_close(code, reason):
             self.metrics.inc("switchboard_ws_closed_total", code=str(code))
+
+    def cache_entries(self) -> int:
+        """What this relay keeps per hint: the auth cache's users and the ephemeral ids
+        seen. Both bounded (users only for ids that exist; ids seen by EPHEMERAL_SEEN_MAX),
+        so forged hints naming random ids cannot grow memory."""
+        return len(self.auth.users) + len(self._eph_seen)
 
     def overflow(self, c: Client) -> None:
         LOG.info("closing socket of user %s: send queue full (client too slow)", c.user_id)

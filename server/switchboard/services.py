@@ -89,6 +89,7 @@ def build_services(config: Config) -> Services:
             "switchboard_pool_available": lambda: pool_stat().get("pool_available", 0),
             "switchboard_pool_waiting": lambda: pool_stat().get("requests_waiting", 0),
             "switchboard_event_retention_seconds": lambda: config.event_retention_seconds,
+            "switchboard_relay_cache_entries": relay.cache_entries,
         },
         snapshot=db.metrics_snapshot,
         # The readiness probe's rule, with the last snapshot standing in for its ping.
