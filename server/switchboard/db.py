@@ -300,6 +300,22 @@ class Database:
     async def event_horizon(self) -> int:
         return int(await self.scalar("SELECT switchboard.event_horizon()"))
 
+    async def events_since_v2(self, user_id: UUID, after: tuple[int, int], rooms: list[str],
+                              through_tick: int | None, limit: int) -> list[dict]:
+        return await self.fetchall(
+            "SELECT tick, id, room, event, payload, created_at "
+            "FROM switchboard.events_since_v2(%s, %s, %s, %s, %s, %s)",
+            (user_id, after[0], after[1], rooms, through_tick, limit))
+
+    async def event_window(self) -> dict:
+        row = await self.fetchone("SELECT first_tick, last_tick, reaped_through FROM switchboard.event_window()")
+        assert row is not None
+        return row
+
+    async def event_batch(self, event_id: int) -> int | None:
+        tick = await self.scalar("SELECT switchboard.event_batch(%s)", (event_id,))
+        return None if tick is None else int(tick)
+
     # -- the relay's own reads ------------------------------------------------------------
     # On the relay's dedicated reader connection (not the request pool: a busy pool
     # must not delay delivery). NOTIFY payloads are hints; these reads are what a
@@ -311,6 +327,26 @@ class Database:
             "SELECT id, ephemeral, user_id, room, event, sender, payload, ts "
             "FROM switchboard.relay_read(%s, %s, %s)", (after_id, ephemeral_ids, max_rows))
         return await cur.fetchall()
+
+    @staticmethod
+    async def relay_read_v2(conn: psycopg.AsyncConnection, after: tuple[int, int], ephemeral_ids: list[int],
+                            max_rows: int) -> list[dict]:
+        cur = await conn.execute(
+            "SELECT tick, id, ephemeral, user_id, room, event, sender, payload, ts "
+            "FROM switchboard.relay_read_v2(%s, %s, %s, %s)", (after[0], after[1], ephemeral_ids, max_rows))
+        return await cur.fetchall()
+
+    @staticmethod
+    async def event_tick(conn: psycopg.AsyncConnection) -> int:
+        cur = await conn.execute("SELECT switchboard.event_tick() AS tick")
+        return int((await cur.fetchone())["tick"])
+
+    @staticmethod
+    async def event_window_on(conn: psycopg.AsyncConnection) -> dict:
+        cur = await conn.execute("SELECT first_tick, last_tick, reaped_through FROM switchboard.event_window()")
+        row = await cur.fetchone()
+        assert row is not None
+        return row
 
     @staticmethod
     async def auth_snapshot(conn: psycopg.AsyncConnection, since_seconds: int) -> list[dict]:

@@ -43,10 +43,12 @@ from psycopg.rows import dict_row
 from .auth import AuthState
 from .config import Config
 from .db import Database, conninfo_with_keepalives
+from . import cursor
 from .bounded import BadInput
+from .cursor import END, Position
 from .hints import CHANNELS, REJECT_REASONS, Hints, RejectLog, parse
 from .metrics import Metrics
-from .sockets import Client, Registry, encode, frame
+from .sockets import Client, Registry, encode, event_frame, frame
 
 LOG = logging.getLogger("switchboard.relay")
 
@@ -99,7 +101,10 @@ class Relay:
         self.down_since: float | None = time.monotonic()
         self._closed_deaf = False
         self._catching_up = False       # reading what was committed while deaf: stream with back-pressure
-        self.last_seen_id = 0           # the cursor: highest event id read (never from a payload)
+        # Where this relay stands in the event stream: (tick, id) of the last stored event
+        # read (cursor.py); only ever moved by relay_read_v2 rows, never by a payload.
+        self.position: Position = (0, END)
+        self.last_seen_id = 0           # the highest event id read (hello's last_id)
         self._cursor_set = False
         self._hints = Hints()
         self._wake = asyncio.Event()
@@ -220,6 +225,10 @@ class Relay:
                     # cancelling the query (see _bounded): a dead connection is noticed within
                     # listen_check_interval + max(listen_check_interval, 1 s).
                     await _bounded(conn.execute("SELECT 1"), max(interval, 1.0), "liveness check")
+                    # And tick: a publisher's wake-up is the fast path, this bounds the slow
+                    # one (a tick attempt that found the ticker busy and gave up).
+                    self._hints.tick = self._hints.events = True
+                    self._wake.set()
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
@@ -238,18 +247,22 @@ class Relay:
             await self._recheck_users(rconn, list(self.registry.by_user))
         except Exception as exc:
             raise RuntimeError(f"auth reload failed: {exc}") from exc
+        win = await self.db.event_window_on(rconn)
         if not self._cursor_set:
-            # First connect: deliver from now on (sockets resume with events_since).
-            self.last_seen_id = await self.db.event_head(rconn)
+            # First connect: deliver from the newest tick on (sockets resume with events_since_v2).
+            self.position = (int(win["last_tick"]), END)
             self._cursor_set = True
         else:
-            # Events committed while we were deaf: one paged read after the cursor, streamed
-            # with back-pressure (see _read). If events after the cursor were reaped meanwhile,
-            # every socket may have missed some: resume_gap first, so clients reload.
-            horizon = await self.db.event_horizon()
-            if self.last_seen_id < horizon:
+            # Events that became visible while we were deaf: one paged read after the
+            # position, streamed with back-pressure (see _read). If batches after it were
+            # reaped meanwhile, every socket may have missed some: resume_gap first, so
+            # clients reload, and read on from the oldest retained tick.
+            if cursor.is_gap(self.position, int(win["first_tick"])):
+                self.position = (int(win["first_tick"]), END)
+                gap = frame("resume_gap", {"after": None, "horizon": int(win["reaped_through"]),
+                                           "cursor": cursor.encode(self.position)})
                 for c in self.registry.clients():
-                    c.offer(frame("resume_gap", {"after": self.last_seen_id, "horizon": horizon}))
+                    c.offer(gap)
             # Room removals announced while we were deaf were missed too: re-check the rooms
             # local sockets joined before any room event is delivered.
             pairs = sorted({(room, c.user_id) for c in self.registry.clients() for room in c.rooms},
@@ -263,7 +276,8 @@ class Relay:
                                 self.registry.leave(c, room)
                                 c.offer(frame("left", {"reason": "removed"}, room=room))
             self._catching_up = True
-            self._hints.events = True
+        self._hints.events = True
+        self._hints.tick = True
         self._wake.set()
 
     # -- hints (LISTEN loop: parse, bound, never act) --------------------------------------
@@ -288,9 +302,14 @@ class Relay:
             assert n.id is not None
             if n.id not in self._eph_seen:
                 Hints.add(h.ephemeral, n.id)
-        elif n.kind in ("event", "tick"):
-            if n.id is not None and n.id <= self.last_seen_id:
-                return  # already read
+        elif n.kind == "event":
+            # A publisher committed: make sure a tick covers it, then read. (Ids do not
+            # follow commit order, so an id below the last one read is no reason to skip.)
+            h.events = True
+            h.tick = True
+        elif n.kind == "tick":
+            if n.id is not None and n.id <= self.position[0]:
+                return  # already read through that tick
             h.events = True
         elif n.kind == "user":
             Hints.add(h.users, n.user_id)
@@ -315,17 +334,31 @@ class Relay:
             if hints:
                 await self._read(hints)
 
+    async def _tick(self, rconn: psycopg.AsyncConnection) -> None:
+        """Make sure a tick covers what committed before now. event_tick() answers -1 while
+        another replica holds the ticker row: that tick may have been taken before our
+        event committed, so try again (a tick takes a millisecond or two)."""
+        for attempt in range(200):
+            if await self.db.event_tick(rconn) >= 0:
+                return
+            await asyncio.sleep(0.002 + 0.003 * random.random())
+        self._hints.events = self._hints.tick = True  # still busy after ~1 s: once more later
+        self._wake.set()
+
     async def _read(self, h: Hints) -> None:
         rconn = self._reader
         assert rconn is not None
         db = self.db
+        if h.tick:
+            await self._tick(rconn)
         if h.events or h.ephemeral:
             eph = sorted(h.ephemeral)
             while True:
-                rows = await db.relay_read(rconn, self.last_seen_id, eph, self.READ_ROWS)
+                rows = await db.relay_read_v2(rconn, self.position, eph, self.READ_ROWS)
                 eph = []
                 stored = 0
                 for r in rows:
+                    pos: Position | None = None
                     if r["ephemeral"]:
                         if r["id"] in self._eph_seen:
                             continue
@@ -337,14 +370,15 @@ class Relay:
                             f["from"] = str(r["sender"])
                     else:
                         stored += 1
-                        if r["id"] <= self.last_seen_id:
+                        pos, f = event_frame(r, r["ts"])
+                        if pos <= self.position:
                             continue
-                        self.last_seen_id = r["id"]
-                        f = frame(r["event"], r["payload"], id=r["id"], room=r["room"], ts=r["ts"])
+                        self.position = pos
+                        self.last_seen_id = max(self.last_seen_id, pos[1])
                     if self._catching_up:
-                        await self._deliver_wait(r["user_id"], r["room"], f)
+                        await self._deliver_wait(r["user_id"], r["room"], f, pos)
                     else:
-                        self._deliver(r["user_id"], r["room"], f)
+                        self._deliver(r["user_id"], r["room"], f, pos)
                 if stored < self.READ_ROWS:
                     self._catching_up = False
                     break
@@ -369,7 +403,8 @@ class Relay:
         for call_id in h.tools:
             self.on_tool_result(call_id)
 
-    async def _deliver_wait(self, user_id: uuid.UUID | None, room: str | None, f: dict) -> None:
+    async def _deliver_wait(self, user_id: uuid.UUID | None, room: str | None, f: dict,
+                            pos: Position | None) -> None:
         """_deliver for a catch-up: each socket's frame waits for room in its send queue
         (a client that reads nothing for ws_replay_stall_seconds is closed 1013)."""
         targets = self.registry.targets(user_id, room)
@@ -377,17 +412,17 @@ class Relay:
             return
         text = encode(f)
         for c in list(targets):
-            await c.offer_wait(f, self.cfg.ws_replay_stall_seconds, text=text)
+            await c.offer_wait(f, self.cfg.ws_replay_stall_seconds, text=text, pos=pos)
         self.metrics.inc("switchboard_events_relayed_total", len(targets))
 
-    def _deliver(self, user_id: uuid.UUID | None, room: str | None, f: dict) -> None:
+    def _deliver(self, user_id: uuid.UUID | None, room: str | None, f: dict, pos: Position | None) -> None:
         targets = self.registry.targets(user_id, room)
         if not targets:
             return
         text = encode(f)
         n = 0
         for c in list(targets):
-            c.offer(f, text)
+            c.offer(f, text, pos=pos)
             n += 1
         self.metrics.inc("switchboard_events_relayed_total", n)
         # Commit (the event's database timestamp) to frame offered, once per event.

@@ -15,9 +15,11 @@ import itertools
 import json
 import time
 import uuid
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from . import cursor
 
 _ids = itertools.count(1)
 
@@ -36,18 +38,27 @@ def frame(event: str, payload: Any = None, *, id: int | None = None, room: str |
     return f
 
 
-def frame_from_row(r: dict) -> dict:
-    return frame(r["event"], r["payload"], id=r["id"], room=r["room"],
-                 ts=int(r["created_at"].timestamp() * 1000))
+def event_frame(r: dict, ts: int) -> tuple[tuple[int, int], dict]:
+    """A stored event row (with its ``tick``) as (position, frame); the frame carries
+    the position as its opaque ``cursor``."""
+    pos = (int(r["tick"]), int(r["id"]))
+    return pos, frame(r["event"], r["payload"], id=r["id"], room=r["room"], ts=ts, cursor=cursor.encode(pos))
 
 
 class Client:
-    """One accepted WebSocket: its user, joined rooms and bounded send queue."""
+    """One accepted WebSocket: its user, joined rooms and bounded send queue.
+
+    ``position`` is where this socket's stream stands, (tick, id) in delivery order
+    (cursor.py): the highest position of a stored event queued to it. Every stored
+    event frame is offered with its position and carries it as ``cursor``; a frame at
+    or below ``position`` is not queued again (a catch-up or a replay that overlaps
+    live delivery sends nothing twice), and ``sent_ids`` catches the rest (a resume
+    action on a socket that already received live events)."""
 
     SENT_IDS_MAX = 20000
 
     def __init__(self, user_id: uuid.UUID, username: str, role: str, queue_size: int,
-                 cursor: int, on_overflow: Callable[["Client"], None],
+                 position: tuple[int, int], on_overflow: Callable[["Client"], None],
                  close_hook: CloseHook | None = None) -> None:
         self.cid = next(_ids)
         self.user_id = user_id
@@ -56,11 +67,11 @@ class Client:
         self.rooms: set[str] = set()
         self.queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=queue_size)
         self.queue_size = queue_size
-        self.sent_ids: set[int] = set()
-        self.cursor = cursor          # highest stored event id this socket is up to date with
+        self.sent_ids: OrderedDict[int, None] = OrderedDict()
+        self.position = position
         self.resuming = False
         self.refetch = False          # live events were dropped from the buffer: fetch again
-        self.buffer: list[dict] = []
+        self.buffer: list[tuple[tuple[int, int] | None, dict]] = []
         self.closing: int | None = None
         self.epoch = 0                # the user's token epoch when the socket was accepted
         self.close_task: asyncio.Task | None = None
@@ -82,39 +93,42 @@ class Client:
             self.close_task = asyncio.get_running_loop().create_task(self.close_hook(code, reason))
         return True
 
-    def offer(self, f: dict, text: str | None = None, replay: bool = False) -> None:
+    def offer(self, f: dict, text: str | None = None, replay: bool = False,
+              pos: tuple[int, int] | None = None) -> None:
         """Queue a frame unless it is a duplicate; overflow closes the socket (1013).
 
-        ``text`` is ``f`` already serialised: a room event goes to many sockets and is
-        encoded once, not once per socket."""
+        ``pos`` is a stored event's position (None for everything else). ``text`` is
+        ``f`` already serialised: a room event goes to many sockets and is encoded once,
+        not once per socket."""
         if self.closing is not None:
             return
-        eid = f.get("id")
         if self.resuming and not replay:
             if len(self.buffer) >= self.queue_size:
-                # Every stored event in the buffer was committed before the relay read it,
-                # so the replay's next page will return it: drop them (and ephemeral
-                # frames, which are best-effort) and let the replay fetch one more page.
-                self.buffer = [b for b in self.buffer if b.get("id") is None][: self.queue_size // 2]
+                # Every stored event in the buffer was ticked before the relay read it, so
+                # the replay's next page will return it: drop them (and ephemeral frames,
+                # which are best-effort) and let the replay fetch one more page.
+                self.buffer = [b for b in self.buffer if b[0] is None][: self.queue_size // 2]
                 self.refetch = True
-            self.buffer.append(f)
+            self.buffer.append((pos, f))
             return
-        if eid is not None:
+        if pos is not None:
+            if pos <= self.position and not replay:
+                return                    # a catch-up overlapping what was already queued
+            eid = f["id"]
             if eid in self.sent_ids:
                 return
-            self.sent_ids.add(eid)
-            if eid > self.cursor:
-                self.cursor = eid
+            self.sent_ids[eid] = None
             if len(self.sent_ids) > self.SENT_IDS_MAX:
-                floor = self.cursor - self.SENT_IDS_MAX // 2
-                self.sent_ids = {i for i in self.sent_ids if i > floor}
+                self.sent_ids.popitem(last=False)
+            if pos > self.position:
+                self.position = pos
         try:
             self.queue.put_nowait(text if text is not None else encode(f))
         except asyncio.QueueFull:
             self._on_overflow(self)
 
     async def offer_wait(self, f: dict, timeout: float, replay: bool = False,
-                         text: str | None = None) -> bool:
+                         text: str | None = None, pos: tuple[int, int] | None = None) -> bool:
         """Like offer(), for replays and catch-ups: waits (up to ``timeout`` s) for room in
         the send queue instead of closing the socket, so a long replay streams at the
         client's pace. A client that does not read for ``timeout`` s is closed 1013.
@@ -130,7 +144,7 @@ class Client:
                     self._on_overflow(self)
                     return False
                 await asyncio.sleep(0.005)
-        self.offer(f, text, replay=replay)
+        self.offer(f, text, replay=replay, pos=pos)
         return self.closing is None
 
 

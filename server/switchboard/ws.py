@@ -22,7 +22,10 @@ import falcon
 import falcon.asgi
 import psycopg
 
+from . import bounded, cursor
+from .bounded import BadInput
 from .config import Config
+from .cursor import Position
 from .db import Database
 from .relay import Relay
 from .replica import ReplicaState
@@ -108,16 +111,21 @@ class WebSocketResource:
         if registry.sockets_of(user_id) >= self.cfg.ws_max_sockets_per_user:
             await ws.close(1008)
             return
-        # Optional handshake-time resume: /ws?ticket=T&after=N&rooms=a,b joins the rooms
-        # and replays everything after N *before* any live frame can be sent, so a
-        # reconnecting client has no window in which a live event overtakes the replay.
-        after, rooms, refused = None, [], []
-        after_raw = req.get_param("after")
-        if after_raw is not None:
-            if not after_raw.isdigit() or len(after_raw) > 19:
-                await ws.close(1008)
-                return
-            after = int(after_raw)
+        # Optional handshake-time resume: /ws?ticket=T&cursor=C&rooms=a,b (or the previous
+        # release's after=N) joins the rooms and replays everything after C *before* any
+        # live frame can be sent, so a reconnecting client has no window in which a live
+        # event overtakes the replay.
+        after: Position | int | None = None
+        rooms: list[str] = []
+        refused: list[str] = []
+        try:
+            if req.get_param("cursor") is not None:
+                after = cursor.decode(req.get_param("cursor"))
+            elif req.get_param("after") is not None:
+                after = bounded.bigint(req.get_param("after"), name="after", minimum=0)
+        except BadInput:
+            await ws.close(1008)
+            return
         rooms_raw = req.get_param("rooms")
         if rooms_raw:
             wanted = [r for r in rooms_raw.split(",") if r][:50]
@@ -139,7 +147,7 @@ class WebSocketResource:
             except Exception:
                 pass
         client = Client(user_id, user["username"], user["role"], self.cfg.ws_queue_size,
-                        relay.last_seen_id, relay.overflow, close_hook=closer)
+                        relay.position, relay.overflow, close_hook=closer)
         client.epoch = int(user["token_epoch"])
         if after is not None:
             client.resuming = True  # buffer live events from the moment the socket is registered
@@ -157,7 +165,8 @@ class WebSocketResource:
             relay.close_client(client, 1008, "user disabled" if known[1] else "session revoked")
         client.queue.put_nowait(encode(frame(
             "hello", {"replica": self.replica.replica_id, "user_id": str(user_id), "username": user["username"],
-                      "role": user["role"], "last_id": client.cursor, "rooms": sorted(rooms)})))
+                      "role": user["role"], "last_id": relay.last_seen_id,
+                      "cursor": cursor.encode(client.position), "rooms": sorted(rooms)})))
         for r in refused:
             client.queue.put_nowait(encode(frame(
                 "error", {"code": "forbidden", "message": f"not a member of room {r}", "action": "join",
@@ -264,9 +273,17 @@ class WebSocketResource:
                 self.registry.leave(client, room)
             client.offer(frame("left", {}, room=room if isinstance(room, str) else None))
         elif action == "resume":
-            after = msg.get("after")
-            if isinstance(after, bool) or not isinstance(after, int) or after < 0:
-                self._error(client, "bad_resume", "after must be the last event id seen (an integer >= 0)")
+            after: Position | int
+            try:
+                if "cursor" in msg:
+                    after = cursor.decode(msg["cursor"])
+                else:
+                    after = bounded.bigint(msg.get("after"), name="after", minimum=0)
+                    if not isinstance(msg.get("after"), int):
+                        raise BadInput("bad_number", "after must be an integer")
+            except BadInput:
+                self._error(client, "bad_resume", "send the cursor of the last event frame processed "
+                                                  "({\"cursor\": \"...\"}; or after: the last event id)")
                 return
             await resume(self.db, client, after, self.cfg.ws_replay_stall_seconds)
         elif action == "publish":

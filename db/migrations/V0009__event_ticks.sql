@@ -1,0 +1,49 @@
+-- V0009: events without a global lock (issue 18).
+--
+-- Publishers no longer take the event_order row lock: event ids come from the
+-- sequence at insert time and so no longer follow commit order. Order comes
+-- from ticks instead (PgQ's design): each event row records the id of the
+-- transaction that wrote it (xid8), and a tick records a snapshot. Batch k is
+-- the set of events whose transaction is visible in tick k's snapshot but not
+-- in tick k-1's; every reader delivers batch after batch, by id inside a batch,
+-- so every replica (and every resume) sees one total order, whatever order the
+-- transactions committed in. A resume cursor is (tick, last id): short, exact.
+--
+-- switchboard.event_order stays (unused, owner-only) for one release: dropping
+-- it would break nothing now, but pgTAP and DBAs' scripts name it.
+ALTER TABLE switchboard.events ADD COLUMN xid xid8;
+-- Existing rows: this migration's transaction, which the first tick (below)
+-- sees as committed, so they all fall before tick 1.
+UPDATE switchboard.events SET xid = pg_current_xact_id();
+ALTER TABLE switchboard.events ALTER COLUMN xid SET DEFAULT pg_current_xact_id(),
+                               ALTER COLUMN xid SET NOT NULL;
+CREATE INDEX events_xid ON switchboard.events (xid);
+
+-- One row per tick: a snapshot taken by event_tick() under the ticker lock, so
+-- ticks are totally ordered and each snapshot contains the previous one.
+CREATE SEQUENCE switchboard.event_tick_seq AS bigint;
+CREATE TABLE switchboard.event_ticks (
+    tick       bigint PRIMARY KEY,
+    snap       pg_snapshot NOT NULL,
+    snap_xmax  xid8 NOT NULL,   -- pg_snapshot_xmax(snap): grows with tick, indexed to find an event's batch
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    CONSTRAINT event_ticks_xmax_check CHECK (snap_xmax = pg_snapshot_xmax(snap))
+);
+CREATE INDEX event_ticks_xmax ON switchboard.event_ticks (snap_xmax, tick);
+ALTER SEQUENCE switchboard.event_tick_seq OWNED BY switchboard.event_ticks.tick;
+REVOKE ALL ON TABLE switchboard.event_ticks FROM PUBLIC;
+INSERT INTO switchboard.event_ticks (tick, snap, snap_xmax)
+VALUES (nextval('switchboard.event_tick_seq'), pg_current_snapshot(), pg_snapshot_xmax(pg_current_snapshot()));
+
+-- The ticker lock: one row, locked FOR UPDATE SKIP LOCKED by whichever replica
+-- ticks now (no leader: a replica that dies mid-tick releases it with its
+-- connection). Owner-only, like event_order: nobody else can hold it.
+CREATE TABLE switchboard.event_ticker (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton)
+);
+INSERT INTO switchboard.event_ticker DEFAULT VALUES;
+REVOKE ALL ON TABLE switchboard.event_ticker FROM PUBLIC;
+
+-- The resume window in ticks: ticks at or below reaped_tick were reaped with
+-- their events; a cursor at or before it gets resume_gap.
+ALTER TABLE switchboard.event_horizon ADD COLUMN reaped_tick bigint NOT NULL DEFAULT 0;
