@@ -191,7 +191,7 @@ LAYERS = [
      "switchboard.tools", "switchboard.ratelimit", "switchboard.builtin_handlers", "switchboard.failover"},
     {"switchboard.handlers"},
     {"switchboard", "switchboard.db", "switchboard.auth", "switchboard.metrics", "switchboard.replica",
-     "switchboard.sockets", "switchboard.hints", "switchboard.bounded",
+     "switchboard.sockets", "switchboard.hints", "switchboard.bounded", "switchboard.cursor",
      "switchboard.config", "switchboard.migrate", "switchboard.pgtest"},
 ]
 

@@ -373,12 +373,15 @@ class Relay:
                         pos, f = event_frame(r, r["ts"])
                         if pos <= self.position:
                             continue
-                        self.position = pos
-                        self.last_seen_id = max(self.last_seen_id, pos[1])
                     if self._catching_up:
                         await self._deliver_wait(r["user_id"], r["room"], f, pos)
                     else:
                         self._deliver(r["user_id"], r["room"], f, pos)
+                    if pos is not None:
+                        # Moved after delivery: a socket registered meanwhile starts here
+                        # (hello's cursor) and was offered this event (see _deliver_wait).
+                        self.position = pos
+                        self.last_seen_id = max(self.last_seen_id, pos[1])
                 if stored < self.READ_ROWS:
                     self._catching_up = False
                     break
@@ -406,14 +409,20 @@ class Relay:
     async def _deliver_wait(self, user_id: uuid.UUID | None, room: str | None, f: dict,
                             pos: Position | None) -> None:
         """_deliver for a catch-up: each socket's frame waits for room in its send queue
-        (a client that reads nothing for ws_replay_stall_seconds is closed 1013)."""
-        targets = self.registry.targets(user_id, room)
-        if not targets:
-            return
+        (a client that reads nothing for ws_replay_stall_seconds is closed 1013). A socket
+        registered while we wait is offered the frame too: its hello said it starts
+        before this event."""
+        done: set[Client] = set()
         text = encode(f)
-        for c in list(targets):
-            await c.offer_wait(f, self.cfg.ws_replay_stall_seconds, text=text, pos=pos)
-        self.metrics.inc("switchboard_events_relayed_total", len(targets))
+        while True:
+            pending = [c for c in (self.registry.targets(user_id, room) or ()) if c not in done]
+            if not pending:
+                break
+            for c in pending:
+                done.add(c)
+                await c.offer_wait(f, self.cfg.ws_replay_stall_seconds, text=text, pos=pos)
+        if done:
+            self.metrics.inc("switchboard_events_relayed_total", len(done))
 
     def _deliver(self, user_id: uuid.UUID | None, room: str | None, f: dict, pos: Position | None) -> None:
         targets = self.registry.targets(user_id, room)
