@@ -270,3 +270,46 @@ def test_a_publisher_open_30_seconds_holds_back_nobody(server_factory, db: str) 
     finally:
         slow.close()
         ws.close()
+
+
+def test_silent_publishers_are_delivered_by_the_relays_ticker(server_factory, db: str) -> None:  # type: ignore[no-untyped-def]
+    """publishers_notify off: no publisher NOTIFYs; the replicas' ticker polls, and one
+    {"tick": k} per batch wakes them. Every event still arrives, once, in order."""
+    uid = make_user(db, "hush")
+    with psycopg.connect(db, autocommit=True) as su:
+        su.execute("UPDATE switchboard.event_ticker SET publishers_notify = false")
+    servers = [server_factory(env={"SWITCHBOARD_EVENT_TICK_INTERVAL": "0.02"}, name=f"t{i}") for i in range(2)]
+    tok = servers[0].login("hush")
+    socks = []
+    for s in servers:
+        socks.append(connect(f"{s.ws_base}/ws?ticket={s.ticket(tok)}", open_timeout=10))
+        assert json.loads(socks[-1].recv(timeout=10))["event"] == "hello"
+    with psycopg.connect(db, autocommit=True) as lst:
+        lst.execute("LISTEN switchboard_events")
+        ids: list[int] = []
+
+        def publish(k: int) -> None:
+            with psycopg.connect(db) as p:
+                for _ in range(20):
+                    eid = p.execute("SELECT switchboard.notify_user(%s, 'q', '{}')", (uid,)).fetchone()[0]
+                    p.commit()
+                    ids.append(eid)
+        threads = [threading.Thread(target=publish, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        for ws in socks:
+            got = []
+            while len(got) < len(ids):
+                f = json.loads(ws.recv(timeout=10))
+                if f.get("id") is not None:
+                    got.append(f)
+            assert sorted(f["id"] for f in got) == sorted(ids)
+            cursors = [position(f["cursor"]) for f in got]
+            assert cursors == sorted(cursors) and len(set(cursors)) == len(cursors)
+        notes = [json.loads(n.payload) for n in lst.notifies(timeout=1.0)]
+        assert notes and all(set(n) == {"tick"} for n in notes), notes[:5]
+        assert len(notes) <= len(ids)
+    for ws in socks:
+        ws.close()

@@ -336,3 +336,35 @@ def test_reap_events_counts_retention_from_the_tick_and_advances_the_window(db: 
 def test_bad_event_labels(conn: psycopg.Connection, label: str) -> None:
     uid = new_user(conn, "labels")
     throws_ok(conn, "SELECT switchboard.notify_user(%s, %s, '{}')", "22023", (uid, label))
+
+
+def test_one_notify_per_transaction_and_none_when_publishers_are_silent(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as admin:
+        uid = new_user(admin, "quiet")
+    lst = listener(db, CHANNEL)
+    try:
+        with psycopg.connect(db) as pub:
+            ids = [pub.execute("SELECT switchboard.notify_user(%s, 'x', '{}')", (uid,)).fetchone()[0]
+                   for _ in range(5)]
+            pub.commit()
+            notes = notifications(lst, 1.0)
+            assert [json.loads(n.payload) for n in notes] == [{"id": ids[0]}]   # one wake-up for five
+            # A rolled-back subtransaction takes its NOTIFY and its marker with it.
+            pub.execute("SAVEPOINT s")
+            pub.execute("SELECT switchboard.notify_user(%s, 'x', '{}')", (uid,))
+            pub.execute("ROLLBACK TO SAVEPOINT s")
+            kept = pub.execute("SELECT switchboard.notify_user(%s, 'x', '{}')", (uid,)).fetchone()[0]
+            pub.commit()
+            assert [json.loads(n.payload) for n in notifications(lst, 1.0)] == [{"id": kept}]
+            with psycopg.connect(db, autocommit=True) as su:
+                su.execute("UPDATE switchboard.event_ticker SET publishers_notify = false")
+                assert su.execute("SELECT publishers_notify FROM switchboard.event_window()").fetchone()[0] is False
+            quiet = pub.execute("SELECT switchboard.notify_user(%s, 'x', '{}')", (uid,)).fetchone()[0]
+            pub.commit()
+            assert notifications(lst, 0.5) == []                        # publishers only INSERT
+            with psycopg.connect(db, autocommit=True) as r:
+                k = tick(r)                                              # the ticker wakes the relays
+                assert [json.loads(n.payload) for n in notifications(lst, 1.0)] == [{"tick": k}]
+                assert since_v2(r, uid, (k - 1, END))[-1] == (k, quiet)
+    finally:
+        lst.close()

@@ -98,8 +98,16 @@ BEGIN
     v_id := nextval('switchboard.event_id_seq');
     INSERT INTO switchboard.events (id, user_id, room, event, payload, created_at)
     VALUES (v_id, _publish.user_id, _publish.room, _publish.event, _publish.payload, clock_timestamp());
-    -- A hint only: the relay ticks and reads what the ticks say it has not read.
-    PERFORM pg_notify('switchboard_events', '{"id":' || v_id || '}');
+    -- A hint only: the relay ticks and reads what the ticks say it has not read. One
+    -- per transaction is enough (the relay reads everything the next tick covers): the
+    -- marker is transaction-local and is undone with a rolled-back subtransaction,
+    -- exactly like the NOTIFY it stands for. With publishers_notify off there is none:
+    -- the relays' ticker polls (see event_ticker).
+    IF current_setting('switchboard.event_notified', true) IS DISTINCT FROM 'on'
+       AND (SELECT t.publishers_notify FROM switchboard.event_ticker t WHERE t.singleton) THEN
+        PERFORM pg_notify('switchboard_events', '{"id":' || v_id || '}');
+        PERFORM set_config('switchboard.event_notified', 'on', true);
+    END IF;
     RETURN v_id;
 END
 $$;
@@ -486,19 +494,19 @@ REVOKE ALL ON FUNCTION switchboard.relay_read_v2(bigint, bigint, bigint[], integ
 GRANT EXECUTE ON FUNCTION switchboard.relay_read_v2(bigint, bigint, bigint[], integer) TO switchboard_app;
 
 CREATE OR REPLACE FUNCTION switchboard.event_window()
-RETURNS TABLE (first_tick bigint, last_tick bigint, reaped_through bigint)
+RETURNS TABLE (first_tick bigint, last_tick bigint, reaped_through bigint, publishers_notify boolean)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     RETURN QUERY
     SELECT h.reaped_tick, coalesce((SELECT max(k.tick) FROM switchboard.event_ticks k), h.reaped_tick),
-           h.reaped_through
+           h.reaped_through, (SELECT t.publishers_notify FROM switchboard.event_ticker t WHERE t.singleton)
       FROM switchboard.event_horizon h;
 END
 $$;
 COMMENT ON FUNCTION switchboard.event_window()
-    IS 'The retained stream: a position (tick, id) is complete iff tick > first_tick, or tick = first_tick with id 9223372036854775807 (all of it); anything older gets resume_gap. last_tick is the newest tick (a relay''s starting position is (last_tick, 9223372036854775807)); reaped_through the highest event id reaped.';
+    IS 'The retained stream: a position (tick, id) is complete iff tick > first_tick, or tick = first_tick with id 9223372036854775807 (all of it); anything older gets resume_gap. last_tick is the newest tick (a relay''s starting position is (last_tick, 9223372036854775807)); reaped_through the highest event id reaped; publishers_notify whether publishers NOTIFY (false: relays poll event_tick()).';
 REVOKE ALL ON FUNCTION switchboard.event_window() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.event_window() TO switchboard_app;
 

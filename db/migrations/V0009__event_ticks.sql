@@ -38,8 +38,15 @@ VALUES (nextval('switchboard.event_tick_seq'), pg_current_snapshot(), pg_snapsho
 -- The ticker lock: one row, locked FOR UPDATE SKIP LOCKED by whichever replica
 -- ticks now (no leader: a replica that dies mid-tick releases it with its
 -- connection). Owner-only, like event_order: nobody else can hold it.
+-- publishers_notify: whether a publishing transaction NOTIFYs at all. true
+-- (default): one {"id": N} per transaction wakes the relays at once. false:
+-- publishers only INSERT (no NOTIFY, so no NOTIFY commit lock); relays poll
+-- event_tick() every SWITCHBOARD_EVENT_TICK_INTERVAL and one {"tick": k} per
+-- batch wakes them all (PgQ's ticker). A DBA switches it:
+-- UPDATE switchboard.event_ticker SET publishers_notify = false;
 CREATE TABLE switchboard.event_ticker (
-    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton)
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    publishers_notify boolean NOT NULL DEFAULT true
 );
 INSERT INTO switchboard.event_ticker DEFAULT VALUES;
 REVOKE ALL ON TABLE switchboard.event_ticker FROM PUBLIC;

@@ -308,7 +308,7 @@ class Database:
             (user_id, after[0], after[1], rooms, through_tick, limit))
 
     async def event_window(self) -> dict:
-        row = await self.fetchone("SELECT first_tick, last_tick, reaped_through FROM switchboard.event_window()")
+        row = await self.fetchone("SELECT first_tick, last_tick, reaped_through, publishers_notify FROM switchboard.event_window()")
         assert row is not None
         return row
 
@@ -343,7 +343,7 @@ class Database:
 
     @staticmethod
     async def event_window_on(conn: psycopg.AsyncConnection) -> dict:
-        cur = await conn.execute("SELECT first_tick, last_tick, reaped_through FROM switchboard.event_window()")
+        cur = await conn.execute("SELECT first_tick, last_tick, reaped_through, publishers_notify FROM switchboard.event_window()")
         row = await cur.fetchone()
         assert row is not None
         return row

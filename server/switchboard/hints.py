@@ -127,6 +127,7 @@ class Hints:
     def __init__(self) -> None:
         self.events = False
         self.tick = False               # a publisher committed: make sure a tick covers it
+        self.window = False             # re-read event_window() (publishers_notify)
         self.ephemeral: set[int] = set()
         self.users: set[uuid.UUID] = set()
         self.revoked: set[str] = set()
@@ -134,7 +135,7 @@ class Hints:
         self.tools: set[uuid.UUID] = set()
 
     def __bool__(self) -> bool:
-        return bool(self.events or self.tick or self.ephemeral or self.users or self.revoked or self.members or self.tools)
+        return bool(self.events or self.tick or self.window or self.ephemeral or self.users or self.revoked or self.members or self.tools)
 
     @classmethod
     def add(cls, bucket: set, item: Any) -> None:

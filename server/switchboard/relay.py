@@ -105,6 +105,10 @@ class Relay:
         # read (cursor.py); only ever moved by relay_read_v2 rows, never by a payload.
         self.position: Position = (0, END)
         self.last_seen_id = 0           # the highest event id read (hello's last_id)
+        # Publishers NOTIFY (event_window().publishers_notify); when they do not, this
+        # relay polls event_tick() every event_tick_interval (see _ticker_loop).
+        self.publishers_notify = True
+        self._last_tick_heard = 0.0
         self._cursor_set = False
         self._hints = Hints()
         self._wake = asyncio.Event()
@@ -119,6 +123,23 @@ class Relay:
     def start(self) -> None:
         self._tasks.append(asyncio.create_task(self._listen_loop(), name="relay-listen"))
         self._tasks.append(asyncio.create_task(self._deaf_watch(), name="relay-deaf-watch"))
+        self._tasks.append(asyncio.create_task(self._ticker_loop(), name="relay-ticker"))
+
+    async def _ticker_loop(self) -> None:
+        """PgQ's ticker, for a database whose publishers do not NOTIFY: every
+        ``event_tick_interval`` (jittered) ask for a tick -- unless a tick was heard
+        meanwhile (another replica is ticking: the cluster needs one at a time). Any
+        replica may tick; the one that does wakes every relay with one NOTIFY per batch.
+        Idle cost: one cheap event_tick() per replica per interval."""
+        interval = self.cfg.event_tick_interval
+        while not self._stop.is_set():
+            await asyncio.sleep(interval * (0.8 + 0.4 * random.random()))
+            if self.publishers_notify or not self.connected:
+                continue
+            if time.monotonic() - self._last_tick_heard < interval:
+                continue
+            self._hints.tick = True
+            self._wake.set()
 
     async def _deaf_watch(self) -> None:
         """While the LISTEN connection is down this replica hears no events: after
@@ -226,8 +247,9 @@ class Relay:
                     # listen_check_interval + max(listen_check_interval, 1 s).
                     await _bounded(conn.execute("SELECT 1"), max(interval, 1.0), "liveness check")
                     # And tick: a publisher's wake-up is the fast path, this bounds the slow
-                    # one (a tick attempt that found the ticker busy and gave up).
-                    self._hints.tick = self._hints.events = True
+                    # one (a tick attempt that found the ticker busy and gave up). And look
+                    # whether a DBA switched publishers_notify.
+                    self._hints.tick = self._hints.events = self._hints.window = True
                     self._wake.set()
         finally:
             reader.cancel()
@@ -248,6 +270,7 @@ class Relay:
         except Exception as exc:
             raise RuntimeError(f"auth reload failed: {exc}") from exc
         win = await self.db.event_window_on(rconn)
+        self.publishers_notify = bool(win["publishers_notify"])
         if not self._cursor_set:
             # First connect: deliver from the newest tick on (sockets resume with events_since_v2).
             self.position = (int(win["last_tick"]), END)
@@ -308,6 +331,7 @@ class Relay:
             h.events = True
             h.tick = True
         elif n.kind == "tick":
+            self._last_tick_heard = time.monotonic()
             if n.id is not None and n.id <= self.position[0]:
                 return  # already read through that tick
             h.events = True
@@ -334,23 +358,27 @@ class Relay:
             if hints:
                 await self._read(hints)
 
-    async def _tick(self, rconn: psycopg.AsyncConnection) -> None:
-        """Make sure a tick covers what committed before now. event_tick() answers -1 while
-        another replica holds the ticker row: that tick may have been taken before our
-        event committed, so try again (a tick takes a millisecond or two)."""
-        for attempt in range(200):
-            if await self.db.event_tick(rconn) >= 0:
-                return
+    async def _tick(self, rconn: psycopg.AsyncConnection) -> int:
+        """Make sure a tick covers what committed before now; the new tick, or 0. event_tick()
+        answers -1 while another replica holds the ticker row: that tick may have been taken
+        before our event committed, so try again (a tick takes a millisecond or two)."""
+        for _ in range(200):
+            got = await self.db.event_tick(rconn)
+            if got >= 0:
+                return got
             await asyncio.sleep(0.002 + 0.003 * random.random())
         self._hints.events = self._hints.tick = True  # still busy after ~1 s: once more later
         self._wake.set()
+        return 0
 
     async def _read(self, h: Hints) -> None:
         rconn = self._reader
         assert rconn is not None
         db = self.db
-        if h.tick:
-            await self._tick(rconn)
+        if h.window:
+            self.publishers_notify = bool((await db.event_window_on(rconn))["publishers_notify"])
+        if h.tick and await self._tick(rconn) > 0:
+            h.events = True      # we ticked: read now rather than on our own {"tick"} NOTIFY
         if h.events or h.ephemeral:
             eph = sorted(h.ephemeral)
             while True:
