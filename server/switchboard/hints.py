@@ -44,7 +44,10 @@ MAX_DEPTH = 4           # every hint we send is a flat object
 
 
 def _int(msg: dict, key: str) -> int:
-    return bounded.bigint(msg[key], name=key, minimum=1)
+    value = msg[key]
+    if not isinstance(value, int) or isinstance(value, bool):   # we send JSON numbers, never strings
+        raise BadInput("bad_number", f"{key} must be a JSON integer")
+    return bounded.bigint(value, name=key, minimum=1)
 
 
 def _uuid(value: object, name: str) -> uuid.UUID:
