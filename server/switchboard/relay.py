@@ -5,21 +5,32 @@ dedicated autocommit connection and writes frames to its local sockets. The
 connection is reconnected with backoff; a liveness query runs whenever no
 notification arrived for ``listen_check_interval`` seconds, so a half-open
 TCP connection is noticed (plus TCP keepalives). After every (re)connect the
-relay reloads the auth view and reads every event after its cursor, so a
+relay reloads the auth view and reads every event after its position, so a
 LISTEN outage loses nothing (within the retention window).
+
+Order: the relay's position is (tick, id) in the delivery order (cursor.py,
+db/functions/50_events.sql). A publisher's wake-up makes the relay call
+event_tick() (so a tick covers what just committed; -1 = another replica is
+ticking, retried within milliseconds), then relay_read_v2 from its position;
+each frame carries its position as ``cursor``. When publishers do not NOTIFY
+(event_ticker.publishers_notify off), _ticker_loop polls event_tick() instead.
+Every idle liveness check ticks too, which bounds the slow path.
 
 Trust: any role that can connect may NOTIFY on these channels, so a payload is
 a hint, never a fact (docs/security.md). The LISTEN loop only collects hints
 and wakes the reader; the reader does one batched read per wake-up on its own
-connection (relay_read for events, user_states / revoked_among /
-is_room_member for announcements) and acts on what it read. A forged hint
-costs a read and changes nothing; the cursor only moves to ids read.
+connection (event_tick + relay_read_v2 for events, user_states /
+revoked_among / is_room_member for announcements) and acts on what it read. A
+forged hint costs a read and changes nothing; the position only moves to rows
+read. Payloads are parsed with bounds (hints.py); a refused one is counted in
+switchboard_notify_rejected_total{reason}, never fatal.
 
 The socket index and frames live in sockets.py, payload parsing in hints.py,
 a socket's resume in resume.py.
 
 Channels (documented for programs in other languages):
-  switchboard_events  {"id": N} (event N committed) | {"eph": N} (ephemeral event N)
+  switchboard_events  {"id": N} (a transaction that published committed; N its first event)
+                      | {"tick": k} (tick k recorded) | {"eph": N} (ephemeral event N)
   switchboard_control {"kind": "user", "user_id"} | {"kind": "revoke", "jti"}
                       | {"kind": "member", "room", "user_id"}
                       | {"kind": "tool_result", "call_id", "replica_id"}
