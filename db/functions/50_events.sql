@@ -307,8 +307,9 @@ REVOKE ALL ON FUNCTION switchboard.event_head() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.event_head() TO switchboard_app;
 
 -- The ticker. Whichever relay gets the ticker row (FOR UPDATE SKIP LOCKED)
--- records a tick when events became visible since the last one, and wakes
--- every relay once for the whole batch ({"tick": k} on switchboard_events).
+-- records a tick when events became visible since the last one, and -- when
+-- publishers do not NOTIFY (event_ticker.publishers_notify off) -- wakes every
+-- relay once for the whole batch ({"tick": k} on switchboard_events).
 -- No leader: any replica ticks, a replica dying mid-tick releases the row with
 -- its connection, and a skipped caller just tries again (-1 says "busy").
 -- The snapshot is taken by the INSERT, a statement after the lock was taken,
@@ -343,12 +344,17 @@ BEGIN
     IF v_tick IS NULL THEN
         RETURN 0;
     END IF;
-    PERFORM pg_notify('switchboard_events', '{"tick":' || v_tick || '}');
+    -- The batch's one wake-up, needed only when publishers are silent: otherwise every
+    -- relay heard the publisher and ticks (or finds the tick) itself, and a NOTIFY here
+    -- would put NOTIFY's commit lock on every delivery's path for nothing.
+    IF NOT (SELECT t.publishers_notify FROM switchboard.event_ticker t WHERE t.singleton) THEN
+        PERFORM pg_notify('switchboard_events', '{"tick":' || v_tick || '}');
+    END IF;
     RETURN v_tick;
 END
 $$;
 COMMENT ON FUNCTION switchboard.event_tick() IS
-    'Internal (relay): record a tick if events became visible since the last one, and NOTIFY {"tick": k} once for the batch. Returns the new tick, 0 if nothing new, -1 if another replica is ticking right now (try again shortly). Run it in a transaction of its own.';
+    'Internal (relay): record a tick if events became visible since the last one (and NOTIFY {"tick": k} once for the batch when publishers_notify is off). Returns the new tick, 0 if nothing new, -1 if another replica is ticking right now (try again shortly). Run it in a transaction of its own.';
 REVOKE ALL ON FUNCTION switchboard.event_tick() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.event_tick() TO switchboard_app;
 

@@ -18,6 +18,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
@@ -335,6 +336,29 @@ class Database:
             "SELECT tick, id, ephemeral, user_id, room, event, sender, payload, ts "
             "FROM switchboard.relay_read_v2(%s, %s, %s, %s)", (after[0], after[1], ephemeral_ids, max_rows))
         return await cur.fetchall()
+
+    @staticmethod
+    async def relay_tick_read(conn: psycopg.AsyncConnection, after: tuple[int, int], ephemeral_ids: list[int],
+                              max_rows: int) -> tuple[int, list[dict]]:
+        """event_tick() in a transaction of its own, then relay_read_v2() after it, in ONE
+        round trip (one simple-query string: BEGIN; tick; COMMIT; read). The tick commits
+        before the read starts, so the read sees it, and the ticker row is not held while
+        reading. The values are the relay's own integers (its position, bounded hint ids),
+        passed as psycopg.sql.Literal: the simple-query protocol takes no parameters."""
+        q = sql.SQL(
+            "BEGIN; SELECT switchboard.event_tick() AS tick; COMMIT; "
+            "SELECT tick, id, ephemeral, user_id, room, event, sender, payload, ts "
+            "FROM switchboard.relay_read_v2({}::bigint, {}::bigint, {}::bigint[], {}::integer)").format(
+                sql.Literal(int(after[0])), sql.Literal(int(after[1])),
+                sql.Literal([int(i) for i in ephemeral_ids]), sql.Literal(int(max_rows)))
+        cur = await conn.execute(q)
+        sets: list[list[dict]] = []
+        while True:
+            if cur.description is not None:
+                sets.append(await cur.fetchall())
+            if not cur.nextset():
+                break
+        return int(sets[0][0]["tick"]), sets[1]
 
     @staticmethod
     async def event_tick(conn: psycopg.AsyncConnection) -> int:

@@ -11,7 +11,8 @@ LISTEN outage loses nothing (within the retention window).
 Order: the relay's position is (tick, id) in the delivery order (cursor.py,
 db/functions/50_events.sql). A publisher's wake-up makes the relay call
 event_tick() (so a tick covers what just committed; -1 = another replica is
-ticking, retried within milliseconds), then relay_read_v2 from its position;
+ticking, asked again within milliseconds) and relay_read_v2 from its position,
+both in one round trip (Database.relay_tick_read);
 each frame carries its position as ``cursor``. When publishers do not NOTIFY
 (event_ticker.publishers_notify off), _ticker_loop polls event_tick() instead.
 Every idle liveness check ticks too, which bounds the slow path.
@@ -120,6 +121,7 @@ class Relay:
         # relay polls event_tick() every event_tick_interval (see _ticker_loop).
         self.publishers_notify = True
         self._last_tick_heard = 0.0
+        self._busy = 0                  # consecutive "another replica is ticking" answers
         self._cursor_set = False
         self._hints = Hints()
         self._wake = asyncio.Event()
@@ -369,31 +371,32 @@ class Relay:
             if hints:
                 await self._read(hints)
 
-    async def _tick(self, rconn: psycopg.AsyncConnection) -> int:
-        """Make sure a tick covers what committed before now; the new tick, or 0. event_tick()
-        answers -1 while another replica holds the ticker row: that tick may have been taken
-        before our event committed, so try again (a tick takes a millisecond or two)."""
-        for _ in range(200):
-            got = await self.db.event_tick(rconn)
-            if got >= 0:
-                return got
-            await asyncio.sleep(0.002 + 0.003 * random.random())
-        self._hints.events = self._hints.tick = True  # still busy after ~1 s: once more later
-        self._wake.set()
-        return 0
-
     async def _read(self, h: Hints) -> None:
         rconn = self._reader
         assert rconn is not None
         db = self.db
         if h.window:
             self.publishers_notify = bool((await db.event_window_on(rconn))["publishers_notify"])
-        if h.tick and await self._tick(rconn) > 0:
-            h.events = True      # we ticked: read now rather than on our own {"tick"} NOTIFY
-        if h.events or h.ephemeral:
-            eph = sorted(h.ephemeral)
+        first: list[dict] | None = None
+        eph = sorted(h.ephemeral)
+        if h.tick:
+            # Make sure a tick covers what committed before now, and read, in one round trip.
+            got, first = await db.relay_tick_read(rconn, self.position, eph, self.READ_ROWS)
+            eph = []
+            if got < 0:
+                # Another replica is ticking: its snapshot may predate what woke us, so ask
+                # again shortly (backing off while it stays busy); read what is ticked now.
+                self._busy = min(self._busy + 1, 7)
+                self._hints.tick = self._hints.events = True
+                asyncio.get_running_loop().call_later(0.0005 * (2 ** self._busy) * (0.5 + random.random()),
+                                                      self._wake.set)
+            else:
+                self._busy = 0
+        if h.events or h.ephemeral or first is not None:
             while True:
-                rows = await db.relay_read_v2(rconn, self.position, eph, self.READ_ROWS)
+                rows = first if first is not None else await db.relay_read_v2(rconn, self.position, eph,
+                                                                               self.READ_ROWS)
+                first = None
                 eph = []
                 stored = 0
                 for r in rows:
