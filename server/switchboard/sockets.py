@@ -16,14 +16,14 @@ import json
 import time
 import uuid
 from collections import OrderedDict, defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from . import cursor
 
 _ids = itertools.count(1)
 
-CloseHook = Callable[[int, str], Awaitable[None]]
+CloseHook = Callable[[int, str], Coroutine[Any, Any, None]]
 
 
 def encode(f: dict) -> str:
