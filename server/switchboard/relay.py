@@ -295,8 +295,9 @@ class Relay:
             # clients reload, and read on from the oldest retained tick.
             if cursor.is_gap(self.position, int(win["first_tick"])):
                 self.position = (int(win["first_tick"]), END)
-                gap = frame("resume_gap", {"after": None, "horizon": int(win["reaped_through"]),
-                                           "cursor": cursor.encode(self.position)})
+                here = cursor.encode(self.position)
+                gap = frame("resume_gap", {"after": None, "horizon": int(win["reaped_through"]), "cursor": here},
+                            cursor=here)
                 for c in self.registry.clients():
                     c.offer(gap)
             # Room removals announced while we were deaf were missed too: re-check the rooms

@@ -72,7 +72,8 @@ async def resume(db: Database, client: Client, after: Position | int, stall: flo
         if gap:
             win = await db.event_window()
             client.offer(frame("resume_gap", {"after": shown, "horizon": int(win["reaped_through"]),
-                                              "cursor": cursor.encode(pos)}), replay=True)
+                                              "cursor": cursor.encode(pos)}, cursor=cursor.encode(pos)),
+                         replay=True)
         while True:
             through = int((await db.event_window())["last_tick"])
             while True:
@@ -107,5 +108,5 @@ async def resume(db: Database, client: Client, after: Position | int, stall: flo
             client.offer(f, pos=bpos)
         raise
     client.resuming = False
-    client.offer(frame("resumed", {"after": shown, "replayed": replayed,
-                                   "cursor": cursor.encode(client.position)}))
+    here = cursor.encode(client.position)
+    client.offer(frame("resumed", {"after": shown, "replayed": replayed, "cursor": here}, cursor=here))

@@ -163,10 +163,11 @@ class WebSocketResource:
         known = relay.auth.users.get(user_id)
         if known is not None and (known[1] or known[2] > client.epoch + (1 if known[0] != client.role else 0)):
             relay.close_client(client, 1008, "user disabled" if known[1] else "session revoked")
+        start = cursor.encode(client.position)
         client.queue.put_nowait(encode(frame(
             "hello", {"replica": self.replica.replica_id, "user_id": str(user_id), "username": user["username"],
                       "role": user["role"], "last_id": relay.last_seen_id,
-                      "cursor": cursor.encode(client.position), "rooms": sorted(rooms)})))
+                      "cursor": start, "rooms": sorted(rooms)}, cursor=start)))
         for r in refused:
             client.queue.put_nowait(encode(frame(
                 "error", {"code": "forbidden", "message": f"not a member of room {r}", "action": "join",
