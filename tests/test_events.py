@@ -170,10 +170,15 @@ def test_event_tick_refuses_a_transaction_that_wrote_and_skips_when_busy(db: str
     holder = psycopg.connect(db)
     other = psycopg.connect(db, autocommit=True)
     try:
-        holder.execute("SELECT switchboard.event_tick()")          # holds the ticker row until COMMIT
+        tick(other)
+        assert tick(other) == 0                                       # nothing new: read-only, no lock
+        other.execute("SELECT switchboard.notify_user(%s, 'y', '{}')", (uid,))
+        held = holder.execute("SELECT switchboard.event_tick()").fetchone()[0]  # holds the row until COMMIT
+        assert held > 0
+        other.execute("SELECT switchboard.notify_user(%s, 'z', '{}')", (uid,))
         assert tick(other) == -1                                      # busy: no wait, try again
         holder.commit()
-        assert tick(other) >= 0
+        assert tick(other) > held
     finally:
         holder.close()
         other.close()

@@ -329,6 +329,17 @@ BEGIN
         RAISE EXCEPTION 'event_tick() called in a transaction that already wrote' USING ERRCODE = '25001',
             HINT = 'Call it in a transaction of its own (autocommit): it holds the ticker row until the transaction ends.';
     END IF;
+    -- Read-only first: when nothing became visible since the newest tick (the common
+    -- answer for every replica but the first to hear a publisher), no lock, no xid, no
+    -- WAL. Whatever woke the caller committed before this statement's snapshot, so
+    -- "nothing new" means the newest tick already covers it.
+    SELECT k.snap INTO v_prev FROM switchboard.event_ticks k ORDER BY k.tick DESC LIMIT 1;
+    IF v_prev IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM switchboard.events e WHERE e.xid >= pg_snapshot_xmax(v_prev))
+       AND NOT EXISTS (SELECT 1 FROM switchboard.events e
+                        WHERE e.xid = ANY (ARRAY(SELECT pg_snapshot_xip(v_prev)))) THEN
+        RETURN 0;
+    END IF;
     PERFORM 1 FROM switchboard.event_ticker t WHERE t.singleton FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN -1;
