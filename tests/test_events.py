@@ -1,4 +1,4 @@
-"""Events: NOTIFY at commit, 1 MiB payloads, commit-ordered ids, privacy."""
+"""Events: NOTIFY at commit, 1 MiB payloads, lock-free publishers, tick-ordered resume, privacy."""
 
 from __future__ import annotations
 
@@ -113,7 +113,23 @@ def test_one_mebibyte_payload_round_trips_and_its_notify_carries_only_the_id(db:
                   match=str(LIMIT + 1))
 
 
-def test_a_second_publisher_waits_for_the_first_to_commit(db: str) -> None:
+END = 2**63 - 1
+
+
+def tick(c: psycopg.Connection) -> int:
+    return c.execute("SELECT switchboard.event_tick()").fetchone()[0]
+
+
+def since_v2(c: psycopg.Connection, user: str, pos: tuple[int, int] = (0, 0),
+             rooms: list[str] | None = None) -> list[tuple[int, int]]:
+    """(tick, id) of what user missed after pos, in delivery order."""
+    return [(r[0], r[1]) for r in c.execute(
+        "SELECT tick, id FROM switchboard.events_since_v2(%s, %s, %s, %s)", (user, pos[0], pos[1], rooms or []))]
+
+
+def test_publishers_never_wait_and_resume_is_exact_under_out_of_order_commits(db: str) -> None:
+    """T1 publishes first and commits last: T2 neither waits for it nor hides it from a
+    reader who resumes from T2's event (the old lock made T2 wait; an id cursor skipped T1)."""
     with psycopg.connect(db, autocommit=True) as admin:
         uid = new_user(admin, "order")
     t1 = psycopg.connect(db)
@@ -121,55 +137,74 @@ def test_a_second_publisher_waits_for_the_first_to_commit(db: str) -> None:
     reader = psycopg.connect(db, autocommit=True)
     try:
         id1 = t1.execute("SELECT switchboard.notify_user(%s, 'first', '{}')", (uid,)).fetchone()[0]
-        result: dict = {}
-
-        def publish_second() -> None:
-            result["id"] = t2.execute("SELECT switchboard.notify_user(%s, 'second', '{}')", (uid,)).fetchone()[0]
-
-        th = threading.Thread(target=publish_second, daemon=True)
-        th.start()
-        waiting = None
-        for _ in range(100):  # until T2 is seen waiting (at most 5 s)
-            waiting = reader.execute(
-                "SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = %s",
-                (t2.info.backend_pid,)).fetchone()
-            if waiting == ("Lock", "transactionid"):  # the event_order row lock
-                break
-            time.sleep(0.05)
-        assert waiting == ("Lock", "transactionid")
-        th.join(0.3)
-        assert th.is_alive() and "id" not in result, "second publisher did not wait"
-        assert ids_since(reader, uid) == []
+        t2.execute("SET lock_timeout = '200ms'")
+        id2 = t2.execute("SELECT switchboard.notify_user(%s, 'second', '{}')", (uid,)).fetchone()[0]
+        t2.commit()                                   # no wait, no 55P03
+        assert id2 > id1
+        k2 = tick(reader)
+        assert k2 > 0
+        assert tick(reader) == 0                      # nothing new since
+        seen = since_v2(reader, uid)
+        assert seen == [(k2, id2)]                    # T1 is open: not visible, not skipped
         t1.commit()
-        th.join(5)
-        assert result["id"] > id1
-        assert ids_since(reader, uid) == [id1]  # T2 not committed yet: a prefix, no gap
-        t2.commit()
-        seen = ids_since(reader, uid)
-        assert seen == [id1, result["id"]]
-        # a reader who has seen the later id has everything before it
-        assert ids_since(reader, uid, after=0) == sorted(seen)
+        k1 = tick(reader)
+        assert k1 > k2
+        assert since_v2(reader, uid, seen[-1]) == [(k1, id1)]   # the late committer, once
+        assert since_v2(reader, uid) == [(k2, id2), (k1, id1)]  # the delivery order
+        assert since_v2(reader, uid, (k1, END)) == []
+        # A bare id maps to its batch: (batch(N), N) is the position after event N.
+        assert reader.execute("SELECT switchboard.event_batch(%s), switchboard.event_batch(%s)",
+                              (id1, id2)).fetchone() == (k1, k2)
+        assert reader.execute("SELECT switchboard.event_batch(-5)").fetchone()[0] is None
     finally:
         for c in (t1, t2, reader):
             c.close()
 
 
+def test_event_tick_refuses_a_transaction_that_wrote_and_skips_when_busy(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as admin:
+        uid = new_user(admin, "ticker")
+    with psycopg.connect(db) as c:
+        c.execute("SELECT switchboard.notify_user(%s, 'x', '{}')", (uid,))
+        throws_ok(c, "SELECT switchboard.event_tick()", "25001")
+    holder = psycopg.connect(db)
+    other = psycopg.connect(db, autocommit=True)
+    try:
+        tick(other)
+        assert tick(other) == 0                                       # nothing new: read-only, no lock
+        other.execute("SELECT switchboard.notify_user(%s, 'y', '{}')", (uid,))
+        held = holder.execute("SELECT switchboard.event_tick()").fetchone()[0]  # holds the row until COMMIT
+        assert held > 0
+        other.execute("SELECT switchboard.notify_user(%s, 'z', '{}')", (uid,))
+        assert tick(other) == -1                                      # busy: no wait, try again
+        holder.commit()
+        assert tick(other) > held
+    finally:
+        holder.close()
+        other.close()
+
+
 def test_cursor_is_complete_under_concurrent_publishers(db: str) -> None:
-    """8 publishers commit in random order while a reader follows the cursor: no gap."""
+    """8 publishers commit in random order while a reader ticks and follows its
+    position: every committed event exactly once, in increasing position order."""
     with psycopg.connect(db, autocommit=True) as admin:
         uid = new_user(admin, "cursor")
     done = threading.Event()
-    collected: list[int] = []
+    collected: list[tuple[int, int]] = []
 
     def read() -> None:
         with psycopg.connect(db, autocommit=True) as r:
-            last = 0
+            pos = (0, 0)
             while True:
                 finished = done.is_set()
-                new = ids_since(r, uid, last)
+                tick(r)
+                new = since_v2(r, uid, pos)
                 collected.extend(new)
-                last = new[-1] if new else last
+                pos = new[-1] if new else pos
                 if finished:
+                    tick(r)
+                    rest = since_v2(r, uid, pos)
+                    collected.extend(rest)
                     return
                 time.sleep(0.001)
 
@@ -196,11 +231,14 @@ def test_cursor_is_complete_under_concurrent_publishers(db: str) -> None:
     done.set()
     reader.join(10)
     assert not reader.is_alive()
-    assert collected == committed, "the reader missed or repeated an event"
+    assert sorted(e for _, e in collected) == committed, "the reader missed or repeated an event"
+    assert collected == sorted(collected), "positions must only increase"
     assert len(committed) > 60
 
 
-def test_publish_then_lock_against_lock_then_publish_is_a_deadlock_not_a_hang(db: str) -> None:
+def test_publish_then_lock_against_lock_then_publish_is_no_deadlock(db: str) -> None:
+    """Publishing takes no lock, so the pattern that deadlocked with the event-order lock
+    (publish, then wait for a row another publisher holds) just waits for that row."""
     with psycopg.connect(db, autocommit=True) as admin:
         uid = new_user(admin, "dl")
     t1 = psycopg.connect(db)
@@ -221,17 +259,15 @@ def test_publish_then_lock_against_lock_then_publish_is_a_deadlock_not_a_hang(db
                 outcome[name] = exc.sqlstate or "?"
                 c.rollback()
 
-        start = time.monotonic()
-        a = threading.Thread(target=step, args=("t2", t2, "SELECT switchboard.notify_user(%s, 'dl2', '{}')"))
-        a.start()
-        time.sleep(0.2)
         b = threading.Thread(target=step, args=("t1", t1, "SELECT 1 FROM switchboard.users WHERE id = %s FOR UPDATE"))
         b.start()
+        time.sleep(0.2)
+        a = threading.Thread(target=step, args=("t2", t2, "SELECT switchboard.notify_user(%s, 'dl2', '{}')"))
+        a.start()
         a.join(10)
         b.join(10)
         assert not a.is_alive() and not b.is_alive(), "hung"
-        assert time.monotonic() - start < 5
-        assert sorted(outcome.values()) == ["40P01", "committed"], outcome
+        assert outcome == {"t1": "committed", "t2": "committed"}, outcome
     finally:
         t1.close()
         t2.close()
@@ -253,6 +289,10 @@ def test_a_user_never_reads_another_users_events(db: str) -> None:
         ]}
         every_room = ["room-a", "room-b", "shared", "nowhere"]
         assert ids_since(c, a, 0, every_room) == [ev["to_a"], ev["room_a"], ev["shared"]]
+        tick(c)
+        assert [e for _, e in since_v2(c, a, (0, 0), every_room)] == [ev["to_a"], ev["room_a"], ev["shared"]]
+        assert [e for _, e in since_v2(c, b, (0, 0), every_room)] == [ev["to_b"], ev["room_b"], ev["shared"]]
+        assert [e for _, e in since_v2(c, a, (0, 0), ["room-b"])] == [ev["to_a"]]
         assert ids_since(c, b, 0, every_room) == [ev["to_b"], ev["room_b"], ev["shared"]]
         assert ids_since(c, a, 0) == [ev["to_a"]]
         assert ids_since(c, a, 0, ["room-b"]) == [ev["to_a"]]  # B's room adds nothing
@@ -260,6 +300,7 @@ def test_a_user_never_reads_another_users_events(db: str) -> None:
         # membership is checked at read time
         c.execute("SELECT switchboard.remove_room_member('shared', %s)", (a,))
         assert ids_since(c, a, 0, every_room) == [ev["to_a"], ev["room_a"]]
+        assert [e for _, e in since_v2(c, a, (0, 0), every_room)] == [ev["to_a"], ev["room_a"]]
         # events_since is the only public function that returns stored events
         readers = [r[0] for r in c.execute(
             """SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
@@ -267,24 +308,68 @@ def test_a_user_never_reads_another_users_events(db: str) -> None:
                   AND p.prorettype = 'switchboard.events'::regtype""")]
         assert readers == ["events_since"]
         throws_ok(c, "SELECT * FROM switchboard.events_since(%s, -1)", "22023", (a,))
+        throws_ok(c, "SELECT * FROM switchboard.events_since_v2(%s, -1, 0)", "22023", (a,))
+        throws_ok(c, "SELECT * FROM switchboard.events_since_v2(%s, 0, 0, '{}', NULL, 0)", "22023", (a,))
+        throws_ok(c, "SELECT * FROM switchboard.relay_read_v2(0, -1)", "22023")
         throws_ok(c, "SELECT switchboard.publish_client_event(%s, 'room-b', 'typing', '{}')", "42501", (a,),
                   match="room-b")
 
 
-def test_reap_events_advances_the_horizon(conn: psycopg.Connection) -> None:
-    uid = new_user(conn, "reap")
-    old = [conn.execute("SELECT switchboard.notify_user(%s, 'x', '{}')", (uid,)).fetchone()[0] for _ in range(3)]
-    new = conn.execute("SELECT switchboard.notify_user(%s, 'x', '{}')", (uid,)).fetchone()[0]
-    conn.execute("UPDATE switchboard.events SET created_at = now() - interval '10 minutes' WHERE id = ANY(%s)",
-                 (old,))
-    before = conn.execute("SELECT switchboard.event_horizon()").fetchone()[0]
-    assert before < old[-1]
-    assert conn.execute("SELECT switchboard.reap_events('5 minutes')").fetchone()[0] >= 3
-    assert conn.execute("SELECT switchboard.event_horizon()").fetchone()[0] == old[-1]
-    assert ids_since(conn, uid) == [new]
+def test_reap_events_counts_retention_from_the_tick_and_advances_the_window(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as c:
+        uid = new_user(c, "reap")
+        old = [c.execute("SELECT switchboard.notify_user(%s, 'x', '{}')", (uid,)).fetchone()[0] for _ in range(3)]
+        k_old = tick(c)
+        # inserted long ago but visible only now: kept (retention counts from the tick)
+        c.execute("UPDATE switchboard.events SET created_at = now() - interval '1 hour' WHERE id = ANY(%s)", (old,))
+        c.execute("UPDATE switchboard.event_ticks SET created_at = now() - interval '1 minute' WHERE tick = %s",
+                  (k_old,))
+        assert c.execute("SELECT switchboard.reap_events('5 minutes')").fetchone()[0] == 0
+        assert [e for _, e in since_v2(c, uid)] == old
+        new = c.execute("SELECT switchboard.notify_user(%s, 'x', '{}')", (uid,)).fetchone()[0]
+        k_new = tick(c)
+        c.execute("UPDATE switchboard.event_ticks SET created_at = now() - interval '10 minutes' WHERE tick <= %s",
+                  (k_old,))
+        assert c.execute("SELECT switchboard.reap_events('5 minutes')").fetchone()[0] >= 3
+        assert c.execute("SELECT switchboard.event_horizon()").fetchone()[0] >= old[-1]
+        assert c.execute("SELECT first_tick, last_tick FROM switchboard.event_window()").fetchone() == (k_old, k_new)
+        assert since_v2(c, uid, (k_old, END)) == [(k_new, new)]
+        assert c.execute("SELECT count(*) FROM switchboard.event_ticks WHERE tick < %s", (k_old,)).fetchone()[0] == 0
 
 
 @pytest.mark.parametrize("label", ["", "a b", "x" * 129, ".dot-first"])
 def test_bad_event_labels(conn: psycopg.Connection, label: str) -> None:
     uid = new_user(conn, "labels")
     throws_ok(conn, "SELECT switchboard.notify_user(%s, %s, '{}')", "22023", (uid, label))
+
+
+def test_one_notify_per_transaction_and_none_when_publishers_are_silent(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as admin:
+        uid = new_user(admin, "quiet")
+    lst = listener(db, CHANNEL)
+    try:
+        with psycopg.connect(db) as pub:
+            ids = [pub.execute("SELECT switchboard.notify_user(%s, 'x', '{}')", (uid,)).fetchone()[0]
+                   for _ in range(5)]
+            pub.commit()
+            notes = notifications(lst, 1.0)
+            assert [json.loads(n.payload) for n in notes] == [{"id": ids[0]}]   # one wake-up for five
+            # A rolled-back subtransaction takes its NOTIFY and its marker with it.
+            pub.execute("SAVEPOINT s")
+            pub.execute("SELECT switchboard.notify_user(%s, 'x', '{}')", (uid,))
+            pub.execute("ROLLBACK TO SAVEPOINT s")
+            kept = pub.execute("SELECT switchboard.notify_user(%s, 'x', '{}')", (uid,)).fetchone()[0]
+            pub.commit()
+            assert [json.loads(n.payload) for n in notifications(lst, 1.0)] == [{"id": kept}]
+            with psycopg.connect(db, autocommit=True) as su:
+                su.execute("UPDATE switchboard.event_ticker SET publishers_notify = false")
+                assert su.execute("SELECT publishers_notify FROM switchboard.event_window()").fetchone()[0] is False
+            quiet = pub.execute("SELECT switchboard.notify_user(%s, 'x', '{}')", (uid,)).fetchone()[0]
+            pub.commit()
+            assert notifications(lst, 0.5) == []                        # publishers only INSERT
+            with psycopg.connect(db, autocommit=True) as r:
+                k = tick(r)                                              # the ticker wakes the relays
+                assert [json.loads(n.payload) for n in notifications(lst, 1.0)] == [{"tick": k}]
+                assert since_v2(r, uid, (k - 1, END))[-1] == (k, quiet)
+    finally:
+        lst.close()

@@ -187,12 +187,13 @@ LAYERS = [
     {"switchboard.app"},
     {"switchboard.services"},
     {"switchboard.http", "switchboard.ws", "switchboard.errors", "switchboard.openapi"},
-    {"switchboard.relay", "switchboard.scheduler", "switchboard.heartbeat", "switchboard.catalog",
-     "switchboard.tools", "switchboard.ratelimit", "switchboard.builtin_handlers", "switchboard.failover",
-     "switchboard.sessions"},
+    {"switchboard.relay", "switchboard.resume", "switchboard.scheduler", "switchboard.heartbeat",
+     "switchboard.catalog", "switchboard.tools", "switchboard.ratelimit", "switchboard.builtin_handlers",
+     "switchboard.failover", "switchboard.sessions"},
     {"switchboard.handlers"},
     {"switchboard", "switchboard.db", "switchboard.auth", "switchboard.metrics", "switchboard.replica",
-     "switchboard.config", "switchboard.migrate", "switchboard.pgtest", "switchboard.bounded",
+     "switchboard.sockets", "switchboard.hints", "switchboard.bounded", "switchboard.cursor",
+     "switchboard.config", "switchboard.migrate", "switchboard.pgtest",
      "switchboard.domain_errors", "switchboard.rows"},
 ]
 HTTP_ROW = 3  # http/, ws, errors, openapi: the only modules that speak HTTP

@@ -51,16 +51,21 @@ def _wait(pred: Callable[[], bool], timeout: float) -> bool:
     return pred()
 
 
-# -- the event-order lock ------------------------------------------------------------------
-def test_nobody_but_the_owner_can_take_the_event_order_lock(db: str, app_url: str, intruder_url: str) -> None:
+# -- the ticker row (and the retired event-order lock) -----------------------------------------
+def test_nobody_but_the_owner_can_take_the_ticker_or_event_order_rows(db: str, app_url: str,
+                                                                        intruder_url: str) -> None:
     with psycopg.connect(db, autocommit=True) as su:
         uid = su.execute("SELECT switchboard.create_user('pub', '$argon2id$x')").fetchone()[0]
     for url in (intruder_url, app_url):
         with psycopg.connect(url) as c:
-            throws_ok(c, "SELECT 1 FROM switchboard.event_order FOR UPDATE", "42501")
-            throws_ok(c, "LOCK TABLE switchboard.event_order", "42501")
+            for table in ("event_order", "event_ticker", "event_ticks"):
+                throws_ok(c, f"SELECT 1 FROM switchboard.{table} FOR UPDATE", "42501")
+                throws_ok(c, f"LOCK TABLE switchboard.{table}", "42501")
+    with psycopg.connect(intruder_url) as c:
+        throws_ok(c, "SELECT switchboard.event_tick()", "42501")
     with psycopg.connect(app_url) as app:
-        throws_ok(app, "SELECT switchboard.run_job_sql('SELECT 1 FROM switchboard.event_order FOR UPDATE')", "42501")
+        throws_ok(app, "SELECT switchboard.run_job_sql('SELECT 1 FROM switchboard.event_ticker FOR UPDATE')", "42501")
+        throws_ok(app, "SELECT switchboard.run_job_sql('SELECT switchboard.event_tick()')", "42501")
     # The old advisory key, held by a sql task's session, blocks nobody now.
     with psycopg.connect(app_url, autocommit=True) as job:
         job.execute("SELECT switchboard.run_job_sql('SELECT pg_advisory_lock(1937204836, 1)')")
@@ -72,37 +77,26 @@ def test_nobody_but_the_owner_can_take_the_event_order_lock(db: str, app_url: st
             assert time.monotonic() - t0 < 1.0
 
 
-def test_a_publisher_waits_a_bounded_time_then_gets_55P03(db: str) -> None:
+def test_a_publisher_never_waits_for_another_publisher_or_the_ticker(db: str) -> None:
+    """The event_order lock is gone (V0009): an open publisher, and a ticker holding the
+    ticker row, make no other publisher wait."""
     with psycopg.connect(db, autocommit=True) as su:
         uid = su.execute("SELECT switchboard.create_user('pub', '$argon2id$x')").fetchone()[0]
         su.execute("UPDATE switchboard.event_order SET lock_wait = '300 ms'")
-    t1, t2 = psycopg.connect(db), psycopg.connect(db)
+    t1, t2, ticker = psycopg.connect(db), psycopg.connect(db), psycopg.connect(db)
     try:
         id1 = t1.execute("SELECT switchboard.notify_user(%s, 'first', '{}')", (uid,)).fetchone()[0]
-        t0 = time.monotonic()
-        with pytest.raises(psycopg.errors.LockNotAvailable) as e:
-            t2.execute("SELECT switchboard.notify_user(%s, 'second', '{}')", (uid,))
-        waited = time.monotonic() - t0
-        assert 0.25 < waited < 2.0, waited
-        assert "event-order lock" in str(e.value) and "lock_wait" in (e.value.diag.message_hint or "")
-        t2.rollback()
-        # A contended wait that succeeds leaves the caller's lock_timeout as it was.
-        got: dict = {}
-
-        def second() -> None:
-            got["id"] = t2.execute("SELECT switchboard.notify_user(%s, 'second', '{}')", (uid,)).fetchone()[0]
-            got["lock_timeout"] = t2.execute("SHOW lock_timeout").fetchone()[0]
-
-        th = threading.Thread(target=second)
-        th.start()
-        time.sleep(0.1)
-        t1.commit()
-        th.join(5)
-        assert got["id"] > id1 and got["lock_timeout"] == "0"
+        ticker.execute("SELECT switchboard.event_tick()")  # holds the ticker row
+        t2.execute("SET lock_timeout = '100ms'")
+        id2 = t2.execute("SELECT switchboard.notify_user(%s, 'second', '{}')", (uid,)).fetchone()[0]
         t2.commit()
+        assert id2 > id1
+        ticker.commit()
+        t1.commit()
     finally:
         t1.close()
         t2.close()
+        ticker.close()
 
 
 # -- roles are cluster-wide -----------------------------------------------------------------

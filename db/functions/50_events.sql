@@ -4,23 +4,26 @@
 -- NOTIFY on channel switchboard_events wakes every replica's relay; it
 -- carries only the id ({"id": N}) and is dropped on ROLLBACK. NOTIFY has no
 -- permissions (any role that can connect may pg_notify anything, and LISTEN
--- to anything), so the payload is a hint: the relay reads the events after
--- its cursor with relay_read() and delivers what it read, never what it was
--- told (docs/security.md). The body never travels on the bus either, so a
+-- to anything), so the payload is a hint: the relay reads what the ticks say
+-- it has not read yet (relay_read_v2) and delivers what it read, never what it
+-- was told (docs/security.md). The body never travels on the bus either, so a
 -- LISTENing stranger learns ids, not contents.
 --
--- Ids increase in commit order. A sequence alone hands ids out at insert
--- time, so a transaction that publishes first and commits last would make a
--- reader that already saw a higher id miss it. Publishers therefore lock the
--- one row of switchboard.event_order before nextval: the next publisher waits
--- until the previous one commits or rolls back. It is a row lock on an
--- owner-only table, not an advisory lock, because pg_advisory_lock is PUBLIC:
--- any role (a `sql` task too) could take an advisory key and stall every
--- publisher; nobody but these SECURITY DEFINER functions can lock this row.
--- A publisher waits at most event_order.lock_wait (default 5 s), then gets
--- 55P03 with a HINT instead of hanging. Consequence: publish LAST in a
--- transaction. A caller that publishes and then waits on a row lock held by
--- another publisher deadlocks; Postgres detects it and one of them gets 40P01.
+-- Order without a lock (V0009, PgQ's design). Publishers take no lock: an id
+-- comes from the sequence at insert time, so ids do NOT follow commit order.
+-- Each row records the inserting transaction (events.xid, xid8). A tick
+-- (event_tick, run by whichever relay gets the ticker row first) records a
+-- snapshot; batch k = the events whose transaction is visible in tick k's
+-- snapshot and not in tick k-1's. Every snapshot sees a transaction either
+-- not at all or as committed, and tick k's snapshot contains tick k-1's, so
+-- every committed event lands in exactly one batch, whatever order the
+-- transactions commit in. The delivery order is (batch, id); a position in it
+-- is (tick, id) -- the resume cursor. A transaction held open holds back
+-- nothing but its own events: later ticks include everything else.
+--
+-- The former design (publishers serialised on switchboard.event_order until
+-- COMMIT) stays below as _lock_event_order, unused since V0009, dropped a
+-- release later.
 
 CREATE OR REPLACE FUNCTION switchboard._check_event(event text, payload jsonb, max_bytes integer)
 RETURNS void
@@ -91,13 +94,20 @@ AS $$
 DECLARE
     v_id bigint;
 BEGIN
-    -- Commit-order ids: see the header of this file.
-    PERFORM switchboard._lock_event_order();
+    -- No lock: order comes from ticks (events.xid defaults to this transaction's id).
     v_id := nextval('switchboard.event_id_seq');
     INSERT INTO switchboard.events (id, user_id, room, event, payload, created_at)
     VALUES (v_id, _publish.user_id, _publish.room, _publish.event, _publish.payload, clock_timestamp());
-    -- A hint only: the relay reads the rows after its cursor (relay_read).
-    PERFORM pg_notify('switchboard_events', '{"id":' || v_id || '}');
+    -- A hint only: the relay ticks and reads what the ticks say it has not read. One
+    -- per transaction is enough (the relay reads everything the next tick covers): the
+    -- marker is transaction-local and is undone with a rolled-back subtransaction,
+    -- exactly like the NOTIFY it stands for. With publishers_notify off there is none:
+    -- the relays' ticker polls (see event_ticker).
+    IF current_setting('switchboard.event_notified', true) IS DISTINCT FROM 'on'
+       AND (SELECT t.publishers_notify FROM switchboard.event_ticker t WHERE t.singleton) THEN
+        PERFORM pg_notify('switchboard_events', '{"id":' || v_id || '}');
+        PERFORM set_config('switchboard.event_notified', 'on', true);
+    END IF;
     RETURN v_id;
 END
 $$;
@@ -139,7 +149,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.notify_user(uuid, text, jsonb) IS
-    'Publish an event to every socket of user_id on every replica, iff the calling transaction commits. Returns the event id (ids increase in commit order). Payload up to 1 MiB. Call it LAST in a transaction: publishers are serialised until COMMIT.';
+    'Publish an event to every socket of user_id on every replica, iff the calling transaction commits. Returns the event id (unique, increasing in insert order, not commit order: the delivery order is ticks, see events_since_v2). Payload up to 1 MiB. Takes no lock: publishers never wait for each other.';
 REVOKE ALL ON FUNCTION switchboard.notify_user(uuid, text, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.notify_user(uuid, text, jsonb) TO switchboard_app;
 
@@ -162,7 +172,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.notify_room(text, text, jsonb) IS
-    'Publish an event to every member of room with a socket joined to it, on every replica, iff the calling transaction commits. Returns the event id. A room without members is not an error (stored, delivered to nobody live). Call it LAST in a transaction.';
+    'Publish an event to every member of room with a socket joined to it, on every replica, iff the calling transaction commits. Returns the event id. A room without members is not an error (stored, delivered to nobody live). Takes no lock.';
 REVOKE ALL ON FUNCTION switchboard.notify_room(text, text, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.notify_room(text, text, jsonb) TO switchboard_app;
 
@@ -296,24 +306,280 @@ COMMENT ON FUNCTION switchboard.event_head() IS
 REVOKE ALL ON FUNCTION switchboard.event_head() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.event_head() TO switchboard_app;
 
+-- The ticker. Whichever relay gets the ticker row (FOR UPDATE SKIP LOCKED)
+-- records a tick when events became visible since the last one, and -- when
+-- publishers do not NOTIFY (event_ticker.publishers_notify off) -- wakes every
+-- relay once for the whole batch ({"tick": k} on switchboard_events).
+-- No leader: any replica ticks, a replica dying mid-tick releases the row with
+-- its connection, and a skipped caller just tries again (-1 says "busy").
+-- The snapshot is taken by the INSERT, a statement after the lock was taken,
+-- so it sees the previous tick's transaction committed: each tick's snapshot
+-- contains the previous one's, and tick numbers follow snapshot order.
+-- It must run in its own transaction: it holds the ticker row until COMMIT.
+CREATE OR REPLACE FUNCTION switchboard.event_tick()
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_prev pg_snapshot;
+    v_tick bigint;
+BEGIN
+    IF pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION 'event_tick() called in a transaction that already wrote' USING ERRCODE = '25001',
+            HINT = 'Call it in a transaction of its own (autocommit): it holds the ticker row until the transaction ends.';
+    END IF;
+    -- Read-only first: when nothing became visible since the newest tick (the common
+    -- answer for every replica but the first to hear a publisher), no lock, no xid, no
+    -- WAL. Whatever woke the caller committed before this statement's snapshot, so
+    -- "nothing new" means the newest tick already covers it.
+    SELECT k.snap INTO v_prev FROM switchboard.event_ticks k ORDER BY k.tick DESC LIMIT 1;
+    IF v_prev IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM switchboard.events e WHERE e.xid >= pg_snapshot_xmax(v_prev))
+       AND NOT EXISTS (SELECT 1 FROM switchboard.events e
+                        WHERE e.xid = ANY (ARRAY(SELECT pg_snapshot_xip(v_prev)))) THEN
+        RETURN 0;
+    END IF;
+    PERFORM 1 FROM switchboard.event_ticker t WHERE t.singleton FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN -1;
+    END IF;
+    SELECT k.snap INTO v_prev FROM switchboard.event_ticks k ORDER BY k.tick DESC LIMIT 1;
+    INSERT INTO switchboard.event_ticks (tick, snap, snap_xmax)
+    SELECT nextval('switchboard.event_tick_seq'), pg_current_snapshot(), pg_snapshot_xmax(pg_current_snapshot())
+     WHERE v_prev IS NULL
+        OR EXISTS (SELECT 1 FROM switchboard.events e WHERE e.xid >= pg_snapshot_xmax(v_prev))
+        OR EXISTS (SELECT 1 FROM switchboard.events e
+                    WHERE e.xid = ANY (ARRAY(SELECT pg_snapshot_xip(v_prev))))
+    RETURNING tick INTO v_tick;
+    IF v_tick IS NULL THEN
+        RETURN 0;
+    END IF;
+    -- The batch's one wake-up, needed only when publishers are silent: otherwise every
+    -- relay heard the publisher and ticks (or finds the tick) itself, and a NOTIFY here
+    -- would put NOTIFY's commit lock on every delivery's path for nothing.
+    IF NOT (SELECT t.publishers_notify FROM switchboard.event_ticker t WHERE t.singleton) THEN
+        PERFORM pg_notify('switchboard_events', '{"tick":' || v_tick || '}');
+    END IF;
+    RETURN v_tick;
+END
+$$;
+COMMENT ON FUNCTION switchboard.event_tick() IS
+    'Internal (relay): record a tick if events became visible since the last one (and NOTIFY {"tick": k} once for the batch when publishers_notify is off). Returns the new tick, 0 if nothing new, -1 if another replica is ticking right now (try again shortly). Run it in a transaction of its own.';
+REVOKE ALL ON FUNCTION switchboard.event_tick() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.event_tick() TO switchboard_app;
+
+-- Every read of the event stream: the events after position (after_tick,
+-- after_id) in (batch, id) order, through tick through_tick (NULL: the newest),
+-- at most max_rows; only_user NULL for all events, else that user's own events
+-- and those of the given rooms it is a member of. after_id = 9223372036854775807
+-- means "all of after_tick's batch". Works in windows of up to 500 ticks so a
+-- long catch-up reads each event once: candidates are found by events_xid
+-- (not visible in the window's first snapshot, below the last one's xmax), and
+-- each candidate's batch is the first tick in the window whose snapshot sees
+-- it. A position older than the retained ticks reads from the oldest one (the
+-- caller decides about resume_gap with event_window()).
+CREATE OR REPLACE FUNCTION switchboard._events_after(
+    only_user uuid, rooms text[], after_tick bigint, after_id bigint, through_tick bigint, max_rows integer)
+RETURNS TABLE (tick bigint, id bigint, user_id uuid, room text, event text, payload jsonb, created_at timestamptz)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    v_lo bigint;
+    v_lo_snap pg_snapshot;
+    v_lo_xip xid8[];
+    v_hi bigint;
+    v_hi_snap pg_snapshot;
+    v_left integer := max_rows;
+    v_n integer;
+    v_rooms text[] := '{}';
+BEGIN
+    SELECT k.tick, k.snap INTO v_lo, v_lo_snap FROM switchboard.event_ticks k
+     WHERE k.tick < after_tick OR (k.tick = after_tick AND after_id = 9223372036854775807)
+     ORDER BY k.tick DESC LIMIT 1;
+    IF v_lo IS NULL THEN
+        v_lo := 0;
+        v_lo_snap := '1:1:'::pg_snapshot;   -- before every retained tick: nothing seen
+    END IF;
+    IF only_user IS NOT NULL THEN
+        v_rooms := ARRAY(SELECT m.room FROM switchboard.room_members m
+                          WHERE m.user_id = only_user AND m.room = ANY (coalesce(rooms, '{}')));
+    END IF;
+    LOOP
+        SELECT w.tick, w.snap INTO v_hi, v_hi_snap FROM (
+            SELECT k.tick, k.snap FROM switchboard.event_ticks k
+             WHERE k.tick > v_lo AND (through_tick IS NULL OR k.tick <= through_tick)
+             ORDER BY k.tick LIMIT 500) w
+         ORDER BY w.tick DESC LIMIT 1;
+        EXIT WHEN v_hi IS NULL;
+        v_lo_xip := ARRAY(SELECT pg_snapshot_xip(v_lo_snap));
+        RETURN QUERY
+        SELECT b.tick, e.id, e.user_id, e.room, e.event, e.payload, e.created_at
+          FROM switchboard.events e
+         CROSS JOIN LATERAL (
+                SELECT k.tick FROM switchboard.event_ticks k
+                 WHERE k.tick > v_lo AND k.tick <= v_hi AND pg_visible_in_snapshot(e.xid, k.snap)
+                 ORDER BY k.tick LIMIT 1) b
+         WHERE ((e.xid >= pg_snapshot_xmax(v_lo_snap) AND e.xid < pg_snapshot_xmax(v_hi_snap))
+                OR e.xid = ANY (v_lo_xip))
+           AND (only_user IS NULL OR e.user_id = only_user OR e.room = ANY (v_rooms))
+           AND (b.tick > after_tick OR (b.tick = after_tick AND e.id > after_id))
+         ORDER BY b.tick, e.id
+         LIMIT v_left;
+        GET DIAGNOSTICS v_n = ROW_COUNT;
+        v_left := v_left - v_n;
+        EXIT WHEN v_left <= 0;
+        v_lo := v_hi;
+        v_lo_snap := v_hi_snap;
+    END LOOP;
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._events_after(uuid, text[], bigint, bigint, bigint, integer) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION switchboard._check_position(after_tick bigint, after_id bigint, max_rows integer)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF after_tick IS NULL OR after_tick < 0 OR after_id IS NULL OR after_id < 0 THEN
+        RAISE EXCEPTION 'invalid position (%, %)', after_tick, after_id USING ERRCODE = '22023',
+            HINT = 'A position is (tick, last event id) from an event''s cursor; (0, 0) is the start of what is retained.';
+    END IF;
+    IF max_rows IS NULL OR max_rows NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'invalid max_rows %', max_rows USING ERRCODE = '22023', HINT = 'Between 1 and 100000.';
+    END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._check_position(bigint, bigint, integer) FROM PUBLIC;
+
+-- The resume read (the v2 of events_since: a position instead of an id).
+CREATE OR REPLACE FUNCTION switchboard.events_since_v2(
+    user_id uuid, after_tick bigint, after_id bigint, rooms text[] DEFAULT '{}',
+    through_tick bigint DEFAULT NULL, max_rows integer DEFAULT 10000)
+RETURNS TABLE (tick bigint, id bigint, room text, event text, payload jsonb, created_at timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM switchboard._check_position(after_tick, after_id, max_rows);
+    IF user_id IS NULL THEN
+        RAISE EXCEPTION 'user_id must not be NULL' USING ERRCODE = '22023', HINT = 'Whose events to read.';
+    END IF;
+    RETURN QUERY
+    SELECT a.tick, a.id, a.room, a.event, a.payload, a.created_at
+      FROM switchboard._events_after(user_id, rooms, after_tick, after_id, through_tick, max_rows) a;
+END
+$$;
+COMMENT ON FUNCTION switchboard.events_since_v2(uuid, bigint, bigint, text[], bigint, integer) IS
+    'What user_id missed after the position (after_tick, after_id) -- an event frame''s cursor -- through tick through_tick (NULL: the newest): its own events and events of the given rooms it belongs to, in delivery order (tick, then id). Exact under any commit order: every event after the position exactly once. after_id 9223372036854775807 = all of after_tick. Compare with event_window() for resume_gap.';
+REVOKE ALL ON FUNCTION switchboard.events_since_v2(uuid, bigint, bigint, text[], bigint, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.events_since_v2(uuid, bigint, bigint, text[], bigint, integer) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.relay_read_v2(after_tick bigint, after_id bigint,
+                                                     ephemeral_ids bigint[] DEFAULT '{}',
+                                                     max_rows integer DEFAULT 1000)
+RETURNS TABLE (tick bigint, id bigint, ephemeral boolean, user_id uuid, room text, event text, sender uuid,
+               payload jsonb, ts bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM switchboard._check_position(after_tick, after_id, max_rows);
+    IF cardinality(ephemeral_ids) > 10000 THEN
+        RAISE EXCEPTION 'too many ephemeral ids (%)', cardinality(ephemeral_ids) USING ERRCODE = '22023',
+            HINT = 'At most 10000 per read.';
+    END IF;
+    RETURN QUERY
+    SELECT a.tick, a.id, false, a.user_id, a.room, a.event, NULL::uuid, a.payload,
+           (extract(epoch FROM a.created_at) * 1000)::bigint
+      FROM switchboard._events_after(NULL, NULL, after_tick, after_id, NULL, max_rows) a;
+    RETURN QUERY
+    SELECT NULL::bigint, x.id, true, x.user_id, x.room, x.event, x.sender, x.payload,
+           (extract(epoch FROM x.created_at) * 1000)::bigint
+      FROM switchboard.ephemeral_events x
+     WHERE x.id = ANY (coalesce(ephemeral_ids, '{}'))
+       AND x.created_at > now() - interval '30 seconds'
+     ORDER BY x.id;
+END
+$$;
+COMMENT ON FUNCTION switchboard.relay_read_v2(bigint, bigint, bigint[], integer) IS
+    'Internal (relay): stored events after the position (after_tick, after_id) in delivery order (tick, then id; at most max_rows), then the ephemeral events with the given ids (younger than 30 s). What a replica delivers; NOTIFY payloads only say when to call it.';
+REVOKE ALL ON FUNCTION switchboard.relay_read_v2(bigint, bigint, bigint[], integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.relay_read_v2(bigint, bigint, bigint[], integer) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.event_window()
+RETURNS TABLE (first_tick bigint, last_tick bigint, reaped_through bigint, publishers_notify boolean)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT h.reaped_tick, coalesce((SELECT max(k.tick) FROM switchboard.event_ticks k), h.reaped_tick),
+           h.reaped_through, (SELECT t.publishers_notify FROM switchboard.event_ticker t WHERE t.singleton)
+      FROM switchboard.event_horizon h;
+END
+$$;
+COMMENT ON FUNCTION switchboard.event_window()
+    IS 'The retained stream: a position (tick, id) is complete iff tick > first_tick, or tick = first_tick with id 9223372036854775807 (all of it); anything older gets resume_gap. last_tick is the newest tick (a relay''s starting position is (last_tick, 9223372036854775807)); reaped_through the highest event id reaped; publishers_notify whether publishers NOTIFY (false: relays poll event_tick()).';
+REVOKE ALL ON FUNCTION switchboard.event_window() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.event_window() TO switchboard_app;
+
+-- A bare event id (the previous release's resume cursor) as a position: the
+-- batch that made it visible. Exact for a client that processed frames in
+-- delivery order: having seen event N it has seen everything before (batch(N), N).
+CREATE OR REPLACE FUNCTION switchboard.event_batch(event_id bigint)
+RETURNS bigint
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN (SELECT b.tick FROM switchboard.events e
+             CROSS JOIN LATERAL (SELECT k.tick FROM switchboard.event_ticks k
+                                  WHERE k.snap_xmax > e.xid AND pg_visible_in_snapshot(e.xid, k.snap)
+                                  ORDER BY k.snap_xmax, k.tick LIMIT 1) b
+             WHERE e.id = event_id);
+END
+$$;
+COMMENT ON FUNCTION switchboard.event_batch(bigint) IS
+    'The tick whose batch holds event event_id (its position is (tick, event_id)); NULL if the event is not retained or not in a tick yet.';
+REVOKE ALL ON FUNCTION switchboard.event_batch(bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.event_batch(bigint) TO switchboard_app;
+
+-- Retention counts from when an event became visible (its tick), not from its
+-- insert: an event whose transaction stayed open longer than the window is
+-- still kept for a full window after it commits. The cut is the newest tick
+-- older than keep: every event visible in its snapshot goes, older ticks go,
+-- the cut itself stays as the first batch boundary (event_window().first_tick).
 CREATE OR REPLACE FUNCTION switchboard.reap_events(keep interval DEFAULT '5 minutes')
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_n integer;
+    v_n integer := 0;
     v_max bigint;
+    v_cut bigint;
+    v_snap pg_snapshot;
 BEGIN
     IF keep IS NULL OR keep < interval '0' THEN
-        RAISE EXCEPTION 'invalid keep interval "%"', keep USING ERRCODE = '22023';
+        RAISE EXCEPTION 'invalid keep interval "%"', keep USING ERRCODE = '22023',
+            HINT = 'keep is the resume window, e.g. ''5 minutes''.';
     END IF;
-    WITH gone AS (
-        DELETE FROM switchboard.events e WHERE e.created_at < now() - keep RETURNING e.id
-    )
-    SELECT count(*), max(id) INTO v_n, v_max FROM gone;
-    IF v_max IS NOT NULL THEN
-        UPDATE switchboard.event_horizon SET reaped_through = greatest(reaped_through, v_max);
+    SELECT k.tick, k.snap INTO v_cut, v_snap
+      FROM switchboard.event_ticks k WHERE k.created_at < now() - keep ORDER BY k.tick DESC LIMIT 1;
+    IF v_cut IS NOT NULL AND v_cut > (SELECT h.reaped_tick FROM switchboard.event_horizon h) THEN
+        WITH gone AS (
+            DELETE FROM switchboard.events e
+             WHERE e.xid < pg_snapshot_xmax(v_snap) AND pg_visible_in_snapshot(e.xid, v_snap)
+            RETURNING e.id
+        )
+        SELECT count(*), max(id) INTO v_n, v_max FROM gone;
+        DELETE FROM switchboard.event_ticks k WHERE k.tick < v_cut;
+        UPDATE switchboard.event_horizon
+           SET reaped_tick = v_cut, reaped_through = greatest(reaped_through, coalesce(v_max, 0));
     END IF;
     -- Ephemeral rows are only read within 30 s of their NOTIFY.
     DELETE FROM switchboard.ephemeral_events x WHERE x.created_at < now() - interval '1 minute';
@@ -321,7 +587,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.reap_events(interval) IS
-    'Delete events older than keep (the resume window, default 5 minutes) and advance event_horizon(); also drops ephemeral events older than a minute. Returns how many events.';
+    'Delete the events that became visible more than keep ago (the resume window, default 5 minutes, counted from the tick that made them visible, so a long transaction''s events get the full window after COMMIT) and the ticks before; advance event_window() / event_horizon(); drop ephemeral events older than a minute. Returns how many events.';
 REVOKE ALL ON FUNCTION switchboard.reap_events(interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.reap_events(interval) TO switchboard_app;
 

@@ -2,8 +2,13 @@
 -- event row and NOTIFY; inside this rolled-back transaction the rows vanish and
 -- no NOTIFY is ever delivered (PostgreSQL sends notifications at COMMIT only).
 -- Two things do outlive the rollback, as with any aborted publisher: the event
--- ids taken from switchboard.event_id_seq (a gap), and, while the transaction
--- runs (milliseconds), the event-order lock, which other publishers wait for.
+-- ids taken from switchboard.event_id_seq and event_tick_seq (gaps). No lock:
+-- publishers never wait for each other (V0009).
+--
+-- Ticks: event_tick() refuses a transaction that already wrote, so the tick
+-- here is written by hand, with a snapshot that sees this transaction as
+-- committed (xmin = xmax = our xid + 1): what a reader sees once a tick taken
+-- after our COMMIT exists.
 \set ON_ERROR_STOP 1
 \set QUIET 1
 \pset format unaligned
@@ -11,7 +16,7 @@
 \pset pager off
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
-SELECT plan(10);
+SELECT plan(32);
 
 SELECT switchboard.create_user('pgtap.a' || txid_current(), '$2b$12$abcdefghijklmnopqrstuv') AS a \gset
 SELECT switchboard.create_user('pgtap.b' || txid_current(), '$2b$12$abcdefghijklmnopqrstuv') AS b \gset
@@ -40,6 +45,52 @@ SELECT is_empty(format('SELECT id FROM switchboard.events_since(%L, %s, ARRAY[%L
                 'b, not a member, gets none of the room''s events');
 SELECT throws_ok(format('SELECT * FROM switchboard.events_since(%L, -1)', :'a'), '22023');
 SELECT throws_ok(format('SELECT * FROM switchboard.events_since(%L, 0, ''{}'', 0)', :'a'), '22023');
+
+-- The ordering objects (V0009).
+SELECT has_column('switchboard', 'events', 'xid', 'events record the inserting transaction');
+SELECT col_type_is('switchboard', 'events', 'xid', 'xid8', 'as xid8 (no wraparound)');
+SELECT col_default_is('switchboard', 'events', 'xid', 'pg_current_xact_id()', 'stamped by default');
+SELECT has_index('switchboard', 'events', 'events_xid', 'candidates are found by xid');
+SELECT has_table('switchboard', 'event_ticks', 'ticks are stored');
+SELECT has_table('switchboard', 'event_ticker', 'the ticker row');
+SELECT is((SELECT count(*) FROM switchboard.event_ticker), 1::bigint, 'the ticker has its one row');
+SELECT table_privs_are('switchboard', 'event_ticker', 'switchboard_app', ARRAY[]::text[],
+                       'switchboard_app cannot lock the ticker row itself');
+SELECT table_privs_are('switchboard', 'event_ticks', 'switchboard_app', ARRAY[]::text[],
+                       'nor write ticks');
+SELECT function_privs_are('switchboard', 'event_tick', ARRAY[]::text[], 'switchboard_app', ARRAY['EXECUTE']);
+SELECT function_privs_are('switchboard', 'events_since_v2',
+                          ARRAY['uuid', 'bigint', 'bigint', 'text[]', 'bigint', 'integer'],
+                          'switchboard_app', ARRAY['EXECUTE']);
+SELECT function_privs_are('switchboard', '_events_after',
+                          ARRAY['uuid', 'text[]', 'bigint', 'bigint', 'bigint', 'integer'],
+                          'switchboard_app', ARRAY[]::text[], 'the unfiltered reader is internal');
+SELECT throws_ok('SELECT switchboard.event_tick()', '25001', NULL,
+                 'event_tick() refuses a transaction that already wrote');
+
+SELECT format('%1$s:%1$s:', pg_current_xact_id()::text::bigint + 1) AS snap \gset
+INSERT INTO switchboard.event_ticks (tick, snap, snap_xmax)
+SELECT nextval('switchboard.event_tick_seq'), :'snap'::pg_snapshot, pg_snapshot_xmax(:'snap'::pg_snapshot)
+RETURNING tick AS k1 \gset
+SELECT results_eq(format('SELECT tick, id, event FROM switchboard.events_since_v2(%L, %s, 0, ARRAY[%L])',
+                         :'a', :k1 - 1, :'room'),
+                  format('VALUES (%s::bigint, %s::bigint, %L), (%s, %s, %L), (%s, %s, %L)',
+                         :k1, :e1, 'first', :k1, :e2, 'second', :k1, :e3, 'to-room'),
+                  'events_since_v2: the batch of the tick that made them visible, by id');
+SELECT results_eq(format('SELECT id FROM switchboard.events_since_v2(%L, %s, %s, ARRAY[%L])',
+                         :'a', :k1, :e1, :'room'),
+                  format('VALUES (%s::bigint), (%s)', :e2, :e3), 'a mid-batch position excludes what was seen');
+SELECT is_empty(format('SELECT id FROM switchboard.events_since_v2(%L, %s, 9223372036854775807, ARRAY[%L])',
+                       :'a', :k1, :'room'), 'the whole batch seen: nothing after it');
+SELECT is((SELECT switchboard.event_batch(:e2)), :k1::bigint, 'event_batch: a bare id''s batch');
+SELECT is((SELECT last_tick FROM switchboard.event_window()), :k1::bigint, 'event_window: the newest tick');
+SELECT results_eq(format('SELECT tick, id, ephemeral FROM switchboard.relay_read_v2(%s, %s, ''{}'', 2)',
+                         :k1, :e1),
+                  format('VALUES (%s::bigint, %s::bigint, false), (%s, %s, false)', :k1, :e2, :k1, :e3),
+                  'relay_read_v2: every event after the position, max_rows of them');
+SELECT throws_ok(format('SELECT * FROM switchboard.events_since_v2(%L, -1, 0)', :'a'), '22023');
+SELECT throws_ok('SELECT * FROM switchboard.relay_read_v2(0, 0, ''{}'', 0)', '22023');
+SELECT is(switchboard.reap_events('1 hour'), 0, 'reap_events keeps what became visible within keep');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -19,6 +19,7 @@ from typing import Any, cast
 from uuid import UUID
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
@@ -482,6 +483,22 @@ class Database:
     async def event_horizon(self) -> int:
         return int(await self.scalar("SELECT switchboard.event_horizon()"))
 
+    async def events_since_v2(self, user_id: UUID, after: tuple[int, int], rooms: list[str],
+                              through_tick: int | None, limit: int) -> list[dict]:
+        return await self.fetchall(
+            "SELECT tick, id, room, event, payload, created_at "
+            "FROM switchboard.events_since_v2(%s, %s, %s, %s, %s, %s)",
+            (user_id, after[0], after[1], rooms, through_tick, limit))
+
+    async def event_window(self) -> dict:
+        row = await self.fetchone("SELECT first_tick, last_tick, reaped_through, publishers_notify FROM switchboard.event_window()")
+        assert row is not None
+        return row
+
+    async def event_batch(self, event_id: int) -> int | None:
+        tick = await self.scalar("SELECT switchboard.event_batch(%s)", (event_id,))
+        return None if tick is None else int(tick)
+
     # -- the relay's own reads ------------------------------------------------------------
     # On the relay's dedicated reader connection (not the request pool: a busy pool
     # must not delay delivery). NOTIFY payloads are hints; these reads are what a
@@ -493,6 +510,49 @@ class Database:
             "SELECT id, ephemeral, user_id, room, event, sender, payload, ts "
             "FROM switchboard.relay_read(%s, %s, %s)", (after_id, ephemeral_ids, max_rows))
         return await cur.fetchall()
+
+    @staticmethod
+    async def relay_read_v2(conn: psycopg.AsyncConnection, after: tuple[int, int], ephemeral_ids: list[int],
+                            max_rows: int) -> list[dict]:
+        cur = await conn.execute(
+            "SELECT tick, id, ephemeral, user_id, room, event, sender, payload, ts "
+            "FROM switchboard.relay_read_v2(%s, %s, %s, %s)", (after[0], after[1], ephemeral_ids, max_rows))
+        return await cur.fetchall()
+
+    @staticmethod
+    async def relay_tick_read(conn: psycopg.AsyncConnection, after: tuple[int, int], ephemeral_ids: list[int],
+                              max_rows: int) -> tuple[int, list[dict]]:
+        """event_tick() in a transaction of its own, then relay_read_v2() after it, in ONE
+        round trip (one simple-query string: BEGIN; tick; COMMIT; read). The tick commits
+        before the read starts, so the read sees it, and the ticker row is not held while
+        reading. The values are the relay's own integers (its position, bounded hint ids),
+        passed as psycopg.sql.Literal: the simple-query protocol takes no parameters."""
+        q = sql.SQL(
+            "BEGIN; SELECT switchboard.event_tick() AS tick; COMMIT; "
+            "SELECT tick, id, ephemeral, user_id, room, event, sender, payload, ts "
+            "FROM switchboard.relay_read_v2({}::bigint, {}::bigint, {}::bigint[], {}::integer)").format(
+                sql.Literal(int(after[0])), sql.Literal(int(after[1])),
+                sql.Literal([int(i) for i in ephemeral_ids]), sql.Literal(int(max_rows)))
+        cur = await conn.execute(q)
+        sets: list[list[dict]] = []
+        while True:
+            if cur.description is not None:
+                sets.append(await cur.fetchall())
+            if not cur.nextset():
+                break
+        return int(sets[0][0]["tick"]), sets[1]
+
+    @staticmethod
+    async def event_tick(conn: psycopg.AsyncConnection) -> int:
+        cur = await conn.execute("SELECT switchboard.event_tick() AS tick")
+        return int((await cur.fetchone())["tick"])
+
+    @staticmethod
+    async def event_window_on(conn: psycopg.AsyncConnection) -> dict:
+        cur = await conn.execute("SELECT first_tick, last_tick, reaped_through, publishers_notify FROM switchboard.event_window()")
+        row = await cur.fetchone()
+        assert row is not None
+        return row
 
     @staticmethod
     async def auth_snapshot(conn: psycopg.AsyncConnection[Any], since_seconds: int) -> list[Row]:

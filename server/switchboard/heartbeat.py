@@ -16,7 +16,7 @@ import socket
 
 from .auth import AuthState
 from .db import Database
-from .relay import Registry
+from .sockets import Registry
 from .replica import ReplicaState
 
 LOG = logging.getLogger("switchboard.heartbeat")

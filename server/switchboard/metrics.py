@@ -49,6 +49,9 @@ _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
                                         ("route", "method", "status")),
     "switchboard_events_relayed_total": ("Event frames written to local sockets", ()),
     "switchboard_notifications_total": ("NOTIFY messages received by the relay", ("channel",)),
+    "switchboard_notify_rejected_total": (
+        "NOTIFY payloads the relay refused (oversized, nested, wrong types, ids past bigint, unknown kinds)",
+        ("reason",)),
     "switchboard_claims_total": ("Runs claimed by this replica's scheduler", ("handler",)),
     "switchboard_runs_finished_total": ("Runs finished by this replica, by outcome", ("outcome",)),
     "switchboard_ratelimit_denied_total": ("Requests refused by rate limits", ("policy",)),
@@ -95,6 +98,8 @@ _GAUGES: dict[str, tuple[str, _Mode]] = {
     "switchboard_pool_available": ("Idle connections in the request pool", "livesum"),
     "switchboard_pool_waiting": ("Requests waiting for a connection", "livesum"),
     "switchboard_event_retention_seconds": ("Configured event retention window", "livemax"),
+    "switchboard_relay_cache_entries": (
+        "Entries the relay keeps per hint (auth cache users, ephemeral ids seen); bounded", "livesum"),
     # From switchboard.metrics_snapshot(): the same for every replica.
     "switchboard_expired_leases": ("Running task runs whose lease has expired", "livemostrecent"),
     "switchboard_runs_due": ("Queued task runs that are due", "livemostrecent"),

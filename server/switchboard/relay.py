@@ -1,22 +1,37 @@
-"""The relay: one LISTEN connection per process, and the local socket index.
+"""The relay: one LISTEN connection per process, and the reader that acts on it.
 
 Postgres NOTIFYs at COMMIT; every replica's relay hears it on its own
 dedicated autocommit connection and writes frames to its local sockets. The
 connection is reconnected with backoff; a liveness query runs whenever no
 notification arrived for ``listen_check_interval`` seconds, so a half-open
 TCP connection is noticed (plus TCP keepalives). After every (re)connect the
-relay reloads the auth view and reads every event after its cursor, so a
+relay reloads the auth view and reads every event after its position, so a
 LISTEN outage loses nothing (within the retention window).
+
+Order: the relay's position is (tick, id) in the delivery order (cursor.py,
+db/functions/50_events.sql). A publisher's wake-up makes the relay call
+event_tick() (so a tick covers what just committed; -1 = another replica is
+ticking, asked again within milliseconds) and relay_read_v2 from its position,
+both in one round trip (Database.relay_tick_read);
+each frame carries its position as ``cursor``. When publishers do not NOTIFY
+(event_ticker.publishers_notify off), _ticker_loop polls event_tick() instead.
+Every idle liveness check ticks too, which bounds the slow path.
 
 Trust: any role that can connect may NOTIFY on these channels, so a payload is
 a hint, never a fact (docs/security.md). The LISTEN loop only collects hints
 and wakes the reader; the reader does one batched read per wake-up on its own
-connection (relay_read for events, user_states / revoked_among /
-is_room_member for announcements) and acts on what it read. A forged hint
-costs a read and changes nothing; the cursor only moves to ids read.
+connection (event_tick + relay_read_v2 for events, user_states /
+revoked_among / is_room_member for announcements) and acts on what it read. A
+forged hint costs a read and changes nothing; the position only moves to rows
+read. Payloads are parsed with bounds (hints.py); a refused one is counted in
+switchboard_notify_rejected_total{reason}, never fatal.
+
+The socket index and frames live in sockets.py, payload parsing in hints.py,
+a socket's resume in resume.py.
 
 Channels (documented for programs in other languages):
-  switchboard_events  {"id": N} (event N committed) | {"eph": N} (ephemeral event N)
+  switchboard_events  {"id": N} (a transaction that published committed; N its first event)
+                      | {"tick": k} (tick k recorded) | {"eph": N} (ephemeral event N)
   switchboard_control {"kind": "user", "user_id"} | {"kind": "revoke", "jti"}
                       | {"kind": "member", "room", "user_id"}
                       | {"kind": "tool_result", "call_id", "replica_id"}
@@ -27,13 +42,11 @@ Channels (documented for programs in other languages):
 from __future__ import annotations
 
 import asyncio
-import itertools
-import json
 import logging
 import random
 import time
 import uuid
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -43,11 +56,14 @@ from psycopg.rows import dict_row
 from .auth import AuthState
 from .config import Config
 from .db import Database, conninfo_with_keepalives
+from . import cursor
+from .bounded import BadInput
+from .cursor import END, Position
+from .hints import CHANNELS, REJECT_REASONS, Hints, RejectLog, parse
 from .metrics import Metrics
+from .sockets import Client, Registry, encode, event_frame, frame
 
 LOG = logging.getLogger("switchboard.relay")
-CHANNELS = ("switchboard_events", "switchboard_control", "switchboard_runs")
-_ids = itertools.count(1)
 
 
 async def _bounded(coro: Any, timeout: float, what: str) -> Any:
@@ -77,169 +93,6 @@ async def _abandon(task: asyncio.Task, conn: psycopg.AsyncConnection | None,
         await conn.close()
     task.cancel()
     await asyncio.wait({task}, timeout=grace)
-
-
-def encode(f: dict) -> str:
-    return json.dumps(f, separators=(",", ":"), default=str)
-
-
-def frame(event: str, payload: Any = None, *, id: int | None = None, room: str | None = None,
-          ts: int | None = None, **extra: Any) -> dict:
-    f = {"id": id, "event": event, "room": room, "payload": {} if payload is None else payload,
-         "ts": ts if ts is not None else int(time.time() * 1000)}
-    f.update(extra)
-    return f
-
-
-def frame_from_row(r: dict) -> dict:
-    return frame(r["event"], r["payload"], id=r["id"], room=r["room"],
-                 ts=int(r["created_at"].timestamp() * 1000))
-
-
-class Hints:
-    """What the NOTIFYs since the last read named: bounded, deduplicated, untrusted."""
-
-    MAX = 10000
-
-    def __init__(self) -> None:
-        self.events = False
-        self.ephemeral: set[int] = set()
-        self.users: set[uuid.UUID] = set()
-        self.revoked: set[str] = set()
-        self.members: set[tuple[str, uuid.UUID]] = set()
-        self.tools: set[uuid.UUID] = set()
-        self.sessions: set[uuid.UUID] = set()
-
-    def __bool__(self) -> bool:
-        return bool(self.events or self.ephemeral or self.users or self.revoked or self.members or self.tools
-                    or self.sessions)
-
-    @classmethod
-    def add(cls, bucket: set, item: Any) -> None:
-        if len(bucket) < cls.MAX:
-            bucket.add(item)
-
-
-class Client:
-    """One accepted WebSocket: its user, joined rooms and bounded send queue."""
-
-    SENT_IDS_MAX = 20000
-
-    def __init__(self, user_id: uuid.UUID, username: str, role: str, queue_size: int,
-                 cursor: int, on_overflow: Callable[["Client"], None]) -> None:
-        self.cid = next(_ids)
-        self.user_id = user_id
-        self.username = username
-        self.role = role
-        self.rooms: set[str] = set()
-        self.queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=queue_size)
-        self.queue_size = queue_size
-        self.sent_ids: set[int] = set()
-        self.cursor = cursor          # highest stored event id this socket is up to date with
-        self.resuming = False
-        self.refetch = False          # live events were dropped from the buffer: fetch again
-        self.buffer: list[dict] = []
-        self.closing: int | None = None
-        self.epoch = 0                # the user's token epoch when the socket was accepted
-        self.close_task: asyncio.Task | None = None
-        self._on_overflow = on_overflow
-
-    def __hash__(self) -> int:
-        return self.cid
-
-    def offer(self, f: dict, text: str | None = None, replay: bool = False) -> None:
-        """Queue a frame unless it is a duplicate; overflow closes the socket (1013).
-
-        ``text`` is ``f`` already serialised: a room event goes to many sockets and is
-        encoded once, not once per socket."""
-        if self.closing is not None:
-            return
-        eid = f.get("id")
-        if self.resuming and not replay:
-            if len(self.buffer) >= self.queue_size:
-                # Every stored event in the buffer was committed before the relay read it,
-                # so the replay's next page will return it: drop them (and ephemeral
-                # frames, which are best-effort) and let the replay fetch one more page.
-                self.buffer = [b for b in self.buffer if b.get("id") is None][: self.queue_size // 2]
-                self.refetch = True
-            self.buffer.append(f)
-            return
-        if eid is not None:
-            if eid in self.sent_ids:
-                return
-            self.sent_ids.add(eid)
-            if eid > self.cursor:
-                self.cursor = eid
-            if len(self.sent_ids) > self.SENT_IDS_MAX:
-                floor = self.cursor - self.SENT_IDS_MAX // 2
-                self.sent_ids = {i for i in self.sent_ids if i > floor}
-        try:
-            self.queue.put_nowait(text if text is not None else encode(f))
-        except asyncio.QueueFull:
-            self._on_overflow(self)
-
-    async def offer_wait(self, f: dict, timeout: float, replay: bool = False,
-                         text: str | None = None) -> bool:
-        """Like offer(), for replays and catch-ups: waits (up to ``timeout`` s) for room in
-        the send queue instead of closing the socket, so a long replay streams at the
-        client's pace. A client that does not read for ``timeout`` s is closed 1013.
-        False if not sent."""
-        if self.closing is not None:
-            return False
-        if self.queue.full():
-            deadline = time.monotonic() + timeout
-            while self.queue.full():
-                if self.closing is not None:
-                    return False
-                if time.monotonic() >= deadline:
-                    self._on_overflow(self)
-                    return False
-                await asyncio.sleep(0.005)
-        self.offer(f, text, replay=replay)
-        return self.closing is None
-
-
-class Registry:
-    """Local sockets indexed by user and by room."""
-
-    def __init__(self) -> None:
-        self.by_user: dict[uuid.UUID, set[Client]] = defaultdict(set)
-        self.by_room: dict[str, set[Client]] = defaultdict(set)
-        self.count = 0
-
-    def add(self, c: Client) -> int:
-        self.by_user[c.user_id].add(c)
-        self.count += 1
-        return len(self.by_user[c.user_id])
-
-    def remove(self, c: Client) -> int:
-        for room in list(c.rooms):
-            self.leave(c, room)
-        peers = self.by_user.get(c.user_id)
-        if peers is not None and c in peers:
-            peers.discard(c)
-            self.count -= 1
-            if not peers:
-                del self.by_user[c.user_id]
-        return len(self.by_user.get(c.user_id, ()))
-
-    def join(self, c: Client, room: str) -> None:
-        c.rooms.add(room)
-        self.by_room[room].add(c)
-
-    def leave(self, c: Client, room: str) -> None:
-        c.rooms.discard(room)
-        members = self.by_room.get(room)
-        if members is not None:
-            members.discard(c)
-            if not members:
-                del self.by_room[room]
-
-    def clients(self) -> list[Client]:
-        return [c for peers in self.by_user.values() for c in peers]
-
-    def sockets_of(self, user_id: uuid.UUID) -> int:
-        return len(self.by_user.get(user_id, ()))
 
 
 class Relay:
@@ -278,11 +131,20 @@ class Relay:
         self.down_since: float | None = time.monotonic()
         self._closed_deaf = False
         self._catching_up = False       # reading what was committed while deaf: stream with back-pressure
-        self.last_seen_id = 0           # the cursor: highest event id read (never from a payload)
+        # Where this relay stands in the event stream: (tick, id) of the last stored event
+        # read (cursor.py); only ever moved by relay_read_v2 rows, never by a payload.
+        self.position: Position = (0, END)
+        self.last_seen_id = 0           # the highest event id read (hello's last_id)
+        # Publishers NOTIFY (event_window().publishers_notify); when they do not, this
+        # relay polls event_tick() every event_tick_interval (see _ticker_loop).
+        self.publishers_notify = True
+        self._last_tick_heard = 0.0
+        self._busy = 0                  # consecutive "another replica is ticking" answers
         self._cursor_set = False
         self._hints = Hints()
         self._wake = asyncio.Event()
         self._eph_seen: OrderedDict[int, None] = OrderedDict()
+        self._reject_log = RejectLog(LOG)
         self._stop = asyncio.Event()
         self._conn: psycopg.AsyncConnection | None = None
         self._reader: psycopg.AsyncConnection | None = None
@@ -292,6 +154,23 @@ class Relay:
     def start(self) -> None:
         self._tasks.append(asyncio.create_task(self._listen_loop(), name="relay-listen"))
         self._tasks.append(asyncio.create_task(self._deaf_watch(), name="relay-deaf-watch"))
+        self._tasks.append(asyncio.create_task(self._ticker_loop(), name="relay-ticker"))
+
+    async def _ticker_loop(self) -> None:
+        """PgQ's ticker, for a database whose publishers do not NOTIFY: every
+        ``event_tick_interval`` (jittered) ask for a tick -- unless a tick was heard
+        meanwhile (another replica is ticking: the cluster needs one at a time). Any
+        replica may tick; the one that does wakes every relay with one NOTIFY per batch.
+        Idle cost: one cheap event_tick() per replica per interval."""
+        interval = self.cfg.event_tick_interval
+        while not self._stop.is_set():
+            await asyncio.sleep(interval * (0.8 + 0.4 * random.random()))
+            if self.publishers_notify or not self.connected:
+                continue
+            if time.monotonic() - self._last_tick_heard < interval:
+                continue
+            self._hints.tick = True
+            self._wake.set()
 
     async def _deaf_watch(self) -> None:
         """While the LISTEN connection is down this replica hears no events: after
@@ -401,6 +280,11 @@ class Relay:
                     # cancelling the query (see _bounded): a dead connection is noticed within
                     # listen_check_interval + max(listen_check_interval, 1 s).
                     await _bounded(conn.execute("SELECT 1"), max(interval, 1.0), "liveness check")
+                    # And tick: a publisher's wake-up is the fast path, this bounds the slow
+                    # one (a tick attempt that found the ticker busy and gave up). And look
+                    # whether a DBA switched publishers_notify.
+                    self._hints.tick = self._hints.events = self._hints.window = True
+                    self._wake.set()
         finally:
             # Down from this moment (readiness 503, the deaf-close clock starts), not after
             # the clean-up below: it may wait on a dead network.
@@ -421,18 +305,24 @@ class Relay:
             await self._recheck_users(rconn, list(self.registry.by_user))
         except Exception as exc:
             raise RuntimeError(f"auth reload failed: {exc}") from exc
+        win = await self.db.event_window_on(rconn)
+        self.publishers_notify = bool(win["publishers_notify"])
         if not self._cursor_set:
-            # First connect: deliver from now on (sockets resume with events_since).
-            self.last_seen_id = await self.db.event_head(rconn)
+            # First connect: deliver from the newest tick on (sockets resume with events_since_v2).
+            self.position = (int(win["last_tick"]), END)
             self._cursor_set = True
         else:
-            # Events committed while we were deaf: one paged read after the cursor, streamed
-            # with back-pressure (see _read). If events after the cursor were reaped meanwhile,
-            # every socket may have missed some: resume_gap first, so clients reload.
-            horizon = await self.db.event_horizon()
-            if self.last_seen_id < horizon:
+            # Events that became visible while we were deaf: one paged read after the
+            # position, streamed with back-pressure (see _read). If batches after it were
+            # reaped meanwhile, every socket may have missed some: resume_gap first, so
+            # clients reload, and read on from the oldest retained tick.
+            if cursor.is_gap(self.position, int(win["first_tick"])):
+                self.position = (int(win["first_tick"]), END)
+                here = cursor.encode(self.position)
+                gap = frame("resume_gap", {"after": None, "horizon": int(win["reaped_through"]), "cursor": here},
+                            cursor=here)
                 for c in self.registry.clients():
-                    c.offer(frame("resume_gap", {"after": self.last_seen_id, "horizon": horizon}))
+                    c.offer(gap)
             # Room removals announced while we were deaf were missed too: re-check the rooms
             # local sockets joined before any room event is delivered.
             pairs = sorted({(room, c.user_id) for c in self.registry.clients() for room in c.rooms},
@@ -446,57 +336,55 @@ class Relay:
                                 self.registry.leave(c, room)
                                 c.offer(frame("left", {"reason": "removed"}, room=room))
             self._catching_up = True
-            self._hints.events = True
+        self._hints.events = True
+        self._hints.tick = True
         self._wake.set()
 
     # -- hints (LISTEN loop: parse, bound, never act) --------------------------------------
     def _dispatch(self, channel: str, payload: str) -> None:
         self.metrics.inc("switchboard_notifications_total", channel=channel)
-        if channel == "switchboard_runs":
-            self.on_run_wake()  # harmless: the scheduler claims through the database
+        try:
+            n = parse(channel, payload)
+        except BadInput as exc:
+            reason = exc.reason if exc.reason in REJECT_REASONS else "malformed"
+            self.metrics.inc("switchboard_notify_rejected_total", reason=reason)
+            self._reject_log(channel, exc, payload)
+            return
+        except Exception as exc:  # a parser bug must not cost the LISTEN connection either
+            self.metrics.inc("switchboard_notify_rejected_total", reason="malformed")
+            self._reject_log(channel, BadInput("malformed", type(exc).__name__), payload)
             return
         h = self._hints
-        try:
-            msg = json.loads(payload) if len(payload) <= 8000 else None
-        except ValueError:
-            msg = None
-        if not isinstance(msg, dict):
-            msg = {}
-        try:
-            if channel == "switchboard_events":
-                eph = msg.get("eph")
-                if isinstance(eph, int) and not isinstance(eph, bool):
-                    if eph not in self._eph_seen:
-                        Hints.add(h.ephemeral, eph)
-                else:
-                    eid = msg.get("id")
-                    if isinstance(eid, int) and not isinstance(eid, bool) and eid <= self.last_seen_id:
-                        return  # already read
-                    h.events = True
-            elif channel == "switchboard_control":
-                kind = msg.get("kind")
-                if kind == "user":
-                    Hints.add(h.users, uuid.UUID(str(msg["user_id"])))
-                elif kind == "revoke":
-                    jti = msg.get("jti")
-                    if isinstance(jti, str) and 0 < len(jti) <= 200:
-                        Hints.add(h.revoked, jti)
-                elif kind == "member":
-                    room = msg.get("room")
-                    if isinstance(room, str) and 0 < len(room) <= 128:
-                        Hints.add(h.members, (room, uuid.UUID(str(msg["user_id"]))))
-                elif kind == "tool_result":
-                    if msg.get("replica_id") != self.replica_id:
-                        return  # another replica's waiter (or noise)
-                    Hints.add(h.tools, uuid.UUID(str(msg["call_id"])))
-                elif kind == "session":
-                    Hints.add(h.sessions, uuid.UUID(str(msg["session_id"])))
-                else:
-                    return
-            else:
-                return
-        except (KeyError, ValueError, TypeError, AttributeError):
-            LOG.debug("ignored malformed notification on %s: %.200s", channel, payload)
+        if n.kind == "run":
+            self.on_run_wake()  # harmless: the scheduler claims through the database
+            return
+        if n.kind == "eph":
+            assert n.id is not None
+            if n.id not in self._eph_seen:
+                Hints.add(h.ephemeral, n.id)
+        elif n.kind == "event":
+            # A publisher committed: make sure a tick covers it, then read. (Ids do not
+            # follow commit order, so an id below the last one read is no reason to skip.)
+            h.events = True
+            h.tick = True
+        elif n.kind == "tick":
+            self._last_tick_heard = time.monotonic()
+            if n.id is not None and n.id <= self.position[0]:
+                return  # already read through that tick
+            h.events = True
+        elif n.kind == "user":
+            Hints.add(h.users, n.user_id)
+        elif n.kind == "revoke":
+            Hints.add(h.revoked, n.jti)
+        elif n.kind == "member":
+            Hints.add(h.members, (n.room, n.user_id))
+        elif n.kind == "tool_result":
+            if n.replica_id != self.replica_id:
+                return  # another replica's waiter (or noise)
+            Hints.add(h.tools, n.call_id)
+        elif n.kind == "session":
+            Hints.add(h.sessions, n.session_id)
+        else:
             return
         self._wake.set()
 
@@ -513,13 +401,32 @@ class Relay:
         rconn = self._reader
         assert rconn is not None
         db = self.db
-        if h.events or h.ephemeral:
-            eph = sorted(h.ephemeral)
+        if h.window:
+            self.publishers_notify = bool((await db.event_window_on(rconn))["publishers_notify"])
+        first: list[dict] | None = None
+        eph = sorted(h.ephemeral)
+        if h.tick:
+            # Make sure a tick covers what committed before now, and read, in one round trip.
+            got, first = await db.relay_tick_read(rconn, self.position, eph, self.READ_ROWS)
+            eph = []
+            if got < 0:
+                # Another replica is ticking: its snapshot may predate what woke us, so ask
+                # again shortly (backing off while it stays busy); read what is ticked now.
+                self._busy = min(self._busy + 1, 7)
+                self._hints.tick = self._hints.events = True
+                asyncio.get_running_loop().call_later(0.0005 * (2 ** self._busy) * (0.5 + random.random()),
+                                                      self._wake.set)
+            else:
+                self._busy = 0
+        if h.events or h.ephemeral or first is not None:
             while True:
-                rows = await db.relay_read(rconn, self.last_seen_id, eph, self.READ_ROWS)
+                rows = first if first is not None else await db.relay_read_v2(rconn, self.position, eph,
+                                                                               self.READ_ROWS)
+                first = None
                 eph = []
                 stored = 0
                 for r in rows:
+                    pos: Position | None = None
                     if r["ephemeral"]:
                         if r["id"] in self._eph_seen:
                             continue
@@ -531,14 +438,18 @@ class Relay:
                             f["from"] = str(r["sender"])
                     else:
                         stored += 1
-                        if r["id"] <= self.last_seen_id:
+                        pos, f = event_frame(r, r["ts"])
+                        if pos <= self.position:
                             continue
-                        self.last_seen_id = r["id"]
-                        f = frame(r["event"], r["payload"], id=r["id"], room=r["room"], ts=r["ts"])
                     if self._catching_up:
-                        await self._deliver_wait(r["user_id"], r["room"], f)
+                        await self._deliver_wait(r["user_id"], r["room"], f, pos)
                     else:
-                        self._deliver(r["user_id"], r["room"], f)
+                        self._deliver(r["user_id"], r["room"], f, pos)
+                    if pos is not None:
+                        # Moved after delivery: a socket registered meanwhile starts here
+                        # (hello's cursor) and was offered this event (see _deliver_wait).
+                        self.position = pos
+                        self.last_seen_id = max(self.last_seen_id, pos[1])
                 if stored < self.READ_ROWS:
                     self._catching_up = False
                     break
@@ -565,32 +476,32 @@ class Relay:
         if h.sessions and self.on_sessions is not None:
             await self.on_sessions(rconn, list(h.sessions))
 
-    async def _deliver_wait(self, user_id: uuid.UUID | None, room: str | None, f: dict) -> None:
+    async def _deliver_wait(self, user_id: uuid.UUID | None, room: str | None, f: dict,
+                            pos: Position | None) -> None:
         """_deliver for a catch-up: each socket's frame waits for room in its send queue
-        (a client that reads nothing for ws_replay_stall_seconds is closed 1013)."""
-        targets = self.registry.by_user.get(user_id) if user_id is not None else \
-            self.registry.by_room.get(room) if room is not None else None
-        if not targets:
-            return
+        (a client that reads nothing for ws_replay_stall_seconds is closed 1013). A socket
+        registered while we wait is offered the frame too: its hello said it starts
+        before this event."""
+        done: set[Client] = set()
         text = encode(f)
-        for c in list(targets):
-            await c.offer_wait(f, self.cfg.ws_replay_stall_seconds, text=text)
-        self.metrics.inc("switchboard_events_relayed_total", len(targets))
+        while True:
+            pending = [c for c in (self.registry.targets(user_id, room) or ()) if c not in done]
+            if not pending:
+                break
+            for c in pending:
+                done.add(c)
+                await c.offer_wait(f, self.cfg.ws_replay_stall_seconds, text=text, pos=pos)
+        if done:
+            self.metrics.inc("switchboard_events_relayed_total", len(done))
 
-    def _deliver(self, user_id: uuid.UUID | None, room: str | None, f: dict) -> None:
-        targets: set[Client] | None
-        if user_id is not None:
-            targets = self.registry.by_user.get(user_id)
-        elif room is not None:
-            targets = self.registry.by_room.get(room)
-        else:
-            return
+    def _deliver(self, user_id: uuid.UUID | None, room: str | None, f: dict, pos: Position | None) -> None:
+        targets = self.registry.targets(user_id, room)
         if not targets:
             return
         text = encode(f)
         n = 0
         for c in list(targets):
-            c.offer(f, text)
+            c.offer(f, text, pos=pos)
             n += 1
         self.metrics.inc("switchboard_events_relayed_total", n)
         # Commit (the event's database timestamp) to frame offered, once per event.
@@ -611,7 +522,10 @@ class Relay:
             for uid in chunk:
                 r = found.get(uid)
                 if r is None:  # no such user (any more): nothing it holds is valid
-                    self.auth.apply_user(uid, "member", True, 1 << 30)
+                    # Cached only if it was cached already: a forged hint naming a random id
+                    # must not grow the cache (it holds no token and has no socket anyway).
+                    if uid in self.auth.users:
+                        self.auth.apply_user(uid, "member", True, 1 << 30)
                     disabled, role, epoch = True, "member", 1 << 30
                 else:
                     self.auth.apply_user(uid, r["role"], r["disabled"], r["token_epoch"])
@@ -623,15 +537,14 @@ class Relay:
                         self.close_client(c, 1008, "session revoked")
 
     def close_client(self, c: Client, code: int, reason: str) -> None:
-        if c.closing is not None:
-            return
-        c.closing = code
-        self.metrics.inc("switchboard_ws_closed_total", code=str(code))
-        closer = getattr(c, "closer", None)
-        if closer is not None:
-            # Kept on the client: the socket's handler awaits it before returning, or the
-            # ASGI server's implicit close (1000) could overtake this one.
-            c.close_task = asyncio.get_running_loop().create_task(closer(code, reason))
+        if c.request_close(code, reason):
+            self.metrics.inc("switchboard_ws_closed_total", code=str(code))
+
+    def cache_entries(self) -> int:
+        """What this relay keeps per hint: the auth cache's users and the ephemeral ids
+        seen. Both bounded (users only for ids that exist; ids seen by EPHEMERAL_SEEN_MAX),
+        so forged hints naming random ids cannot grow memory."""
+        return len(self.auth.users) + len(self._eph_seen)
 
     def overflow(self, c: Client) -> None:
         LOG.info("closing socket of user %s: send queue full (client too slow)", c.user_id)

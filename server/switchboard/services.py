@@ -37,7 +37,8 @@ from .handlers import HandlerRegistry, load_handlers
 from .heartbeat import ReplicaHeartbeat
 from .metrics import GaugeSampler, Metrics
 from .ratelimit import RateLimiter
-from .relay import Registry, Relay
+from .relay import Relay
+from .sockets import Registry
 from .replica import ReplicaState
 from .scheduler import Scheduler
 from .sessions import SessionWatch
@@ -105,6 +106,7 @@ def build_services(config: Config) -> Services:
             "switchboard_pool_available": lambda: pool_stat().get("pool_available", 0),
             "switchboard_pool_waiting": lambda: pool_stat().get("requests_waiting", 0),
             "switchboard_event_retention_seconds": lambda: config.event_retention_seconds,
+            "switchboard_relay_cache_entries": relay.cache_entries,
         },
         snapshot=db.metrics_snapshot,
         # The readiness probe's rule, with the last snapshot standing in for its ping.

@@ -37,7 +37,7 @@ import psycopg
 
 from .auth import AuthState
 from .db import Database
-from .relay import Client, Registry
+from .sockets import Client, Registry
 
 LOG = logging.getLogger("switchboard.sessions")
 CHUNK = 10000
@@ -49,7 +49,7 @@ def close_reason(end_reason: str | None) -> str:
 
 
 def session_of(client: Client) -> uuid.UUID | None:
-    return getattr(client, "session_id", None)
+    return client.session_id
 
 
 class SessionWatch:
@@ -68,9 +68,9 @@ class SessionWatch:
     def bind(self, client: Client, session_id: uuid.UUID | None, expires_at: datetime | None) -> None:
         """Remember on the socket which session it belongs to (None: a token from before
         sessions, bound to its user only) and until when that session is known to live."""
-        client.session_id = session_id  # type: ignore[attr-defined]
+        client.session_id = session_id
         exp = expires_at.timestamp() if expires_at else None
-        client.session_expires = exp  # type: ignore[attr-defined]
+        client.session_expires = exp
         if exp is not None and exp < self.earliest:
             self.earliest = exp
 
@@ -106,7 +106,7 @@ class SessionWatch:
             if cs in ended:
                 self.close(c, 1008, close_reason(ended[cs]))
             elif cs in live:
-                c.session_expires = live[cs]  # type: ignore[attr-defined]
+                c.session_expires = live[cs]
 
     # -- expiry ----------------------------------------------------------------------
     def start(self) -> None:
@@ -137,7 +137,7 @@ class SessionWatch:
             sid = session_of(c)
             if sid is None or c.closing is not None:
                 continue
-            exp = getattr(c, "session_expires", None) or 0.0
+            exp = c.session_expires or 0.0
             if exp <= now:
                 due.add(sid)
             elif exp < earliest:

@@ -20,13 +20,17 @@ import falcon
 import falcon.asgi
 import psycopg
 
-from . import bounded
+from . import bounded, cursor
+from .bounded import BadInput
 from .config import Config
+from .cursor import Position
 from .db import Database
 from .http.cors import origin_allowed
-from .relay import Client, Registry, Relay, encode, frame, frame_from_row
+from .relay import Relay
 from .replica import ReplicaState
+from .resume import resume
 from .sessions import SessionWatch
+from .sockets import Client, Registry, encode, frame
 
 
 LOG = logging.getLogger("switchboard.ws")
@@ -35,7 +39,6 @@ LOG = logging.getLogger("switchboard.ws")
 # untrusted client may make us send to the database.
 ROOM_MAX = 128
 TOOL_RESULT_RE = re.compile(r"^tool\.result\.([0-9a-fA-F-]{36})$")
-REPLAY_PAGE = 200   # events per events_since() call during a resume
 TICKET_RE = re.compile(r"[0-9A-Fa-f]{1,64}")   # issue_ticket's 32 hex digits; more is never a ticket
 HANDSHAKE_ROOMS_MAX = 50
 
@@ -105,21 +108,27 @@ class WebSocketResource:
         if registry.sockets_of(user_id) >= self.cfg.ws_max_sockets_per_user:
             await ws.close(1008)
             return
-        # Optional handshake-time resume: /ws?ticket=T&after=N&rooms=a,b joins the rooms
-        # and replays everything after N *before* any live frame can be sent, so a
-        # reconnecting client has no window in which a live event overtakes the replay.
-        after, rooms, refused = None, [], []
+        # Optional handshake-time resume: /ws?ticket=T&cursor=C&rooms=a,b (or the previous
+        # release's after=N) joins the rooms and replays everything after C *before* any
+        # live frame can be sent, so a reconnecting client has no window in which a live
+        # event overtakes the replay.
+        after: Position | int | None = None
+        rooms: list[str] = []
+        refused: list[str] = []
         try:
+            cursor_raw = req.get_param("cursor")
             after_raw = req.get_param("after")
-            if after_raw is not None:
+            if cursor_raw is not None:
+                after = cursor.decode(cursor_raw)
+            elif after_raw is not None:
                 after = bounded.bigint(after_raw, name="after", minimum=0)
             rooms_raw = req.get_param("rooms")
             wanted = [r for r in (rooms_raw or "").split(",") if r]
             if len(wanted) > HANDSHAKE_ROOMS_MAX:
-                raise bounded.BadInput("too_large", f"more than {HANDSHAKE_ROOMS_MAX} rooms")
+                raise BadInput("too_large", f"more than {HANDSHAKE_ROOMS_MAX} rooms")
             for r in wanted:
                 bounded.text(r, name="room", max_len=ROOM_MAX)
-        except bounded.BadInput as exc:   # refused before accept: the client sees HTTP 403
+        except BadInput as exc:   # refused before accept: the client sees HTTP 403
             self.rejections.record("handshake", exc.reason, str(exc))
             await ws.close(1008)
             return
@@ -132,8 +141,14 @@ class WebSocketResource:
                 await ws.close(1011)
                 return
         await ws.accept()
+
+        async def closer(code: int, reason: str) -> None:
+            try:
+                await ws.close(code, reason)
+            except Exception:
+                pass
         client = Client(user_id, user["username"], user["role"], self.cfg.ws_queue_size,
-                        relay.last_seen_id, relay.overflow)
+                        relay.position, relay.overflow, close_hook=closer)
         client.epoch = int(user["token_epoch"])
         self.sessions.bind(client, grant["session_id"], grant["session_expires_at"])
         if after is not None:
@@ -141,13 +156,6 @@ class WebSocketResource:
             client.buffer = []
         for r in rooms:
             registry.join(client, r)
-
-        async def closer(code: int, reason: str) -> None:
-            try:
-                await ws.close(code, reason)
-            except Exception:
-                pass
-        client.closer = closer  # type: ignore[attr-defined]
         # hello is queued in the same step that registers the socket (no await between):
         # once registered, the relay may offer live events, and none may overtake hello
         # (a client that resumes from "the last id seen" would skip what it missed).
@@ -159,9 +167,11 @@ class WebSocketResource:
             relay.close_client(client, 1008, "user disabled" if known[1] else "session revoked")
         elif grant["session_id"] is not None and grant["session_id"] in relay.auth.ended_sessions:
             relay.close_client(client, 1008, "session ended")
+        start = cursor.encode(client.position)
         client.queue.put_nowait(encode(frame(
             "hello", {"replica": self.replica.replica_id, "user_id": str(user_id), "username": user["username"],
-                      "role": user["role"], "last_id": client.cursor, "rooms": sorted(rooms)})))
+                      "role": user["role"], "last_id": relay.last_seen_id,
+                      "cursor": start, "rooms": sorted(rooms)}, cursor=start)))
         for r in refused:
             client.queue.put_nowait(encode(frame(
                 "error", {"code": "forbidden", "message": f"not a member of room {r}", "action": "join",
@@ -169,7 +179,7 @@ class WebSocketResource:
         sender = asyncio.create_task(self._sender(ws, client))
         try:
             if after is not None:
-                await self._resume(client, after)
+                await resume(db, client, after, self.cfg.ws_replay_stall_seconds)
             await self._presence(user_id, n)
             await self._receive_loop(ws, client)
         except falcon.WebSocketDisconnected:
@@ -269,74 +279,25 @@ class WebSocketResource:
                 self.registry.leave(client, room)
             client.offer(frame("left", {}, room=room if isinstance(room, str) else None))
         elif action == "resume":
+            after: Position | int
             try:
-                after = bounded.bigint(msg.get("after"), name="after", minimum=0)
-            except bounded.BadInput as exc:
+                if "cursor" in msg:
+                    after = cursor.decode(msg["cursor"])
+                else:
+                    after = bounded.bigint(msg.get("after"), name="after", minimum=0)
+                    if not isinstance(msg.get("after"), int):
+                        raise BadInput("bad_number", "after must be an integer")
+            except BadInput as exc:
                 self.rejections.record("ws", exc.reason, str(exc))
-                self._error(client, "bad_resume", "after must be the last event id seen (an integer >= 0)")
+                self._error(client, "bad_resume", "send the cursor of the last event frame processed "
+                                                  "({\"cursor\": \"...\"}; or after: the last event id)")
                 return
-            await self._resume(client, after)
+            await resume(self.db, client, after, self.cfg.ws_replay_stall_seconds)
         elif action == "publish":
             await self._publish(client, msg)
         else:
             self._error(client, "unknown_action", f"unknown action {str(action)[:50]!r}",
                         allowed=["join", "leave", "resume", "publish", "ping"])
-
-    async def _resume(self, client: Client, after: int) -> None:
-        """Replay what was missed, then live, with no gap and no duplicate.
-
-        Live events are buffered while the replay runs; both are de-duplicated by
-        event id (ids follow commit order, so the replay plus the buffer cover
-        everything after `after`). The replay is paged (REPLAY_PAGE events per
-        events_since() call) and streamed with back-pressure: each frame waits for
-        room in the socket's send queue, so an absence of any length inside the
-        retention window replays completely, at the client's pace (a client that
-        stops reading for ws_replay_stall_seconds is closed 1013). If the live
-        buffer fills meanwhile, its stored events are dropped and one more page is
-        fetched: they were committed before their NOTIFY arrived, so that page has
-        them. A cursor below the event horizon gets resume_gap first.
-        """
-        db = self.db
-        stall = self.cfg.ws_replay_stall_seconds
-        if not client.resuming:  # (a handshake-time resume is already buffering)
-            client.resuming = True
-            client.buffer = []
-        client.refetch = False
-        replayed = 0
-        try:
-            horizon = await db.event_horizon()
-            if after < horizon:
-                client.offer(frame("resume_gap", {"after": after, "horizon": horizon}), replay=True)
-            cursor = after
-            while True:
-                rows = await db.events_since(client.user_id, cursor, sorted(client.rooms), REPLAY_PAGE)
-                for r in rows:
-                    if not await client.offer_wait(frame_from_row(r), stall, replay=True):
-                        return                  # closed (too slow, or going away)
-                replayed += len(rows)
-                if rows:
-                    cursor = rows[-1]["id"]
-                if len(rows) == REPLAY_PAGE:
-                    continue
-                # The buffered live events, oldest first; new arrivals keep going to the
-                # buffer until it is empty, so nothing live can overtake them.
-                while client.buffer:
-                    client.buffer.sort(key=lambda f: (f.get("id") is None, f.get("id") or 0))
-                    f = client.buffer.pop(0)
-                    if not await client.offer_wait(f, stall, replay=True):
-                        return
-                if not client.refetch:
-                    break
-                client.refetch = False          # live events were dropped: look once more
-        except BaseException:
-            buffered, client.buffer, client.resuming = client.buffer, [], False
-            for f in buffered:
-                client.offer(f)
-            raise
-        client.resuming = False
-        if client.cursor < after:
-            client.cursor = after
-        client.offer(frame("resumed", {"after": after, "replayed": replayed}))
 
     async def _publish(self, client: Client, msg: dict) -> None:
         event = msg.get("event")

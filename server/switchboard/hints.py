@@ -1,0 +1,151 @@
+"""NOTIFY payloads as the relay reads them: untrusted hints, parsed and bounded.
+
+Any role that can connect may NOTIFY anything on any channel, so a payload is a
+hint of *when* to read, never a fact (docs/security.md). ``parse`` turns one
+notification into a typed ``Notice`` or raises ``BadInput`` with a reason from
+a closed set (the relay counts it in switchboard_notify_rejected_total{reason}
+and logs at most once a minute); the relay collects notices into ``Hints``
+between two reads. Every bound is here: size, depth, types, bigint range.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from . import bounded
+from .bounded import BadInput
+
+CHANNELS = ("switchboard_events", "switchboard_control", "switchboard_runs")
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One parsed notification. ``kind`` is one of: run, event, eph, tick, user,
+    revoke, member, tool_result, session; the other fields are set as the kind needs."""
+
+    kind: str
+    id: int | None = None
+    user_id: uuid.UUID | None = None
+    room: str | None = None
+    jti: str | None = None
+    call_id: uuid.UUID | None = None
+    replica_id: str | None = None
+    session_id: uuid.UUID | None = None
+
+
+# Why a payload was refused: a closed set, safe as a metric label.
+REJECT_REASONS = ("too_large", "too_deep", "malformed", "bad_number", "out_of_range", "bad_type",
+                  "bad_field", "unknown_kind", "unknown_channel")
+MAX_PAYLOAD = 8000      # NOTIFY's own limit is 8000 bytes
+MAX_DEPTH = 4           # every hint we send is a flat object
+
+
+def _int(msg: dict, key: str) -> int:
+    value = msg[key]
+    if not isinstance(value, int) or isinstance(value, bool):   # we send JSON numbers, never strings
+        raise BadInput("bad_number", f"{key} must be a JSON integer")
+    return bounded.bigint(value, name=key, minimum=1)
+
+
+def _uuid(value: object, name: str) -> uuid.UUID:
+    if not isinstance(value, str) or len(value) > 64:
+        raise BadInput("bad_type", f"{name} must be a UUID string")
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise BadInput("bad_type", f"{name} must be a UUID string") from None
+
+
+def _text(value: object, name: str, limit: int) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= limit or "\x00" in value:
+        raise BadInput("bad_type", f"{name} must be a string of 1 to {limit} characters")
+    return value
+
+
+def parse(channel: str, payload: str) -> Notice:
+    """The notice a payload on ``channel`` names. Raises ``BadInput`` (``.reason`` in
+    REJECT_REASONS) for anything we never send: oversized, nested, wrong types, ids
+    outside bigint, unknown kinds or channels. Never anything else: a hostile payload
+    is that payload's problem, never the LISTEN connection's."""
+    if channel == "switchboard_runs":
+        return Notice("run")   # no payload: "a run was queued"
+    if channel not in CHANNELS:
+        raise BadInput("unknown_channel", "not a channel the relay listens to")
+    msg = bounded.loads(payload, max_bytes=MAX_PAYLOAD, max_depth=MAX_DEPTH)
+    if not isinstance(msg, dict):
+        raise BadInput("bad_type", "a hint is a JSON object")
+    if channel == "switchboard_events":
+        keys = set(msg)
+        if keys == {"id"}:
+            return Notice("event", id=_int(msg, "id"))
+        if keys == {"eph"}:
+            return Notice("eph", id=_int(msg, "eph"))
+        if keys == {"tick"}:
+            return Notice("tick", id=_int(msg, "tick"))
+        raise BadInput("bad_field", "an events hint is {\"id\": N}, {\"eph\": N} or {\"tick\": N}")
+    kind = msg.get("kind")
+    if kind == "user":
+        return Notice("user", user_id=_uuid(msg.get("user_id"), "user_id"))
+    if kind == "revoke":
+        return Notice("revoke", jti=_text(msg.get("jti"), "jti", 200))
+    if kind == "member":
+        return Notice("member", room=_text(msg.get("room"), "room", 128),
+                      user_id=_uuid(msg.get("user_id"), "user_id"))
+    if kind == "tool_result":
+        return Notice("tool_result", call_id=_uuid(msg.get("call_id"), "call_id"),
+                      replica_id=_text(msg.get("replica_id"), "replica_id", 200))
+    if kind == "session":
+        return Notice("session", session_id=_uuid(msg.get("session_id"), "session_id"))
+    raise BadInput("unknown_kind", "unknown control kind")
+
+
+class RejectLog:
+    """Logs a refused payload at most once per ``interval`` seconds (with how many were
+    refused since), so a flood of forged NOTIFYs cannot flood the log."""
+
+    def __init__(self, log: logging.Logger, interval: float = 60.0) -> None:
+        self.log = log
+        self.interval = interval
+        self._next = 0.0
+        self._suppressed = 0
+
+    def __call__(self, channel: str, exc: BadInput, payload: str) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            self._suppressed += 1
+            return
+        self.log.warning("refused a NOTIFY payload on %s (%s: %s; %d more refused in the last %.0f s): %s",
+                         channel, exc.reason, exc, self._suppressed, self.interval,
+                         bounded.escape(payload, 120))
+        self._suppressed = 0
+        self._next = now + self.interval
+
+
+class Hints:
+    """What the NOTIFYs since the last read named: bounded, deduplicated, untrusted."""
+
+    MAX = 10000
+
+    def __init__(self) -> None:
+        self.events = False
+        self.tick = False               # a publisher committed: make sure a tick covers it
+        self.window = False             # re-read event_window() (publishers_notify)
+        self.ephemeral: set[int] = set()
+        self.users: set[uuid.UUID] = set()
+        self.revoked: set[str] = set()
+        self.members: set[tuple[str, uuid.UUID]] = set()
+        self.tools: set[uuid.UUID] = set()
+        self.sessions: set[uuid.UUID] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self.events or self.tick or self.window or self.ephemeral or self.users or self.revoked
+                    or self.members or self.tools or self.sessions)
+
+    @classmethod
+    def add(cls, bucket: set, item: Any) -> None:
+        if len(bucket) < cls.MAX:
+            bucket.add(item)

@@ -1,0 +1,112 @@
+"""Resuming a socket: replay what it missed, then live, exactly once, in order.
+
+The one place that decides how a socket goes from "behind" to "live". The
+WebSocket handler calls ``resume`` for the handshake (``cursor=`` / ``after=``)
+and for the ``resume`` action; the relay's own catch-up after a LISTEN outage
+is the same read (events after a position) on its side.
+
+The stream is ordered by position (tick, id) (cursor.py). A resume:
+1. turns what the client sent into a position: a cursor decodes to one; a bare
+   event id N (the previous release's cursor) becomes (batch(N), N) -- exact
+   for a client that processed frames in delivery order -- or, when N is not
+   retained (reaped, or never seen by this cluster), a resume_gap;
+2. if events after the position may have been reaped (event_window()), sends
+   resume_gap and continues from the oldest retained tick;
+3. replays events_since_v2(position .. through the newest tick T), paged, with
+   back-pressure, while live frames for this socket are buffered;
+4. sends the buffered live frames after (T, END), in position order, dropping
+   those at or before (T, END) (the replay had them), and turns live.
+The relay read everything through T before or after the buffer started; any
+batch after T reaches the socket live (it was registered before T was read),
+so replay + buffer cover every event after the position exactly once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import cursor
+from .cursor import END, Position
+from .db import Database
+from .sockets import Client, event_frame, frame
+
+REPLAY_PAGE = 200   # events per events_since_v2() call during a resume
+
+
+async def start_position(db: Database, after: Position | int) -> tuple[Position, bool]:
+    """The position to replay from, and whether the client must be told resume_gap."""
+    win = await db.event_window()
+    gap_from = (int(win["first_tick"]), END)
+    if isinstance(after, int):
+        if after == 0:
+            pos: Position = cursor.START
+        else:
+            tick = await db.event_batch(after)
+            if tick is None:
+                return gap_from, True       # not retained (or unknown): reload
+            pos = (tick, after)
+    else:
+        pos = after
+    if cursor.is_gap(pos, int(win["first_tick"])):
+        return gap_from, True
+    return pos, False
+
+
+async def resume(db: Database, client: Client, after: Position | int, stall: float) -> None:
+    """Replay what was missed after ``after`` (a position, or a bare event id), then live.
+
+    Streamed with back-pressure: each frame waits for room in the socket's send
+    queue, so an absence of any length inside the retention window replays
+    completely, at the client's pace (a client that stops reading for ``stall``
+    seconds is closed 1013). If the live buffer fills meanwhile, its stored events
+    are dropped and the replay runs once more from where it stopped: they were in a
+    tick before the relay read them, so that read has them."""
+    if not client.resuming:  # (a handshake-time resume is already buffering)
+        client.resuming = True
+        client.buffer = []
+    client.refetch = False
+    replayed = 0
+    shown: Any = after if isinstance(after, int) else cursor.encode(after)
+    try:
+        pos, gap = await start_position(db, after)
+        if gap:
+            win = await db.event_window()
+            client.offer(frame("resume_gap", {"after": shown, "horizon": int(win["reaped_through"]),
+                                              "cursor": cursor.encode(pos)}, cursor=cursor.encode(pos)),
+                         replay=True)
+        while True:
+            through = int((await db.event_window())["last_tick"])
+            while True:
+                rows = await db.events_since_v2(client.user_id, pos, sorted(client.rooms), through, REPLAY_PAGE)
+                for r in rows:
+                    rpos, f = event_frame(r, int(r["created_at"].timestamp() * 1000))
+                    if not await client.offer_wait(f, stall, replay=True, pos=rpos):
+                        return                  # closed (too slow, or going away)
+                    pos = rpos
+                replayed += len(rows)
+                if len(rows) < REPLAY_PAGE:
+                    break
+            pos = max(pos, (through, END))
+            if client.position < pos:
+                client.position = pos
+            # The buffered live frames, in position order; new arrivals keep going to the
+            # buffer until it is empty, so nothing live can overtake them.
+            while client.buffer:
+                client.buffer.sort(key=lambda b: (b[0] is None, b[0] or (0, 0)))
+                bpos, f = client.buffer.pop(0)
+                if bpos is not None and bpos <= pos:
+                    continue                    # the replay had it
+                if not await client.offer_wait(f, stall, replay=True, pos=bpos):
+                    return
+            if not client.refetch:
+                break
+            client.refetch = False              # live events were dropped: read once more
+            pos = client.position
+    except BaseException:
+        buffered, client.buffer, client.resuming = client.buffer, [], False
+        for bpos, f in buffered:
+            client.offer(f, pos=bpos)
+        raise
+    client.resuming = False
+    here = cursor.encode(client.position)
+    client.offer(frame("resumed", {"after": shown, "replayed": replayed, "cursor": here}, cursor=here))

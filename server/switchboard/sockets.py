@@ -1,0 +1,201 @@
+"""This replica's sockets: the local index (by user, by room) and what a socket is sent.
+
+A ``Client`` is one accepted WebSocket as the relay and the resume logic see it:
+its user, joined rooms, bounded send queue and de-duplication state. It knows
+nothing of Falcon: the WebSocket handler declares how the socket is closed by
+passing ``close_hook`` (an async ``(code, reason)`` callable), and
+``request_close`` runs it. The ``Registry`` indexes the clients of this process
+by user and by room; the relay delivers through it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+import uuid
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from . import cursor
+
+_ids = itertools.count(1)
+
+CloseHook = Callable[[int, str], Coroutine[Any, Any, None]]
+
+
+def encode(f: dict) -> str:
+    return json.dumps(f, separators=(",", ":"), default=str)
+
+
+def frame(event: str, payload: Any = None, *, id: int | None = None, room: str | None = None,
+          ts: int | None = None, **extra: Any) -> dict:
+    f = {"id": id, "event": event, "room": room, "payload": {} if payload is None else payload,
+         "ts": ts if ts is not None else int(time.time() * 1000)}
+    f.update(extra)
+    return f
+
+
+def event_frame(r: dict, ts: int) -> tuple[tuple[int, int], dict]:
+    """A stored event row (with its ``tick``) as (position, frame); the frame carries
+    the position as its opaque ``cursor``."""
+    pos = (int(r["tick"]), int(r["id"]))
+    return pos, frame(r["event"], r["payload"], id=r["id"], room=r["room"], ts=ts, cursor=cursor.encode(pos))
+
+
+class Client:
+    """One accepted WebSocket: its user, joined rooms and bounded send queue.
+
+    ``position`` is where this socket's stream stands, (tick, id) in delivery order
+    (cursor.py): the highest position of a stored event queued to it. Every stored
+    event frame is offered with its position and carries it as ``cursor``; a frame at
+    or below ``position`` is not queued again (a catch-up or a replay that overlaps
+    live delivery sends nothing twice), and ``sent_ids`` catches the rest (a resume
+    action on a socket that already received live events)."""
+
+    SENT_IDS_MAX = 20000
+
+    def __init__(self, user_id: uuid.UUID, username: str, role: str, queue_size: int,
+                 position: tuple[int, int], on_overflow: Callable[["Client"], None],
+                 close_hook: CloseHook | None = None) -> None:
+        self.cid = next(_ids)
+        self.user_id = user_id
+        self.username = username
+        self.role = role
+        self.rooms: set[str] = set()
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=queue_size)
+        self.queue_size = queue_size
+        self.sent_ids: OrderedDict[int, None] = OrderedDict()
+        self.position = position
+        self.resuming = False
+        self.refetch = False          # live events were dropped from the buffer: fetch again
+        self.buffer: list[tuple[tuple[int, int] | None, dict]] = []
+        self.closing: int | None = None
+        self.epoch = 0                # the user's token epoch when the socket was accepted
+        self.session_id: uuid.UUID | None = None   # its login session (None: a pre-session token)
+        self.session_expires: float | None = None  # until when that session is known to live
+        self.close_task: asyncio.Task | None = None
+        self.close_hook = close_hook
+        self._on_overflow = on_overflow
+
+    def __hash__(self) -> int:
+        return self.cid
+
+    def request_close(self, code: int, reason: str) -> bool:
+        """Mark the socket closing with ``code`` and run the close hook. False if it was
+        already closing (the first code wins)."""
+        if self.closing is not None:
+            return False
+        self.closing = code
+        if self.close_hook is not None:
+            # Kept on the client: the socket's handler awaits it before returning, or the
+            # ASGI server's implicit close (1000) could overtake this one.
+            self.close_task = asyncio.get_running_loop().create_task(self.close_hook(code, reason))
+        return True
+
+    def offer(self, f: dict, text: str | None = None, replay: bool = False,
+              pos: tuple[int, int] | None = None) -> None:
+        """Queue a frame unless it is a duplicate; overflow closes the socket (1013).
+
+        ``pos`` is a stored event's position (None for everything else). ``text`` is
+        ``f`` already serialised: a room event goes to many sockets and is encoded once,
+        not once per socket."""
+        if self.closing is not None:
+            return
+        if self.resuming and not replay:
+            if len(self.buffer) >= self.queue_size:
+                # Every stored event in the buffer was ticked before the relay read it, so
+                # the replay's next page will return it: drop them (and ephemeral frames,
+                # which are best-effort) and let the replay fetch one more page.
+                self.buffer = [b for b in self.buffer if b[0] is None][: self.queue_size // 2]
+                self.refetch = True
+            self.buffer.append((pos, f))
+            return
+        if pos is not None:
+            if pos <= self.position and not replay:
+                return                    # a catch-up overlapping what was already queued
+            eid = f["id"]
+            if eid in self.sent_ids:
+                return
+            self.sent_ids[eid] = None
+            if len(self.sent_ids) > self.SENT_IDS_MAX:
+                self.sent_ids.popitem(last=False)
+            if pos > self.position:
+                self.position = pos
+        try:
+            self.queue.put_nowait(text if text is not None else encode(f))
+        except asyncio.QueueFull:
+            self._on_overflow(self)
+
+    async def offer_wait(self, f: dict, timeout: float, replay: bool = False,
+                         text: str | None = None, pos: tuple[int, int] | None = None) -> bool:
+        """Like offer(), for replays and catch-ups: waits (up to ``timeout`` s) for room in
+        the send queue instead of closing the socket, so a long replay streams at the
+        client's pace. A client that does not read for ``timeout`` s is closed 1013.
+        False if not sent."""
+        if self.closing is not None:
+            return False
+        if self.queue.full():
+            deadline = time.monotonic() + timeout
+            while self.queue.full():
+                if self.closing is not None:
+                    return False
+                if time.monotonic() >= deadline:
+                    self._on_overflow(self)
+                    return False
+                await asyncio.sleep(0.005)
+        self.offer(f, text, replay=replay, pos=pos)
+        return self.closing is None
+
+
+class Registry:
+    """Local sockets indexed by user and by room."""
+
+    def __init__(self) -> None:
+        self.by_user: dict[uuid.UUID, set[Client]] = defaultdict(set)
+        self.by_room: dict[str, set[Client]] = defaultdict(set)
+        self.count = 0
+
+    def add(self, c: Client) -> int:
+        self.by_user[c.user_id].add(c)
+        self.count += 1
+        return len(self.by_user[c.user_id])
+
+    def remove(self, c: Client) -> int:
+        for room in list(c.rooms):
+            self.leave(c, room)
+        peers = self.by_user.get(c.user_id)
+        if peers is not None and c in peers:
+            peers.discard(c)
+            self.count -= 1
+            if not peers:
+                del self.by_user[c.user_id]
+        return len(self.by_user.get(c.user_id, ()))
+
+    def join(self, c: Client, room: str) -> None:
+        c.rooms.add(room)
+        self.by_room[room].add(c)
+
+    def leave(self, c: Client, room: str) -> None:
+        c.rooms.discard(room)
+        members = self.by_room.get(room)
+        if members is not None:
+            members.discard(c)
+            if not members:
+                del self.by_room[room]
+
+    def clients(self) -> list[Client]:
+        return [c for peers in self.by_user.values() for c in peers]
+
+    def sockets_of(self, user_id: uuid.UUID) -> int:
+        return len(self.by_user.get(user_id, ()))
+
+    def targets(self, user_id: uuid.UUID | None, room: str | None) -> set[Client] | None:
+        """The local sockets an event addressed to ``user_id`` or ``room`` goes to."""
+        if user_id is not None:
+            return self.by_user.get(user_id)
+        if room is not None:
+            return self.by_room.get(room)
+        return None

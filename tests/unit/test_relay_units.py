@@ -1,0 +1,100 @@
+"""Unit tier: NOTIFY hint parsing, the resume cursor and a socket's de-duplication
+(no database, no processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from switchboard import cursor, hints
+from switchboard.bounded import BadInput
+from switchboard.sockets import Client, frame
+
+U = str(uuid.uuid4())
+
+
+@pytest.mark.parametrize("channel, payload, kind", [
+    ("switchboard_runs", "", "run"),
+    ("switchboard_runs", "anything at all", "run"),
+    ("switchboard_events", '{"id": 5}', "event"),
+    ("switchboard_events", '{"eph": 5}', "eph"),
+    ("switchboard_events", '{"tick": 5}', "tick"),
+    ("switchboard_control", json.dumps({"kind": "user", "user_id": U}), "user"),
+    ("switchboard_control", json.dumps({"kind": "revoke", "jti": "abc"}), "revoke"),
+    ("switchboard_control", json.dumps({"kind": "member", "room": "r", "user_id": U}), "member"),
+    ("switchboard_control", json.dumps({"kind": "tool_result", "call_id": U, "replica_id": "x"}), "tool_result"),
+])
+def test_every_payload_we_send_parses(channel: str, payload: str, kind: str) -> None:
+    assert hints.parse(channel, payload).kind == kind
+
+
+@pytest.mark.parametrize("channel, payload, reason", [
+    ("switchboard_events", "[" * 3000 + "]" * 3000, "too_deep"),
+    ("switchboard_events", '{"id": {"id": {"id": {"id": {"id": 1}}}}}', "too_deep"),
+    ("switchboard_events", json.dumps({"id": 2**63}), "out_of_range"),
+    ("switchboard_events", json.dumps({"id": 0}), "out_of_range"),
+    ("switchboard_events", json.dumps({"id": "7"}), "bad_number"),
+    ("switchboard_events", json.dumps({"id": True}), "bad_number"),
+    ("switchboard_events", json.dumps({"id": 1, "user_id": U}), "bad_field"),
+    ("switchboard_events", '{"id": NaN}', "malformed"),
+    ("switchboard_events", "x" * 8001, "too_large"),
+    ("switchboard_events", "[1]", "bad_type"),
+    ("switchboard_control", json.dumps({"kind": "user", "user_id": 12}), "bad_type"),
+    ("switchboard_control", json.dumps({"kind": "member", "room": "r" * 129, "user_id": U}), "bad_type"),
+    ("switchboard_control", json.dumps({"kind": "nope"}), "unknown_kind"),
+    ("somewhere_else", "{}", "unknown_channel"),
+])
+def test_hostile_payloads_are_bad_input_with_a_known_reason(channel: str, payload: str, reason: str) -> None:
+    with pytest.raises(BadInput) as e:
+        hints.parse(channel, payload)
+    assert e.value.reason == reason and reason in hints.REJECT_REASONS
+
+
+@given(st.text(max_size=300), st.sampled_from(hints.CHANNELS))
+def test_parse_never_raises_anything_but_bad_input(payload: str, channel: str) -> None:
+    try:
+        hints.parse(channel, payload)
+    except BadInput as exc:
+        assert exc.reason in hints.REJECT_REASONS
+
+
+@given(st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1))
+def test_cursor_round_trips_and_is_url_safe(tick: int, eid: int) -> None:
+    text = cursor.encode((tick, eid))
+    assert len(text) <= 256 and all(ch.isalnum() or ch in "._~-" for ch in text)
+    assert cursor.decode(text) == (tick, eid)
+
+
+@pytest.mark.parametrize("text", ["", "v1", "v1.", "v2.1.2", "v1.1.2.3", "v1.-1", "v1.²", "1.2",
+                                  "v1.99999999999999999999", "v1.1." + "9" * 19, None, 7, "v1.1 "])
+def test_a_cursor_we_never_issued_is_refused(text: object) -> None:
+    with pytest.raises(BadInput) as e:
+        cursor.decode(text)
+    assert e.value.reason == "bad_cursor"
+
+
+def test_gap_rule() -> None:
+    end = cursor.END
+    assert not cursor.is_gap((0, 0), 0)                 # nothing reaped: never a gap
+    assert cursor.is_gap((0, 0), 5)
+    assert cursor.is_gap((5, 17), 5)                    # mid-batch of the reaped boundary
+    assert not cursor.is_gap((5, end), 5)               # all of it was seen
+    assert not cursor.is_gap((6, 1), 5)
+
+
+def test_a_socket_queues_each_position_once_and_in_order() -> None:
+    async def run() -> list[str]:
+        closed: list[int] = []
+        c = Client(uuid.uuid4(), "u", "member", 10, (3, cursor.END), lambda cl: closed.append(1))
+        for pos in [(3, 9), (4, 2), (4, 1), (4, 2), (5, 1)]:   # (3, 9) is before the start; (4, 1) late
+            c.offer(frame("e", id=pos[1], cursor=cursor.encode(pos)), pos=pos)
+        c.offer(frame("typing"))                               # no position: always queued
+        assert not closed
+        return [json.loads(c.queue.get_nowait())["cursor"] for _ in range(c.queue.qsize() - 1)]
+
+    assert asyncio.run(run()) == ["v1.4.2", "v1.5.1"]
