@@ -27,6 +27,8 @@ export type HelloFrame = {
   };
   /** Server time (database clock), milliseconds since the Unix epoch. */
   ts: number;
+  /** The same cursor as in the payload, at the top level like event frames (servers from 0.2.0). */
+  cursor?: Cursor;
 };
 
 /** Answer to a join action. */
@@ -69,6 +71,8 @@ export type ResumedFrame = {
   };
   /** Server time (database clock), milliseconds since the Unix epoch. */
   ts: number;
+  /** The same cursor as in the payload, at the top level like event frames (servers from 0.2.0). */
+  cursor?: Cursor;
 };
 
 /** Some events after the resume position are older than the server keeps: the replay that follows is incomplete. */
@@ -86,6 +90,8 @@ export type ResumeGapFrame = {
   };
   /** Server time (database clock), milliseconds since the Unix epoch. */
   ts: number;
+  /** The same cursor as in the payload, at the top level like event frames (servers from 0.2.0). */
+  cursor?: Cursor;
 };
 
 /** Answer to ping. */

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "tests" / "browser"))
 
 import psycopg  # noqa: E402
 
-from harness import APP_LOGIN, Server, app_url_for, make_user  # noqa: E402
+from harness import APP_LOGIN, Server, app_url_for, auth, make_user, probe_token  # noqa: E402
 from lbproxy import RoundRobinProxy  # noqa: E402
 from switchboard.migrate import migrate  # noqa: E402
 from switchboard.pgtest import ThrowawayPostgres  # noqa: E402
@@ -45,14 +45,17 @@ from switchboard.pgtest import ThrowawayPostgres  # noqa: E402
 PASSWORD = "pw-" + "s" * 12
 # Tests log in many times from 127.0.0.1: the login buckets must not be what they measure.
 ENV = {"SWITCHBOARD_LOGIN_IP_RATE": "1000", "SWITCHBOARD_LOGIN_IP_BURST": "1000",
-       "SWITCHBOARD_LOGIN_USER_RATE": "1000", "SWITCHBOARD_LOGIN_USER_BURST": "1000"}
+       "SWITCHBOARD_LOGIN_USER_RATE": "1000", "SWITCHBOARD_LOGIN_USER_BURST": "1000",
+       # ... nor the per-user ticket bucket (reconnect storms are what they provoke)
+       "SWITCHBOARD_WS_TICKET_RATE": "1000", "SWITCHBOARD_WS_TICKET_BURST": "1000"}
 USERS = {"admin": "admin", "alice": "member", "bob": "member", "carol": "member"}
 
 
 def replica_info(s: Server) -> dict[str, Any]:
     import httpx
 
-    r = httpx.get(s.base + "/healthz/ready", timeout=10)
+    # which replica answers: GET /me (anonymous readiness names no replica)
+    r = httpx.get(s.base + "/me", headers=auth(probe_token()), timeout=10)
     return {"name": s.log_path.stem, "base": s.base, "port": s.port, "replica": r.json()["replica"]}
 
 
