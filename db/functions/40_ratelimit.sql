@@ -79,7 +79,11 @@ COMMENT ON FUNCTION switchboard.rate_reset(text) IS
 REVOKE ALL ON FUNCTION switchboard.rate_reset(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.rate_reset(text) TO switchboard_app;
 
-CREATE OR REPLACE FUNCTION switchboard.reap_rate_limits(idle interval DEFAULT '1 hour')
+-- reap_rate_limits: bounded since V0013 (see reap_runs). rate_limits has no
+-- index but its key: an index on updated_at would be written by every
+-- rate_check and end its HOT updates. The batch is found by a scan that stops
+-- after max_rows idle keys, so a call costs at most one pass over the table.
+CREATE OR REPLACE FUNCTION switchboard.reap_rate_limits(idle interval, max_rows integer)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -89,17 +93,41 @@ DECLARE
     v_now bigint := (extract(epoch FROM now()) * 1000000)::bigint;
 BEGIN
     IF idle IS NULL OR idle < interval '0' THEN
-        RAISE EXCEPTION 'invalid idle interval "%"', idle USING ERRCODE = '22023';
+        RAISE EXCEPTION 'invalid idle interval "%"', idle USING ERRCODE = '22023',
+            HINT = 'idle is a non-negative interval such as ''1 hour''.';
+    END IF;
+    IF max_rows IS NULL OR max_rows NOT BETWEEN 1 AND 1000000 THEN
+        RAISE EXCEPTION 'invalid max_rows %', max_rows USING ERRCODE = '22023',
+            HINT = 'max_rows bounds one call (one transaction): 1 to 1000000; 10000 is the default batch.';
     END IF;
     -- Only buckets that are full again (tat in the past) may go: deleting a
-    -- bucket that still holds debt would hand out a fresh burst.
+    -- bucket that still holds debt would hand out a fresh burst. SKIP LOCKED:
+    -- a key being checked right now is busy, not idle.
     DELETE FROM switchboard.rate_limits r
-     WHERE r.updated_at < now() - idle AND r.tat_us <= v_now;
+     WHERE r.ctid = ANY (ARRAY(SELECT o.ctid FROM switchboard.rate_limits o
+                                WHERE o.updated_at < now() - idle AND o.tat_us <= v_now
+                                LIMIT max_rows FOR UPDATE SKIP LOCKED))
+       AND r.updated_at < now() - idle AND r.tat_us <= v_now;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
 END
 $$;
+COMMENT ON FUNCTION switchboard.reap_rate_limits(interval, integer) IS
+    'Delete at most max_rows rate-limit keys untouched for idle whose bucket is full again. Returns how many; max_rows back means more are due (call again, in a new transaction).';
+REVOKE ALL ON FUNCTION switchboard.reap_rate_limits(interval, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.reap_rate_limits(interval, integer) TO switchboard_app;
+
+-- The previous release's entry point: one batch of 10,000 (the documented batch size).
+CREATE OR REPLACE FUNCTION switchboard.reap_rate_limits(idle interval DEFAULT '1 hour')
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN switchboard.reap_rate_limits(idle, 10000);
+END
+$$;
 COMMENT ON FUNCTION switchboard.reap_rate_limits(interval) IS
-    'Delete rate-limit keys untouched for idle whose bucket is full again. Returns how many.';
+    'Delete rate-limit keys untouched for idle whose bucket is full again, at most 10000 per call (one batch; see reap_rate_limits(interval, integer)). Returns how many.';
 REVOKE ALL ON FUNCTION switchboard.reap_rate_limits(interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.reap_rate_limits(interval) TO switchboard_app;
