@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import re
 import statistics
 import subprocess
@@ -336,7 +337,9 @@ def _reap_once(db: DB, how: str, n: int, user: str) -> dict[str, Any]:
 def fig_reap(cluster: Cluster, sizes: list[int]) -> dict[str, Any]:
     out: dict[str, Any] = {"sizes": sizes, "batch": REAP_BATCH, "points": []}
     db = DB(cluster, "sc_reap")
-    user = db.execute("SELECT switchboard.create_user('reaper_bench', 'x')")[0][0]
+    from sql import ARGON
+
+    user = db.execute("SELECT switchboard.create_user('reaper_bench', %s)", (ARGON,))[0][0]
     try:
         for n in sizes:
             pt: dict[str, Any] = {"n": n}
@@ -424,6 +427,59 @@ RATE_RAW = ("\\set k random(1, :keys)\nINSERT INTO bench_raw AS r (key, tat)\n"
             "RETURNING tat;\n")
 
 
+# The statement-level floor of rate_check: the same SECURITY DEFINER PL/pgSQL set-returning
+# shape doing nothing but the upsert (no validation, no GCRA arithmetic).
+RATE_FLOOR_DDL = """
+CREATE UNLOGGED TABLE IF NOT EXISTS bench_floor (key text PRIMARY KEY, tat_us bigint NOT NULL,
+                                                updated_at timestamptz NOT NULL DEFAULT now());
+CREATE OR REPLACE FUNCTION bench_rate_floor(key text, rate double precision, burst integer, cost integer DEFAULT 1)
+RETURNS TABLE (allowed boolean, remaining integer, retry_after_ms integer, reset_after_ms integer)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE v_tat bigint;
+BEGIN
+    INSERT INTO public.bench_floor AS r (key, tat_us, updated_at) VALUES (bench_rate_floor.key, 1000, now())
+    ON CONFLICT ON CONSTRAINT bench_floor_pkey DO UPDATE SET tat_us = greatest(r.tat_us, 0) + 1000, updated_at = now()
+    RETURNING r.tat_us INTO v_tat;
+    allowed := true; remaining := 1; retry_after_ms := 0; reset_after_ms := 0;
+    RETURN NEXT;
+END $$;
+"""
+RATE_PROFILE = {
+    "raw_upsert": ("INSERT INTO bench_raw AS r (key, tat) VALUES ('k' || %s, (extract(epoch FROM now()) * 1000000)::bigint"
+                   " + 1000) ON CONFLICT (key) DO UPDATE SET tat = greatest(r.tat, (extract(epoch FROM now()) * 1000000)"
+                   "::bigint) + 1000 RETURNING tat"),
+    "definer_srf_upsert_only": "SELECT * FROM bench_rate_floor('k' || %s, 1000, 1000)",
+    "rate_check": "SELECT * FROM switchboard.rate_check('k' || %s, 1000, 1000)",
+    "select_1": "SELECT 1 WHERE %s::text IS NOT NULL",
+}
+
+
+def _backend_cpu(pid: int) -> float:
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rate_profile(db: DB, keys: int, calls: int = 6000, rounds: int = 5) -> dict[str, Any]:
+    """Backend CPU per call (from /proc, so other load on the box moves it far less than
+    wall time) of one client calling each statement in turn, prepared: the statement-level
+    floor. The median over rounds."""
+    db.execute(RATE_FLOOR_DDL)
+    out: dict[str, list[float]] = {k: [] for k in RATE_PROFILE}
+    with psycopg.connect(db.url, autocommit=True) as c:
+        pid = c.execute("SELECT pg_backend_pid()").fetchone()[0]
+        for _ in range(rounds):
+            for name, q in RATE_PROFILE.items():
+                t = _backend_cpu(pid)
+                for i in range(calls):
+                    c.execute(q, (str(1 + (i * 7919) % keys),), prepare=True).fetchall()
+                out[name].append((_backend_cpu(pid) - t) / calls * 1e6)
+    med = {k: round(statistics.median(v), 1) for k, v in out.items()}
+    return {"backend_cpu_us_per_call": med, "calls": calls, "rounds": rounds,
+            "cpu_ratio_raw_over_rate_check": round(med["raw_upsert"] / med["rate_check"], 3),
+            "cpu_ratio_raw_over_floor": round(med["raw_upsert"] / med["definer_srf_upsert_only"], 3)}
+
+
 def fig_rate(cluster: Cluster, sizes: list[int], seconds: int = 5, runs: int = 2) -> dict[str, Any]:
     out: dict[str, Any] = {"sizes": sizes, "clients": 16, "seconds": seconds, "runs": runs, "points": []}
     db = DB(cluster, "sc_rate")
@@ -443,6 +499,10 @@ def fig_rate(cluster: Cluster, sizes: list[int], seconds: int = 5, runs: int = 2
             pt: dict[str, Any] = {"keys": k, "rate_check_tps": statistics.median(sb), "raw_upsert_tps": statistics.median(raw),
                                   "runs": {"rate_check": sb, "raw_upsert": raw}}
             pt["ratio"] = round(pt["rate_check_tps"] / pt["raw_upsert_tps"], 3)
+            if k == sizes[0]:
+                wait_quiet()
+                out["profile"] = rate_profile(db, k)
+                log(f"  rate profile ({k:,} keys): {out['profile']}")
             # reap: every key idle for two hours with a full bucket
             for how in ("batched", "one_delete"):
                 db.execute("UPDATE switchboard.rate_limits SET updated_at = now() - interval '2 hours', tat_us = 0")
@@ -568,10 +628,10 @@ def fig_cron(cluster: Cluster, sizes: list[int], samples: int = 300) -> dict[str
         have = 0
         for t in sizes:
             db.execute("""SELECT switchboard.create_task('t' || i, (%s::text[])[1 + i %% 6], 'noop')
-                            FROM generate_series(%s, %s) i""", (SCHEDULES, have + 1, t))
+                            FROM generate_series(%s::int, %s::int) i""", (SCHEDULES, have + 1, t))
             db.execute("""INSERT INTO bench_tasks (name, schedule, handler, next_run_at)
                           SELECT 't' || i, (%s::text[])[1 + i %% 6], 'noop', now() + interval '1 hour'
-                            FROM generate_series(%s, %s) i""", (SCHEDULES, have + 1, t))
+                            FROM generate_series(%s::int, %s::int) i""", (SCHEDULES, have + 1, t))
             have = t
             db.execute("ANALYZE switchboard.tasks")
             wait_quiet()
@@ -849,6 +909,15 @@ def render_md(res: dict[str, Any], made: dict[str, str]) -> str:
         rows.append(f"| rate_check tps, largest/smallest | {ps[0]['keys']:,} → {ps[-1]['keys']:,} keys | | | "
                     f"{_r(ps[-1]['rate_check_tps'], ps[0]['rate_check_tps'])} (raw "
                     f"{_r(ps[-1]['raw_upsert_tps'], ps[0]['raw_upsert_tps'])}) | | |")
+        prof = ra.get("profile")
+        if prof:
+            c = prof["backend_cpu_us_per_call"]
+            rows.append(f"| rate_check statement-level floor: backend CPU per call, one client, prepared | "
+                        f"{ps[0]['keys']:,} keys | rate_check {c['rate_check']} µs | raw upsert {c['raw_upsert']} µs; "
+                        f"a SECURITY DEFINER PL/pgSQL function doing only the upsert {c['definer_srf_upsert_only']} µs; "
+                        f"SELECT 1 {c['select_1']} µs | raw/rate_check {prof['cpu_ratio_raw_over_rate_check']}, "
+                        f"raw/floor {prof['cpu_ratio_raw_over_floor']} | ≥ 0.8 | "
+                        f"{'yes' if prof['cpu_ratio_raw_over_rate_check'] >= 0.8 else '**no**'} |")
         for pt in ps:
             rb, ro = pt["reap_batched"], pt["reap_one_delete"]
             rows.append(f"| reap_rate_limits | {pt['keys']:,} idle keys | {rb['seconds']} s in {rb['calls']} calls "
