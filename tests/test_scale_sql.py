@@ -7,6 +7,7 @@ import random
 import uuid
 
 import psycopg
+import pytest
 from pgtap import throws_ok
 
 # The body of presence_sync before V0013, as the reference for "same rows".
@@ -141,3 +142,25 @@ def test_queue_storage_settings(conn: psycopg.Connection) -> None:
     assert "fillfactor" not in opts, "no update of a run can be HOT: a lower fillfactor buys nothing"
     rl = conn.execute("SELECT reloptions FROM pg_class WHERE oid = 'switchboard.rate_limits'::regclass").fetchone()[0]
     assert "fillfactor=80" in rl
+
+
+@pytest.mark.parametrize(("args", "match"), [
+    (("", 1, 3, 1), "invalid rate-limit key"), ((None, 1, 3, 1), "invalid rate-limit key"),
+    (("x" * 513, 1, 3, 1), "invalid rate-limit key"), (("k", 0, 3, 1), "invalid rate"),
+    (("k", float("nan"), 3, 1), "invalid rate"), (("k", float("inf"), 3, 1), "invalid rate"),
+    (("k", 1_000_001, 3, 1), "invalid rate"), (("k", None, 3, 1), "invalid rate"),
+    (("k", 1, 0, 1), "invalid burst"), (("k", 1, None, 1), "invalid burst"),
+    (("k", 1, 3, 4), "invalid cost"), (("k", 1, 3, 0), "invalid cost"), (("k", 1, 3, None), "invalid cost"),
+])
+def test_rate_check_refuses_bad_arguments_as_before(conn: psycopg.Connection, args: tuple, match: str) -> None:
+    """V0013 folded rate_check's four checks into one test on the hot path; the errors are unchanged."""
+    err = throws_ok(conn, "SELECT * FROM switchboard.rate_check(%s, %s::float8, %s::int, %s::int)", "22023", args,
+                    match=match)
+    assert err.diag.message_hint
+
+
+def test_rate_check_answers_unchanged_at_the_edges(conn: psycopg.Connection) -> None:
+    # now() is fixed in the transaction: burst 3 passes exactly 3, then retry_after is exact
+    got = [conn.execute("SELECT * FROM switchboard.rate_check('edge', 2, 3)").fetchone() for _ in range(4)]
+    assert got == [(True, 2, 0, 500), (True, 1, 0, 1000), (True, 0, 0, 1500), (False, 0, 500, 1500)]
+    assert conn.execute("SELECT * FROM switchboard.rate_check('edge2', 1000000, 1, 1)").fetchone() == (True, 0, 0, 1)

@@ -4,23 +4,16 @@
 -- is admitted iff max(tat, now) + c*T - now <= burst*T. The decision is one
 -- INSERT ... ON CONFLICT DO UPDATE ... WHERE: the row lock serialises every
 -- replica's callers, and a denied request (WHERE false) writes nothing.
-CREATE OR REPLACE FUNCTION switchboard.rate_check(
-    key text, rate double precision, burst integer, cost integer DEFAULT 1)
-RETURNS TABLE (allowed boolean, remaining integer, retry_after_ms integer, reset_after_ms integer)
-LANGUAGE plpgsql SECURITY DEFINER
+-- The raising half of rate_check's argument check: called only when the one
+-- combined test in rate_check fails, so the hot path evaluates one condition.
+CREATE OR REPLACE FUNCTION switchboard._rate_check_raise(key text, rate double precision, burst integer, cost integer)
+RETURNS void
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
-#variable_conflict use_variable
-DECLARE
-    v_key text := rate_check.key;
-    v_now bigint := (extract(epoch FROM now()) * 1000000)::bigint;
-    v_t double precision;
-    v_inc bigint;
-    v_tol bigint;
-    v_tat bigint;
 BEGIN
-    IF v_key IS NULL OR length(v_key) = 0 OR length(v_key) > 512 THEN
-        RAISE EXCEPTION 'invalid rate-limit key "%"', v_key USING ERRCODE = '22023',
+    IF key IS NULL OR length(key) = 0 OR length(key) > 512 THEN
+        RAISE EXCEPTION 'invalid rate-limit key "%"', key USING ERRCODE = '22023',
             HINT = 'A key is 1 to 512 characters, e.g. ''login:ip:203.0.113.7''.';
     END IF;
     IF rate IS NULL OR NOT (rate > 0) OR rate = 'Infinity'::float8 OR rate > 1000000 THEN
@@ -34,26 +27,51 @@ BEGIN
         RAISE EXCEPTION 'invalid cost % for burst %', cost, burst USING ERRCODE = '22023',
             HINT = 'cost is between 1 and burst: a request costing more than the burst could never pass.';
     END IF;
+    RAISE EXCEPTION 'invalid rate_check arguments' USING ERRCODE = '22023';
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._rate_check_raise(text, double precision, integer, integer) FROM PUBLIC;
+
+-- Each top-level call is its own transaction, and PL/pgSQL prepares every
+-- simple expression again in each new transaction (~1-2 us each): the body
+-- keeps their number down (one combined argument check, no copies of the
+-- arguments). Profile and floor: V0013 and BENCHMARKS.md "Scale".
+CREATE OR REPLACE FUNCTION switchboard.rate_check(
+    key text, rate double precision, burst integer, cost integer DEFAULT 1)
+RETURNS TABLE (allowed boolean, remaining integer, retry_after_ms integer, reset_after_ms integer)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    v_now bigint := (extract(epoch FROM now()) * 1000000)::bigint;
+    v_t double precision;
+    v_inc bigint;
+    v_tol bigint;
+    v_tat bigint;
+BEGIN
+    -- NaN > 0 is true in PostgreSQL, NaN <= 1000000 is not; NULLs make it NULL.
+    IF (length(rate_check.key) BETWEEN 1 AND 512 AND rate > 0 AND rate <= 1000000
+        AND burst >= 1 AND cost BETWEEN 1 AND burst) IS NOT TRUE THEN
+        PERFORM switchboard._rate_check_raise(rate_check.key, rate, burst, cost);
+    END IF;
     v_t := 1000000.0 / rate;
     v_inc := round(cost * v_t)::bigint;
     v_tol := round(burst * v_t)::bigint;
 
     INSERT INTO switchboard.rate_limits AS r (key, tat_us, updated_at)
-    VALUES (v_key, v_now + v_inc, now())
+    VALUES (rate_check.key, v_now + v_inc, now())
     ON CONFLICT ON CONSTRAINT rate_limits_pkey DO UPDATE
        SET tat_us = greatest(r.tat_us, v_now) + v_inc, updated_at = now()
      WHERE greatest(r.tat_us, v_now) + v_inc - v_now <= v_tol
     RETURNING r.tat_us INTO v_tat;
 
-    IF FOUND THEN
-        allowed := true;
-        retry_after_ms := 0;
-    ELSE
+    allowed := FOUND;
+    IF NOT allowed THEN
         -- Denied: the row is locked by the ON CONFLICT above, so this read is exact.
-        SELECT greatest(r.tat_us, v_now) INTO v_tat FROM switchboard.rate_limits r WHERE r.key = v_key;
-        allowed := false;
-        retry_after_ms := ceil((v_tat + v_inc - v_now - v_tol) / 1000.0)::integer;
+        SELECT greatest(r.tat_us, v_now) INTO v_tat FROM switchboard.rate_limits r WHERE r.key = rate_check.key;
     END IF;
+    retry_after_ms := CASE WHEN allowed THEN 0 ELSE ceil((v_tat + v_inc - v_now - v_tol) / 1000.0)::integer END;
     remaining := greatest(0, floor((v_tol - (v_tat - v_now)) / v_t + 1e-9))::integer;
     reset_after_ms := greatest(0, ceil((v_tat - v_now) / 1000.0))::integer;
     RETURN NEXT;
