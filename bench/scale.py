@@ -32,6 +32,8 @@ other load hits both alike; each figure reports the ratio largest/smallest.
             with T active cron tasks, T/10 due at once.
 - login:    POST /auth/login on one replica (argon2id) beside the argon2
             library alone (one size: it does not grow with data).
+- sockets:  RSS per idle WebSocket on one replica (100 / 1,000 / 10,000) beside
+            the bare Falcon app holding the same sockets.
 
 Raw results: bench/results/scale.json. --write-md replaces the "Scale" block of
 BENCHMARKS.md and writes one PNG per curve to docs/bench/.
@@ -770,9 +772,25 @@ def fig_login(cluster: Cluster, seconds: float = 6, conns: int = 4) -> dict[str,
     return res
 
 
+# -- idle sockets ----------------------------------------------------------------------------------
+def fig_sockets(cluster: Cluster, sizes: list[int]) -> dict[str, Any]:
+    """RSS per idle WebSocket on one replica vs the bare Falcon app (bench/e2e.py figure 7), per size."""
+    import e2e
+
+    out: dict[str, Any] = {"sizes": sizes, "points": []}
+    for n in sizes:
+        wait_quiet()
+        r = e2e.bench_memory(cluster, sockets=n, runs=1)
+        out["points"].append({"sockets": n, "switchboard_kib_per_socket": round(r["switchboard"]["kib_per_1000_median"] / 1000, 1),
+                              "bare_kib_per_socket": round(r["bare"]["kib_per_1000_median"] / 1000, 1), "raw": r})
+        log(f"  sockets {n:>6,}: {out['points'][-1]['switchboard_kib_per_socket']} KiB/socket, "
+            f"bare {out['points'][-1]['bare_kib_per_socket']} KiB/socket")
+    return out
+
+
 # -- report ----------------------------------------------------------------------------------------
 FIGS = {"drain": fig_drain, "reap": fig_reap, "presence": fig_presence, "rate": fig_rate, "events": fig_events,
-        "cron": fig_cron, "login": fig_login}
+        "cron": fig_cron, "login": fig_login, "sockets": fig_sockets}
 
 
 def plots(res: dict[str, Any]) -> dict[str, str]:
@@ -958,6 +976,13 @@ def render_md(res: dict[str, Any], made: dict[str, str]) -> str:
                     f"p50 {a['claim']['p50_ms']} / p99 {a['claim']['p99_ms']} → p50 {b['claim']['p50_ms']} / p99 "
                     f"{b['claim']['p99_ms']} ms ({b['claim']['due']:,} due drained in {b['claim']['drain_seconds']} s) | | "
                     f"{_r(b['claim']['p99_ms'], a['claim']['p99_ms'])} (p99) | | |")
+    so = f.get("sockets", {})
+    if so.get("points"):
+        ps = so["points"]
+        rows.append(f"| RSS per idle WebSocket, one replica | {ps[0]['sockets']:,} → {ps[-1]['sockets']:,} sockets | "
+                    f"{ps[0]['switchboard_kib_per_socket']} → {ps[-1]['switchboard_kib_per_socket']} KiB | bare Falcon "
+                    f"{ps[0]['bare_kib_per_socket']} → {ps[-1]['bare_kib_per_socket']} KiB | "
+                    f"{_r(ps[-1]['switchboard_kib_per_socket'], ps[0]['switchboard_kib_per_socket'])} per socket | | |")
     lg = f.get("login", {})
     if lg.get("replica_logins_per_s"):
         rows.append(f"| logins/s, one replica, {lg['connections']} connections | (does not grow with data) | "
@@ -991,6 +1016,7 @@ def main() -> None:
     ap.add_argument("--rate-base", type=int, default=10_000)
     ap.add_argument("--events-base", type=int, default=10_000)
     ap.add_argument("--cron-base", type=int, default=100)
+    ap.add_argument("--sockets-base", type=int, default=100, help="idle sockets at 1x (100x = 10,000)")
     ap.add_argument("--write-md", action="store_true")
     ap.add_argument("--render-only", action="store_true", help="re-render from bench/results/scale.json")
     a = ap.parse_args()
@@ -1009,7 +1035,7 @@ def main() -> None:
         try:
             res["machine"] = machine_info(cluster)
             base = {"drain": a.drain_base, "reap": a.reap_base, "presence": a.presence_base, "rate": a.rate_base,
-                    "events": a.events_base, "cron": a.cron_base}
+                    "events": a.events_base, "cron": a.cron_base, "sockets": a.sockets_base}
             for name in [x for x in a.only.split(",") if x]:
                 log(f"figure {name}")
                 t = time.time()
