@@ -398,14 +398,14 @@ def bench_trigger(cluster: Cluster, replicas: int = 3, samples: int = 200, runs:
 
 
 # -- 5 and 7: events, sockets ---------------------------------------------------------------------
-def _users(url: str, n: int, prefix: str, room: str | None = None) -> list[str]:
+def _users(url: str, n: int, prefix: str, room: str | None = None, role: str = "member") -> list[str]:
     from switchboard.auth import hash_password
 
     h = hash_password("bench-password")
     with psycopg.connect(url, autocommit=True) as c:
         ids = [str(r[0]) for r in c.execute(
-            "SELECT switchboard.create_user(%s || i, %s, 'member') FROM generate_series(1, %s) i",
-            (prefix, h, n)).fetchall()]
+            "SELECT switchboard.create_user(%s || i, %s, %s) FROM generate_series(1, %s) i",
+            (prefix, h, role, n)).fetchall()]
         if room:
             c.execute("SELECT switchboard.add_room_member(%s, u::uuid) FROM unnest(%s::text[]) u", (room, ids))
     return ids
@@ -659,8 +659,10 @@ def bench_http(cluster: Cluster, conns: int = 32, seconds: float = 10, runs: int
     with psycopg.connect(url, autocommit=True) as c:
         for i in range(5):
             c.execute("SELECT switchboard.create_task(%s, NULL, 'noop', %s)", (f"bench-task-{i}", json.dumps({"i": i})))
-    uid = _users(url, 1, "bench_http")[0]
-    token = make_token(uid, "bench_http1")
+    # GET /tasks is admin-only since the trust-boundary work (V0004): a member's
+    # token gets 403, and the figure would measure the refusal path, not the list.
+    uid = _users(url, 1, "bench_http", role="admin")[0]
+    token = make_token(uid, "bench_http1", role="admin")
     sbp = replica(cluster, db, "http-sb")
     port = free_port()
     env = dict(os.environ, DATABASE_URL=cluster.url(db, APP_LOGIN))
@@ -685,6 +687,8 @@ def bench_http(cluster: Cluster, conns: int = 32, seconds: float = 10, runs: int
             else:
                 res = asyncio.run(_pyload(p.base + "/tasks", hdr, conns, secs))
             cpu = meter.stop()
+            if res["non_2xx"]:  # a refused request is cheap: counting it would flatter the figure
+                raise RuntimeError(f"{p.name}: {res['non_2xx']} non-2xx answers to GET /tasks")
             n = max(res["rps"] * secs, 1)
             return res | {"server_cpu_us_per_req": round(cpu["workers_cpu_s"] / n * 1e6, 1),
                           "postgres_cpu_us_per_req": round(cpu["postgres_cpu_s"] / n * 1e6, 1)}

@@ -719,7 +719,15 @@ GRANT EXECUTE ON FUNCTION switchboard.reap_expired_runs() TO switchboard_app;
 
 -- cancel_run, retry_run, pause_handler / resume_handler: db/functions/27_operate.sql.
 
-CREATE OR REPLACE FUNCTION switchboard.reap_runs(keep interval DEFAULT '7 days')
+-- reap_runs: bounded since V0013. One DELETE of every old run was one
+-- transaction of any size: a week of history at 1,000 jobs/s is 600 million
+-- rows, and even 1,000,000 rows is seconds of I/O and WAL, a snapshot that
+-- holds back every vacuum of the database (the claim's queue index fills
+-- with dead entries meanwhile) and a lock on every row. Now one call deletes
+-- at most max_rows, oldest finished first (the task_runs_finished index),
+-- and returns how many; a caller that gets max_rows back calls again in a new
+-- transaction (the maintenance handler does, within its time budget).
+CREATE OR REPLACE FUNCTION switchboard.reap_runs(keep interval, max_rows integer)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -731,13 +739,41 @@ BEGIN
         RAISE EXCEPTION 'invalid keep interval "%"', keep USING ERRCODE = '22023',
             HINT = 'keep is a non-negative interval such as ''7 days''.';
     END IF;
+    IF max_rows IS NULL OR max_rows NOT BETWEEN 1 AND 1000000 THEN
+        RAISE EXCEPTION 'invalid max_rows %', max_rows USING ERRCODE = '22023',
+            HINT = 'max_rows bounds one call (one transaction): 1 to 1000000; 10000 is the default batch.';
+    END IF;
+    -- ctid, not id: the rows found are deleted without a second index probe.
+    -- SKIP LOCKED: a run that someone is touching right now waits for the next call.
     DELETE FROM switchboard.task_runs r
-     WHERE r.status IN ('succeeded', 'failed', 'abandoned', 'cancelled') AND r.finished_at < now() - keep;
+     WHERE r.ctid = ANY (ARRAY(SELECT o.ctid FROM switchboard.task_runs o
+                                WHERE o.status IN ('succeeded', 'failed', 'abandoned', 'cancelled')
+                                  AND o.finished_at < now() - keep
+                                ORDER BY o.finished_at
+                                LIMIT max_rows FOR UPDATE SKIP LOCKED))
+       AND r.status IN ('succeeded', 'failed', 'abandoned', 'cancelled') AND r.finished_at < now() - keep;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
 END
 $$;
+COMMENT ON FUNCTION switchboard.reap_runs(interval, integer) IS
+    'Delete at most max_rows finished runs (succeeded, failed, abandoned) older than keep, oldest first, in the caller''s transaction. Returns how many; max_rows back means more are due (call again, in a new transaction).';
+REVOKE ALL ON FUNCTION switchboard.reap_runs(interval, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.reap_runs(interval, integer) TO switchboard_app;
+
+-- The previous release's entry point, now one batch of 10,000 (the
+-- documented batch size): its callers already loop on the count or run it
+-- every maintenance tick.
+CREATE OR REPLACE FUNCTION switchboard.reap_runs(keep interval DEFAULT '7 days')
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN switchboard.reap_runs(keep, 10000);
+END
+$$;
 COMMENT ON FUNCTION switchboard.reap_runs(interval) IS
-    'Delete finished runs (succeeded, failed, abandoned, cancelled) older than keep. Returns how many were deleted.';
+    'Delete finished runs (succeeded, failed, abandoned, cancelled) older than keep, at most 10000 per call (one batch; see reap_runs(interval, integer)). Returns how many were deleted.';
 REVOKE ALL ON FUNCTION switchboard.reap_runs(interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.reap_runs(interval) TO switchboard_app;

@@ -4,8 +4,8 @@ BEGIN;
 DO $verify$
 BEGIN
     -- exactly the functions the files define: no left-over overload of an older release
-    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 122) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected exactly 122 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
+    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 125) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected exactly 125 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.cron_next(text, timestamptz, text)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.cron_next(text, timestamptz, text)' USING ERRCODE = 'P0004';
@@ -205,6 +205,15 @@ BEGIN
     IF (has_function_privilege('switchboard_app', 'switchboard.reap_expired_runs()', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.reap_expired_runs()' USING ERRCODE = 'P0004';
     END IF;
+    IF (to_regprocedure('switchboard.reap_runs(interval, integer)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.reap_runs(interval, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.reap_runs(interval, integer)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.reap_runs(interval, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard.reap_runs(interval, integer)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.reap_runs(interval, integer)' USING ERRCODE = 'P0004';
+    END IF;
     IF (to_regprocedure('switchboard.reap_runs(interval)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.reap_runs(interval)' USING ERRCODE = 'P0004';
     END IF;
@@ -346,6 +355,12 @@ BEGIN
     IF (has_function_privilege('switchboard_app', 'switchboard.reap_tickets()', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.reap_tickets()' USING ERRCODE = 'P0004';
     END IF;
+    IF (to_regprocedure('switchboard._rate_check_raise(text, double precision, integer, integer)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard._rate_check_raise(text, double precision, integer, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._rate_check_raise(text, double precision, integer, integer)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._rate_check_raise(text, double precision, integer, integer)' USING ERRCODE = 'P0004';
+    END IF;
     IF (to_regprocedure('switchboard.rate_check(text, double precision, integer, integer)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.rate_check(text, double precision, integer, integer)' USING ERRCODE = 'P0004';
     END IF;
@@ -363,6 +378,15 @@ BEGIN
     END IF;
     IF (has_function_privilege('switchboard_app', 'switchboard.rate_reset(text)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.rate_reset(text)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard.reap_rate_limits(interval, integer)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.reap_rate_limits(interval, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.reap_rate_limits(interval, integer)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.reap_rate_limits(interval, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard.reap_rate_limits(interval, integer)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.reap_rate_limits(interval, integer)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.reap_rate_limits(interval)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.reap_rate_limits(interval)' USING ERRCODE = 'P0004';
@@ -1060,6 +1084,9 @@ BEGIN
     IF (obj_description(to_regprocedure('switchboard.reap_expired_runs()'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.reap_expired_runs()' USING ERRCODE = 'P0004';
     END IF;
+    IF (obj_description(to_regprocedure('switchboard.reap_runs(interval, integer)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.reap_runs(interval, integer)' USING ERRCODE = 'P0004';
+    END IF;
     IF (obj_description(to_regprocedure('switchboard.reap_runs(interval)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.reap_runs(interval)' USING ERRCODE = 'P0004';
     END IF;
@@ -1104,6 +1131,9 @@ BEGIN
     END IF;
     IF (obj_description(to_regprocedure('switchboard.rate_reset(text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.rate_reset(text)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (obj_description(to_regprocedure('switchboard.reap_rate_limits(interval, integer)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.reap_rate_limits(interval, integer)' USING ERRCODE = 'P0004';
     END IF;
     IF (obj_description(to_regprocedure('switchboard.reap_rate_limits(interval)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.reap_rate_limits(interval)' USING ERRCODE = 'P0004';

@@ -9,6 +9,7 @@ context stays the small public API.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 from uuid import UUID
 
@@ -18,6 +19,12 @@ from . import bounded
 from .config import Config
 from .db import Database, SqlJobTimeout
 from .handlers import HandlerContext, HandlerError, HandlerRegistry
+
+# reap_runs / reap_rate_limits delete at most this many rows per call and
+# transaction (V0013); a full batch back means more are due.
+REAP_BATCH = 10_000
+# How long one maintenance tick keeps sweeping while a reaper comes back full.
+MAINTENANCE_BUDGET_S = 5.0
 
 
 def builtin_handlers(db: Database, config: Config) -> HandlerRegistry:
@@ -91,7 +98,18 @@ def builtin_handlers(db: Database, config: Config) -> HandlerRegistry:
 
     @reg.register("maintenance")
     async def maintenance(ctx: HandlerContext) -> Any:
-        return await db.maintenance(config.event_retention_seconds, config.replica_stale_seconds)
+        # Every sweep is one short transaction with bounded reapers; a backlog
+        # (a first run over a big history) drains sweep by sweep, not in one
+        # transaction that would stall publishers, claims and vacuum.
+        total = await db.maintenance(config.event_retention_seconds, config.replica_stale_seconds)
+        res = total
+        deadline = time.monotonic() + MAINTENANCE_BUDGET_S
+        while (any(int(res.get(k) or 0) >= REAP_BATCH for k in ("runs", "rate_limits"))
+               and time.monotonic() < deadline):
+            await asyncio.sleep(0.05)
+            res = await db.maintenance(config.event_retention_seconds, config.replica_stale_seconds)
+            total = {k: int(total.get(k) or 0) + int(v or 0) for k, v in res.items()}
+        return total
 
     return reg
 
