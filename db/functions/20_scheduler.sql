@@ -757,7 +757,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.reap_runs(interval, integer) IS
-    'Delete at most max_rows finished runs (succeeded, failed, abandoned) older than keep, oldest first, in the caller''s transaction. Returns how many; max_rows back means more are due (call again, in a new transaction).';
+    'Delete at most max_rows finished runs (succeeded, failed, abandoned, cancelled) older than keep, oldest first, in the caller''s transaction. Returns how many; max_rows back means more are due (call again, in a new transaction).';
 REVOKE ALL ON FUNCTION switchboard.reap_runs(interval, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.reap_runs(interval, integer) TO switchboard_app;
 
