@@ -475,14 +475,6 @@ class Database:
     async def notify_room(self, room: str, event: str, payload: Any) -> int:
         return await self.scalar("SELECT switchboard.notify_room(%s, %s, %s)", (room, event, Jsonb(payload)))
 
-    async def events_since(self, user_id: UUID, after_id: int, rooms: list[str], limit: int) -> list[Row]:
-        return await self.fetchall(
-            "SELECT id, user_id, room, event, payload, created_at FROM switchboard.events_since(%s, %s, %s, %s)",
-            (user_id, after_id, rooms, limit))
-
-    async def event_horizon(self) -> int:
-        return int(await self.scalar("SELECT switchboard.event_horizon()"))
-
     async def events_since_v2(self, user_id: UUID, after: tuple[int, int], rooms: list[str],
                               through_tick: int | None, limit: int) -> list[dict]:
         return await self.fetchall(
@@ -503,14 +495,6 @@ class Database:
     # On the relay's dedicated reader connection (not the request pool: a busy pool
     # must not delay delivery). NOTIFY payloads are hints; these reads are what a
     # replica acts on (docs/security.md).
-    @staticmethod
-    async def relay_read(conn: psycopg.AsyncConnection[Any], after_id: int, ephemeral_ids: list[int],
-                         max_rows: int) -> list[Row]:
-        cur = await conn.execute(
-            "SELECT id, ephemeral, user_id, room, event, sender, payload, ts "
-            "FROM switchboard.relay_read(%s, %s, %s)", (after_id, ephemeral_ids, max_rows))
-        return await cur.fetchall()
-
     @staticmethod
     async def relay_read_v2(conn: psycopg.AsyncConnection, after: tuple[int, int], ephemeral_ids: list[int],
                             max_rows: int) -> list[dict]:
@@ -558,11 +542,6 @@ class Database:
     async def auth_snapshot(conn: psycopg.AsyncConnection[Any], since_seconds: int) -> list[Row]:
         cur = await conn.execute("SELECT * FROM switchboard.auth_snapshot_v3(%s)", (timedelta(seconds=since_seconds),))
         return await cur.fetchall()
-
-    @staticmethod
-    async def event_head(conn: psycopg.AsyncConnection[Any]) -> int:
-        cur = await conn.execute("SELECT switchboard.event_head() AS head")
-        return int((await cur.fetchone())["head"])  # type: ignore[index]  # SELECT f(): always one row
 
     @staticmethod
     async def user_states(conn: psycopg.AsyncConnection[Any], user_ids: list[UUID]) -> list[Row]:
