@@ -248,20 +248,24 @@ class Database:
         return await self.scalar("SELECT switchboard.issue_ticket_v2(%s, %s, %s)",
                                  (user_id, session_id, timedelta(seconds=ttl)))
 
-    async def consume_ticket_v2(self, ticket: str) -> dict | None:
+    async def consume_ticket_v2(self, ticket: str) -> Row | None:
         """{user_id, session_id, session_expires_at}, or None if the ticket is refused."""
         return await self.fetchone("SELECT user_id, session_id, session_expires_at"
                                    " FROM switchboard.consume_ticket_v2(%s)", (ticket,))
 
-    async def start_session(self, user_id: UUID, lifetime: int) -> dict:
-        return await self.fetchone("SELECT session_id, refresh_token, expires_at FROM switchboard.start_session(%s, %s)",
-                                   (user_id, timedelta(seconds=lifetime)))
+    async def start_session(self, user_id: UUID, lifetime: int) -> Row:
+        row = await self.fetchone("SELECT session_id, refresh_token, expires_at FROM switchboard.start_session(%s, %s)",
+                                  (user_id, timedelta(seconds=lifetime)))
+        assert row is not None  # the function returns exactly one row or raises
+        return row
 
-    async def refresh_session(self, refresh_token: str, lifetime: int, race_window: float) -> dict:
-        return await self.fetchone(
+    async def refresh_session(self, refresh_token: str, lifetime: int, race_window: float) -> Row:
+        row = await self.fetchone(
             "SELECT outcome, session_id, user_id, username, role, token_epoch, new_refresh_token, expires_at"
             " FROM switchboard.refresh_session(%s, %s, %s)",
             (refresh_token, timedelta(seconds=lifetime), timedelta(seconds=race_window)))
+        assert row is not None  # the function returns exactly one row (its outcome) or raises
+        return row
 
     async def end_session(self, session_id: UUID, reason: str = "logout") -> bool:
         return await self.scalar("SELECT switchboard.end_session(%s, %s)", (session_id, reason))
@@ -270,7 +274,7 @@ class Database:
         return await self.scalar("SELECT switchboard.end_session_by_refresh(%s)", (refresh_token,))
 
     @staticmethod
-    async def session_states(conn: psycopg.AsyncConnection, session_ids: list[UUID]) -> list[dict]:
+    async def session_states(conn: psycopg.AsyncConnection[Any], session_ids: list[UUID]) -> list[Row]:
         cur = await conn.execute("SELECT session_id, user_id, expires_at, end_reason, live"
                                  " FROM switchboard.session_states(%s)", (session_ids,))
         return await cur.fetchall()
@@ -349,13 +353,13 @@ class Database:
             "SELECT switchboard.maintenance(keep_events => %s, replica_stale => %s)",
             (timedelta(seconds=keep_events), timedelta(seconds=replica_stale)))
 
-    async def lost_runs(self, worker: str, run_ids: list[int]) -> list[dict]:
+    async def lost_runs(self, worker: str, run_ids: list[int]) -> list[Row]:
         return await self.fetchall("SELECT run_id, status FROM switchboard.lost_runs(%s, %s::bigint[])",
                                    (worker, run_ids))
 
     # -- operate: runs, handlers, status (HTTP admin API and the CLI) ----------------------
     async def list_runs(self, status: str | None = None, handler: str | None = None, task: str | None = None,
-                        since: Any = None, limit: int = 50, before_id: int | None = None) -> list[dict]:
+                        since: Any = None, limit: int = 50, before_id: int | None = None) -> list[Row]:
         """``since``: a datetime, or a timedelta meaning "that long before now()" (the
         database's clock, not this process's)."""
         ago = since if isinstance(since, timedelta) else None
@@ -365,13 +369,13 @@ class Database:
             "coalesce(%s::timestamptz, now() - %s::interval), %s, %s)",
             (status, handler, task, at, ago, limit, before_id))
 
-    async def get_run(self, run_id: int) -> dict | None:
+    async def get_run(self, run_id: int) -> Row | None:
         return await self.fetchone(f"SELECT {RUN_DETAIL_COLUMNS} FROM switchboard.runs WHERE id = %s", (run_id,))
 
-    async def cancel_run(self, run_id: int, actor: str | None = None) -> tuple[bool, dict | None]:
+    async def cancel_run(self, run_id: int, actor: str | None = None) -> tuple[bool, Row | None]:
         """cancel_run(), then the run as it is now. Admins hear run.updated iff it changed.
         ``actor`` (who asked: an admin's username) goes into the run's error text."""
-        async def op(conn: psycopg.AsyncConnection[dict]) -> tuple[bool, dict | None]:
+        async def op(conn: psycopg.AsyncConnection[Row]) -> tuple[bool, Row | None]:
             if actor:
                 await conn.execute("SELECT set_config('switchboard.actor', %s, true)", (actor,))
             cur = await conn.execute("SELECT switchboard.cancel_run(%s) AS ok", (run_id,))
@@ -382,11 +386,11 @@ class Database:
             cur = await conn.execute(f"SELECT {RUN_DETAIL_COLUMNS} FROM switchboard.runs WHERE id = %s",
                                      (run_id,))
             return ok, await cur.fetchone()
-        return await self._transaction(op)  # type: ignore[no-any-return]
+        return await self._transaction(op)
 
-    async def retry_run(self, run_id: int) -> dict:
+    async def retry_run(self, run_id: int) -> Row:
         """retry_run(): the new queued run. Admins hear run.updated."""
-        async def op(conn: psycopg.AsyncConnection[dict]) -> dict:
+        async def op(conn: psycopg.AsyncConnection[Row]) -> Row:
             cur = await conn.execute("SELECT id FROM switchboard.retry_run(%s)", (run_id,))
             row = await cur.fetchone()
             assert row is not None      # retry_run returns its run or raises
@@ -396,10 +400,10 @@ class Database:
             run = await cur.fetchone()
             assert run is not None
             return run
-        return await self._transaction(op)  # type: ignore[no-any-return]
+        return await self._transaction(op)
 
     @staticmethod
-    async def _announce_run(conn: psycopg.AsyncConnection[dict], run_id: int) -> None:
+    async def _announce_run(conn: psycopg.AsyncConnection[Row], run_id: int) -> None:
         """run.updated to every admin, last in the operator's transaction (notify_* hold the
         event-order lock until commit). In a savepoint: if publishing fails (55P03 while
         another publisher holds the lock) the operator's action still commits; a console
@@ -431,22 +435,22 @@ class Database:
     async def resume_handler(self, name: str) -> bool:
         return bool(await self.scalar("SELECT switchboard.resume_handler(%s)", (name,)))
 
-    async def list_handlers(self) -> list[dict]:
+    async def list_handlers(self) -> list[Row]:
         return await self.fetchall(f"SELECT {HANDLER_COLUMNS} FROM switchboard.handlers ORDER BY handler")
 
-    async def get_handler(self, name: str) -> dict | None:
+    async def get_handler(self, name: str) -> Row | None:
         return await self.fetchone(f"SELECT {HANDLER_COLUMNS} FROM switchboard.handlers WHERE handler = %s",
                                    (name,))
 
-    async def status(self) -> list[dict]:
+    async def status(self) -> list[Row]:
         return await self.fetchall("SELECT item, value FROM switchboard.status()")
 
-    async def list_replicas(self) -> list[dict]:
+    async def list_replicas(self) -> list[Row]:
         return await self.fetchall(
             "SELECT id, info, started_at, heartbeat_at, sockets, version, handlers FROM switchboard.replicas "
             "ORDER BY started_at, id")
 
-    async def find_task(self, name: str) -> dict | None:
+    async def find_task(self, name: str) -> Row | None:
         return await self.fetchone(f"SELECT {TASK_COLUMNS} FROM switchboard.tasks WHERE name = %s", (name,))
 
     # -- users (the CLI's chores) ---------------------------------------------------------
@@ -476,13 +480,13 @@ class Database:
         return await self.scalar("SELECT switchboard.notify_room(%s, %s, %s)", (room, event, Jsonb(payload)))
 
     async def events_since_v2(self, user_id: UUID, after: tuple[int, int], rooms: list[str],
-                              through_tick: int | None, limit: int) -> list[dict]:
+                              through_tick: int | None, limit: int) -> list[Row]:
         return await self.fetchall(
             "SELECT tick, id, room, event, payload, created_at "
             "FROM switchboard.events_since_v2(%s, %s, %s, %s, %s, %s)",
             (user_id, after[0], after[1], rooms, through_tick, limit))
 
-    async def event_window(self) -> dict:
+    async def event_window(self) -> Row:
         row = await self.fetchone("SELECT first_tick, last_tick, reaped_through, publishers_notify FROM switchboard.event_window()")
         assert row is not None
         return row
@@ -496,16 +500,16 @@ class Database:
     # must not delay delivery). NOTIFY payloads are hints; these reads are what a
     # replica acts on (docs/security.md).
     @staticmethod
-    async def relay_read_v2(conn: psycopg.AsyncConnection, after: tuple[int, int], ephemeral_ids: list[int],
-                            max_rows: int) -> list[dict]:
+    async def relay_read_v2(conn: psycopg.AsyncConnection[Any], after: tuple[int, int], ephemeral_ids: list[int],
+                            max_rows: int) -> list[Row]:
         cur = await conn.execute(
             "SELECT tick, id, ephemeral, user_id, room, event, sender, payload, ts "
             "FROM switchboard.relay_read_v2(%s, %s, %s, %s)", (after[0], after[1], ephemeral_ids, max_rows))
         return await cur.fetchall()
 
     @staticmethod
-    async def relay_tick_read(conn: psycopg.AsyncConnection, after: tuple[int, int], ephemeral_ids: list[int],
-                              max_rows: int) -> tuple[int, list[dict]]:
+    async def relay_tick_read(conn: psycopg.AsyncConnection[Any], after: tuple[int, int], ephemeral_ids: list[int],
+                              max_rows: int) -> tuple[int, list[Row]]:
         """event_tick() in a transaction of its own, then relay_read_v2() after it, in ONE
         round trip (one simple-query string: BEGIN; tick; COMMIT; read). The tick commits
         before the read starts, so the read sees it, and the ticker row is not held while
@@ -518,7 +522,7 @@ class Database:
                 sql.Literal(int(after[0])), sql.Literal(int(after[1])),
                 sql.Literal([int(i) for i in ephemeral_ids]), sql.Literal(int(max_rows)))
         cur = await conn.execute(q)
-        sets: list[list[dict]] = []
+        sets: list[list[Row]] = []
         while True:
             if cur.description is not None:
                 sets.append(await cur.fetchall())
@@ -527,12 +531,12 @@ class Database:
         return int(sets[0][0]["tick"]), sets[1]
 
     @staticmethod
-    async def event_tick(conn: psycopg.AsyncConnection) -> int:
+    async def event_tick(conn: psycopg.AsyncConnection[Any]) -> int:
         cur = await conn.execute("SELECT switchboard.event_tick() AS tick")
-        return int((await cur.fetchone())["tick"])
+        return int((await cur.fetchone())["tick"])  # type: ignore[index]  # SELECT f(): always one row
 
     @staticmethod
-    async def event_window_on(conn: psycopg.AsyncConnection) -> dict:
+    async def event_window_on(conn: psycopg.AsyncConnection[Any]) -> Row:
         cur = await conn.execute("SELECT first_tick, last_tick, reaped_through, publishers_notify FROM switchboard.event_window()")
         row = await cur.fetchone()
         assert row is not None
@@ -646,7 +650,7 @@ class Database:
             self.job_url, row_factory=dict_row, application_name="switchboard-sql-job", autocommit=True,
             **conninfo_with_keepalives())
         pid: int | None = None
-        task: asyncio.Future[dict] | None = None
+        task: asyncio.Future[Row] | None = None
         t0 = time.monotonic()
         try:
             await conn.execute("SELECT set_config('client_connection_check_interval', '1000', false)")
@@ -699,8 +703,8 @@ class Database:
             LOG.warning("sql run %s: terminating backend %s failed: %s", run_id, pid, str(exc).strip())
 
     @staticmethod
-    async def _job_statement(conn: psycopg.AsyncConnection, statement: str, timeout_s: float,
-                             t0: float) -> dict:
+    async def _job_statement(conn: psycopg.AsyncConnection[Any], statement: str, timeout_s: float,
+                             t0: float) -> Row:
         try:
             async with conn.transaction():
                 await conn.execute("SELECT set_config('statement_timeout', %s, true)",

@@ -44,7 +44,7 @@ MAX_PAYLOAD = 8000      # NOTIFY's own limit is 8000 bytes
 MAX_DEPTH = 4           # every hint we send is a flat object
 
 
-def _int(msg: dict, key: str) -> int:
+def _int(msg: dict[str, Any], key: str) -> int:
     value = msg[key]
     if not isinstance(value, int) or isinstance(value, bool):   # we send JSON numbers, never strings
         raise BadInput("bad_number", f"{key} must be a JSON integer")
@@ -146,6 +146,6 @@ class Hints:
                     or self.members or self.tools or self.sessions)
 
     @classmethod
-    def add(cls, bucket: set, item: Any) -> None:
+    def add(cls, bucket: set[Any], item: Any) -> None:
         if len(bucket) < cls.MAX:
             bucket.add(item)

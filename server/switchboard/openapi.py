@@ -35,6 +35,7 @@ HANDLER = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$"}
 EVENT = {"type": "string", "pattern": "^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$"}
 ROOM = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"}
 NAME = {"type": "string", "minLength": 1, "maxLength": 200}
+RUN_STATUSES = ["queued", "running", "succeeded", "failed", "abandoned", "cancelled"]
 
 
 def ref(kind: str, name: str) -> dict[str, str]:
@@ -342,11 +343,11 @@ def paths_operate() -> dict[str, Any]:
         return {"content": {JSON: {"schema": schema}}}
 
     nullable_str = {"type": ["string", "null"]}
-    run = {"type": "object", "required": ["id", "status", "handler", "attempt"], "properties": {
+    run: dict[str, Any] = {"type": "object", "required": ["id", "status", "handler", "attempt"], "properties": {
         "id": {"type": "integer"}, "task_id": nullable_str, "task_name": nullable_str,
         "handler": {"type": "string"},
         "status": {"type": "string",
-                   "enum": ["queued", "running", "succeeded", "failed", "abandoned", "cancelled"]},
+                   "enum": RUN_STATUSES},
         "trigger": {"type": "string"}, "attempt": {"type": "integer"}, "max_attempts": {"type": "integer"},
         "worker": nullable_str, "created_at": {"type": "string"}, "run_at": nullable_str,
         "started_at": nullable_str, "finished_at": nullable_str,
@@ -379,7 +380,7 @@ def paths_operate() -> dict[str, Any]:
                                "next_cursor": {"type": ["string", "null"],
                                                "description": "pass back as cursor for the next page"}}})}},
             (400, 401, 403, 404, 422, 503),
-            params=[q("status", {"type": "string", "enum": run["properties"]["status"]["enum"]}, "run status"),
+            params=[q("status", {"type": "string", "enum": RUN_STATUSES}, "run status"),
                     q("handler", {"type": "string"}, "handler name"),
                     q("task", {"type": "string"}, "task name or id"),
                     q("since", {"type": "string", "format": "date-time"}, "created at or after"),

@@ -109,7 +109,7 @@ def client_ip(req: PeerRequest, trusted: list[ipaddress.IPv4Network | ipaddress.
     return peer
 
 
-def _trusted(addr: str, trusted: list[ipaddress._BaseNetwork]) -> bool:
+def _trusted(addr: str, trusted: list[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> bool:
     try:
         ip = ipaddress.ip_address(addr.strip())
     except ValueError:

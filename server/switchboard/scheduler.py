@@ -78,10 +78,10 @@ class Scheduler:
         self.replica = replica
         self.worker = replica.replica_id
         self._contexts: dict[int, HandlerContext] = {}
-        self._htasks: dict[int, asyncio.Task] = {}   # run id -> its handler's task
+        self._htasks: dict[int, asyncio.Task[Any]] = {}   # run id -> its handler's task
         self._wake = asyncio.Event()
         self._fence_wake = asyncio.Event()
-        self._fence_task: asyncio.Task | None = None
+        self._fence_task: asyncio.Task[Any] | None = None
         self._stopping = False
         self._running: dict[int, asyncio.Task[None]] = {}
         self._loop_task: asyncio.Task[None] | None = None

@@ -26,6 +26,8 @@ a password or role change), "user disabled".
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncio
 import logging
 import time
@@ -63,7 +65,7 @@ class SessionWatch:
         # No socket's known session expiry is earlier than this: until then a tick costs
         # one comparison, not a walk over every socket (~1.3 us per socket).
         self.earliest = float("inf")
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[Any] | None = None
 
     def bind(self, client: Client, session_id: uuid.UUID | None, expires_at: datetime | None) -> None:
         """Remember on the socket which session it belongs to (None: a token from before
@@ -88,7 +90,7 @@ class SessionWatch:
         if ids:
             await self.recheck(conn, ids)
 
-    def _apply(self, ids: list[uuid.UUID], rows: dict[uuid.UUID, dict]) -> None:
+    def _apply(self, ids: list[uuid.UUID], rows: dict[uuid.UUID, dict[str, Any]]) -> None:
         ended: dict[uuid.UUID, str] = {}
         for sid in ids:
             r = rows.get(sid)

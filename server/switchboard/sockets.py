@@ -26,19 +26,19 @@ _ids = itertools.count(1)
 CloseHook = Callable[[int, str], Coroutine[Any, Any, None]]
 
 
-def encode(f: dict) -> str:
+def encode(f: dict[str, Any]) -> str:
     return json.dumps(f, separators=(",", ":"), default=str)
 
 
 def frame(event: str, payload: Any = None, *, id: int | None = None, room: str | None = None,
-          ts: int | None = None, **extra: Any) -> dict:
+          ts: int | None = None, **extra: Any) -> dict[str, Any]:
     f = {"id": id, "event": event, "room": room, "payload": {} if payload is None else payload,
          "ts": ts if ts is not None else int(time.time() * 1000)}
     f.update(extra)
     return f
 
 
-def event_frame(r: dict, ts: int) -> tuple[tuple[int, int], dict]:
+def event_frame(r: dict[str, Any], ts: int) -> tuple[tuple[int, int], dict[str, Any]]:
     """A stored event row (with its ``tick``) as (position, frame); the frame carries
     the position as its opaque ``cursor``."""
     pos = (int(r["tick"]), int(r["id"]))
@@ -71,12 +71,12 @@ class Client:
         self.position = position
         self.resuming = False
         self.refetch = False          # live events were dropped from the buffer: fetch again
-        self.buffer: list[tuple[tuple[int, int] | None, dict]] = []
+        self.buffer: list[tuple[tuple[int, int] | None, dict[str, Any]]] = []
         self.closing: int | None = None
         self.epoch = 0                # the user's token epoch when the socket was accepted
         self.session_id: uuid.UUID | None = None   # its login session (None: a pre-session token)
         self.session_expires: float | None = None  # until when that session is known to live
-        self.close_task: asyncio.Task | None = None
+        self.close_task: asyncio.Task[Any] | None = None
         self.close_hook = close_hook
         self._on_overflow = on_overflow
 
@@ -95,7 +95,7 @@ class Client:
             self.close_task = asyncio.get_running_loop().create_task(self.close_hook(code, reason))
         return True
 
-    def offer(self, f: dict, text: str | None = None, replay: bool = False,
+    def offer(self, f: dict[str, Any], text: str | None = None, replay: bool = False,
               pos: tuple[int, int] | None = None) -> None:
         """Queue a frame unless it is a duplicate; overflow closes the socket (1013).
 
@@ -129,7 +129,7 @@ class Client:
         except asyncio.QueueFull:
             self._on_overflow(self)
 
-    async def offer_wait(self, f: dict, timeout: float, replay: bool = False,
+    async def offer_wait(self, f: dict[str, Any], timeout: float, replay: bool = False,
                          text: str | None = None, pos: tuple[int, int] | None = None) -> bool:
         """Like offer(), for replays and catch-ups: waits (up to ``timeout`` s) for room in
         the send queue instead of closing the socket, so a long replay streams at the
@@ -141,7 +141,7 @@ class Client:
             deadline = time.monotonic() + timeout
             while self.queue.full():
                 if self.closing is not None:
-                    return False
+                    return False  # type: ignore[unreachable]  # closing is set by another task while we sleep
                 if time.monotonic() >= deadline:
                     self._on_overflow(self)
                     return False

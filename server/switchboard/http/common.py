@@ -121,7 +121,7 @@ def require_admin(auth: AuthState, req: falcon.Request) -> Principal:
     return p
 
 
-def reached_over_tls(req: falcon.Request, trusted: list[ipaddress._BaseNetwork]) -> bool:
+def reached_over_tls(req: falcon.Request, trusted: list[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> bool:
     """Did the client reach us over TLS? Directly (the ASGI scheme), or through a
     TLS-terminating proxy: X-Forwarded-Proto counts only when the socket peer is in
     SWITCHBOARD_TRUSTED_PROXIES (anybody else could send it). The right-most value is

@@ -17,6 +17,8 @@ PATCH /tasks/{id}) plus the two admin reads here:
 
 from __future__ import annotations
 
+from typing import Any
+
 from pathlib import Path
 
 import falcon
@@ -111,7 +113,7 @@ class Live:
                       "rooms": [jsonable_row(r) for r in rooms]}
 
 
-def add_routes(app: falcon.asgi.App, db: Database, auth: AuthState) -> None:
+def add_routes(app: falcon.asgi.App[Any, Any], db: Database, auth: AuthState) -> None:
     """The console's routes, in one place so app.py's route table changes by one line."""
     app.add_route("/console", Page())
     app.add_route("/console/cron-next", CronNext(db, auth))

@@ -30,7 +30,7 @@ CREDENTIAL_PATHS = frozenset({"/auth/login", "/auth/refresh", "/auth/logout"})
 EXPOSE = ("RateLimit", "RateLimit-Policy", "Retry-After", "WWW-Authenticate")
 
 
-class Cors(falcon.CORSMiddleware):
+class Cors(falcon.CORSMiddleware):  # type: ignore[type-arg]  # falcon's generic takes the app's request types; this one serves both
     def __init__(self, allowed: list[str]) -> None:
         origins = [o.rstrip("/") for o in allowed]
         self.wildcard = "*" in origins

@@ -136,7 +136,7 @@ class RunCancel:
         resp.media = {"run": jsonable_row(run)}  # type: ignore[arg-type]
 
 
-def _handler(row: dict | None, name: str) -> dict:
+def _handler(row: dict[str, Any] | None, name: str) -> dict[str, Any]:
     if row is None:   # neither served, wanted nor paused: the view has no row for it
         return {"name": name, "paused": False, "paused_at": None, "served": False, "replicas": 0,
                 "versions": [], "active_tasks": 0, "pending_runs": 0}
