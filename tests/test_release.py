@@ -44,9 +44,16 @@ def test_release_procedure_in_a_copy_of_the_repo(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "scripts", tmp_path / "scripts")
     stamp, gen = "scripts/stamp_functions.py", "scripts/sqitch_gen.py"
     newest = max(int(p.name[1:5]) for p in (tmp_path / "db/migrations").glob("V*.sql"))
-    nxt = f"V{newest + 1:04d}"
     assert _run(tmp_path, stamp, "--check").returncode == 0
     assert _run(tmp_path, gen, "--check").returncode == 0
+    # Right after a release the newest version is frozen: the procedure starts, as a
+    # developer's would, with a new (unreleased) version.
+    lock = (tmp_path / "db/functions.lock").read_text().split()
+    if lock[-1].startswith("v"):
+        newest += 1
+        (tmp_path / f"db/migrations/V{newest:04d}__work.sql").write_text("-- the next release's work\n")
+        assert _run(tmp_path, stamp).returncode == 0
+    nxt = f"V{newest + 1:04d}"
 
     # 1. a function edit without a new version is caught
     f = tmp_path / "db/functions/30_tickets.sql"

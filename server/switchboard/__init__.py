@@ -1,3 +1,3 @@
 """Switchboard: PostgreSQL as the only coordination layer for N stateless replicas."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,0 +1,7 @@
+-- Frozen by scripts/stamp_functions.py: db/functions/*.sql as released in v0.2.0.
+-- Never edit: deployed databases recorded this script.
+-- functions as of v0.2.0: nothing to undo on its own. Switchboard's migrations are
+-- forward-only (pgmigrate has no down scripts); `sqitch revert` (to the
+-- start) uninstalls everything in the revert of the first change, "schema".
+-- `sqitch revert --to <tag>` is not a downgrade: it would leave this change's
+-- objects in place. Restore a backup to go back to an older release.
