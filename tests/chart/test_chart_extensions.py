@@ -172,7 +172,8 @@ def test_handler_package_init_container_shares_a_directory_on_pythonpath(chart: 
 def test_pip_variant_runs_the_servers_own_image(chart: Any) -> None:
     objects = render(chart, example("handler-package-pip.yaml"))
     (init,) = pod_spec(objects)["initContainers"]
-    assert init["image"] == main_container(objects)["image"] == "switchboard:0.1.0"
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert init["image"] == main_container(objects)["image"] == f"switchboard:{app_version}"
     assert init["command"][:2] == ["pip", "install"]
 
 
