@@ -77,7 +77,8 @@ class Load:
         print(f"  jobs {len(keys)}: {out.summary()}", flush=True)
         print(f"  events {n}: missed {sum(map(len, missed.values()))}, duplicated "
               f"{sum(map(len, dups.values()))}; tabs: " + "; ".join(
-                  f"{c.name} ports {c.conn_ports} closes {c.close_codes}" for c in self.clients), flush=True)
+                  f"{c.name} ports {c.conn_ports} closes {c.close_codes} errors {c.client_errors[:3]}"
+                  for c in self.clients), flush=True)
         assert settled, self.fc.sql("SELECT id, status, worker, args FROM switchboard.task_runs "
                                     "WHERE status IN ('queued', 'running') AND task_id IS NULL LIMIT 20")
         assert out.overlaps == [], [(a, b) for a, b in out.overlaps[:5]]
