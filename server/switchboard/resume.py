@@ -39,7 +39,10 @@ async def start_position(db: Database, after: Position | int) -> tuple[Position,
     gap_from = (int(win["first_tick"]), END)
     if isinstance(after, int):
         if after == 0:
-            pos: Position = cursor.START
+            # "I have seen nothing": everything retained, after resume_gap only if an
+            # event was actually reaped. Reaped ticks that held no event (reaped_through
+            # still 0) lose nothing, so they are no reason to make the client reload.
+            return gap_from, int(win["reaped_through"]) > 0
         else:
             tick = await db.event_batch(after)
             if tick is None:

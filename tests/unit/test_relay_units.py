@@ -98,3 +98,36 @@ def test_a_socket_queues_each_position_once_and_in_order() -> None:
         return [json.loads(c.queue.get_nowait())["cursor"] for _ in range(c.queue.qsize() - 1)]
 
     assert asyncio.run(run()) == ["v1.4.2", "v1.5.1"]
+
+
+class _Window:
+    """A stand-in for Database's two reads start_position() makes."""
+
+    def __init__(self, first_tick: int, reaped_through: int, batches: dict[int, int]) -> None:
+        self.win = {"first_tick": first_tick, "last_tick": first_tick + 5,
+                    "reaped_through": reaped_through, "publishers_notify": True}
+        self.batches = batches
+
+    async def event_window(self) -> dict[str, object]:
+        return self.win
+
+    async def event_batch(self, event_id: int) -> int | None:
+        return self.batches.get(event_id)
+
+
+def test_a_bare_zero_after_empty_reaped_ticks_is_no_gap() -> None:
+    """after=0 ("seen nothing") must not get resume_gap because the reaper dropped
+    ticks that held no event (the faults suite's tabs reconnected forever on it)."""
+    import asyncio
+
+    from switchboard.cursor import END
+    from switchboard.resume import start_position
+
+    pos, gap = asyncio.run(start_position(_Window(7, 0, {}), 0))  # type: ignore[arg-type]
+    assert (pos, gap) == ((7, END), False)
+    pos, gap = asyncio.run(start_position(_Window(7, 42, {}), 0))  # type: ignore[arg-type]
+    assert (pos, gap) == ((7, END), True)       # events were reaped: reload first
+    pos, gap = asyncio.run(start_position(_Window(7, 0, {50: 9}), 50))  # type: ignore[arg-type]
+    assert (pos, gap) == ((9, 50), False)
+    pos, gap = asyncio.run(start_position(_Window(7, 0, {}), 50))  # type: ignore[arg-type]
+    assert gap is True                          # an id not retained: reload
