@@ -6,7 +6,8 @@ retries. This loop only decides *when to ask*: at once when the relay hears
 switchboard_runs (a triggered run starts within milliseconds), otherwise
 every poll interval (with jitter, so replicas do not poll in lockstep), and
 never more than ``concurrency`` runs at a time. While a handler runs, its
-lease is extended every lease/3 (pushing ``ctx.deadline`` forward). On shutdown it
+lease is extended every lease/3, counted from the send time of the last proof
+(pushing ``ctx.deadline`` forward). On shutdown it
 stops claiming, caps every running handler's deadline at the end of the grace
 period, lets them finish within it and hands the rest back with release_run()
 so another replica takes them at once.
@@ -346,11 +347,19 @@ class Scheduler:
         its send time + lease; when the database says this worker no longer owns the run,
         the handler is told (ctx.lease_lost) and cancelled."""
         run_id = ctx.run_id
-        interval = max(self.cfg.lease_seconds / 3, 0.2)
+        lease = self.cfg.lease_seconds
+        interval = max(lease / 3, 0.2)
+        # Heartbeats keep a fixed cadence from the *send* time of the last proof (the claim,
+        # then each heartbeat), not from when its answer arrived: over a slow link (say
+        # 0.7 s round trips) "sleep, then send" spaced proofs by interval + RTT and let the
+        # margin run out although every heartbeat was answered. With the cadence fixed the
+        # lease survives round trips up to lease - margin - interval (1.4 s at lease 3 s).
+        next_send = self._lease_until.get(run_id, time.time() + lease) - lease + interval
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(max(0.0, next_send - time.time()))
             try:
                 sent = time.time()
+                next_send = sent + interval
                 if not await self.db.heartbeat_run(run_id, self.worker, self.cfg.lease_seconds):
                     # Already rescued or cancelled: no deadline left to meet, so a cooperative
                     # handler gets one heartbeat interval (at least 1 s) to stop by itself and
