@@ -9,6 +9,7 @@ column lists below. Keeping them here keeps the SQL reviewable in one place.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 import weakref
@@ -92,9 +93,14 @@ class CheckIfIdle:
     async def __call__(self, conn: psycopg.AsyncConnection[Any]) -> None:
         now = time.monotonic()
         last = self._handed_out.get(conn)
-        if last is None or now - last >= self.fresh:
+        if (last is None or now - last >= self.fresh) and not UNCHECKED.get():
             await AsyncConnectionPool.check_connection(conn)
         self._handed_out[conn] = now
+
+
+# Set by a caller that would rather fail fast on a stale connection (and retry) than pay
+# the check's extra round trip: a lease heartbeat, whose deadline is counted in round trips.
+UNCHECKED: contextvars.ContextVar[bool] = contextvars.ContextVar("switchboard_unchecked", default=False)
 
 
 # "prepared statement ... does not exist" / "... already exists": a transaction-mode
@@ -333,8 +339,15 @@ class Database:
         return {row["id"] for row in rows}
 
     async def heartbeat_run(self, run_id: int, worker: str, lease: float) -> bool:
-        return await self.scalar("SELECT switchboard.heartbeat_run(%s, %s, %s)",
-                                 (run_id, worker, timedelta(seconds=lease)))
+        """One round trip, never two: the idle check is skipped (see UNCHECKED). A stale
+        connection fails the call at once, the pool discards it, and the scheduler sends
+        the heartbeat again right away on another connection."""
+        token = UNCHECKED.set(True)
+        try:
+            return bool(await self.scalar("SELECT switchboard.heartbeat_run(%s, %s, %s)",
+                                          (run_id, worker, timedelta(seconds=lease))))
+        finally:
+            UNCHECKED.reset(token)
 
     async def finish_run(self, run_id: int, worker: str, ok: bool, result: Any, error: str | None) -> bool:
         return await self.scalar("SELECT switchboard.finish_run(%s, %s, %s, %s, %s)",

@@ -354,7 +354,11 @@ class Scheduler:
         # 0.7 s round trips) "sleep, then send" spaced proofs by interval + RTT and let the
         # margin run out although every heartbeat was answered. With the cadence fixed the
         # lease survives round trips up to lease - margin - interval (1.4 s at lease 3 s).
+        # Each heartbeat is one round trip (db.heartbeat_run skips the pool's idle check);
+        # one that failed fast (a stale connection, discarded by the pool) is sent again at
+        # once rather than an interval later, which the margin could not afford.
         next_send = self._lease_until.get(run_id, time.time() + lease) - lease + interval
+        retried = False
         while True:
             await asyncio.sleep(max(0.0, next_send - time.time()))
             try:
@@ -375,8 +379,11 @@ class Scheduler:
                     self._lease_until[run_id] = max(self._lease_until[run_id], sent + self.cfg.lease_seconds)
                 if not self.replica.draining:
                     _extend_deadline(ctx, sent + self.cfg.lease_seconds)
+                retried = False
             except Exception as exc:
                 LOG.warning("run %s: heartbeat failed: %s", run_id, exc)
+                if not retried and time.time() - sent < interval / 2:
+                    retried, next_send = True, time.time()
 
     async def stop(self, grace: float) -> None:
         """Stop claiming; wait up to grace for running handlers; hand back the rest."""
