@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from . import __version__
 
@@ -20,7 +20,7 @@ EXIT_USAGE = 2
 LOG = logging.getLogger("switchboard.cli")
 
 
-def _die(msg: str, code: int = EXIT_USAGE) -> None:
+def _die(msg: str, code: int = EXIT_USAGE) -> NoReturn:
     print(f"switchboard: {msg}", file=sys.stderr)
     raise SystemExit(code)
 
@@ -29,7 +29,7 @@ def _require_env(name: str) -> str:
     val = os.environ.get(name)
     if not val:
         _die(f"{name} is not set (required); see README 'Configuration'")
-    return val  # type: ignore[return-value]
+    return val
 
 
 def _migrate(url: str) -> list[int]:
@@ -41,7 +41,6 @@ def _migrate(url: str) -> list[int]:
         _die(str(exc), 1)
     except Exception as exc:  # connection errors: one line, no traceback
         _die(f"migration failed: {str(exc).strip()}", 1)
-    return []
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -107,7 +106,7 @@ def _serve_gunicorn(args: argparse.Namespace, config: Any) -> int:
 
         mark_process_dead(worker.pid)
 
-    class _App(BaseApplication):
+    class _App(BaseApplication):  # type: ignore[misc]  # gunicorn ships no types (no py.typed)
         def load_config(self) -> None:
             self.cfg.set("bind", f"{args.host}:{args.port}")
             self.cfg.set("workers", args.workers)
@@ -161,7 +160,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
         with psycopg.connect(pg.url(), autocommit=True) as c:
             c.execute("CREATE DATABASE switchboard")
         url = pg.url("switchboard")
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen[bytes]] = []
     stopping = False
 
     def _stop(signum: int, frame: Any) -> None:
@@ -223,7 +222,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     return 0
 
 
-def _wait_ready(ports: list[int], host: str, procs: list[subprocess.Popen], stop: Any) -> None:
+def _wait_ready(ports: list[int], host: str, procs: list[subprocess.Popen[bytes]], stop: Any) -> None:
     import urllib.request
 
     h = "127.0.0.1" if host in ("0.0.0.0", "") else host
@@ -433,7 +432,7 @@ def cmd_task(args: argparse.Namespace) -> int:
     return _run_db(op)
 
 
-def _next_run(t: dict) -> str:
+def _next_run(t: dict[str, Any]) -> str:
     if t["next_run_at"] is not None:
         return _when(t["next_run_at"])
     if t["schedule"] is None:
@@ -464,15 +463,14 @@ def _since(text: str | None) -> Any:
         return datetime.fromisoformat(text)
     except ValueError:
         _die(f"--since {text!r}: give an ISO timestamp (2026-01-31T12:00:00+00:00) or an age (30m, 2h, 7d)")
-    return None
 
 
-def _run_line(r: dict) -> list[str]:
+def _run_line(r: dict[str, Any]) -> list[str]:
     return [str(r["id"]), r["status"], r["handler"], r["task_name"] or "-", str(r["attempt"]),
             r["worker"] or "-", _when(r["created_at"]), _duration(r["duration_ms"]), _one_line(r["error"], 60)]
 
 
-def _print_run(r: dict) -> None:
+def _print_run(r: dict[str, Any]) -> None:
     for k in RUN_FIELDS:
         if k not in r:
             continue

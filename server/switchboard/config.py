@@ -6,6 +6,7 @@ import ipaddress
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from typing import TypedDict
 
 
 class ConfigError(ValueError):
@@ -88,7 +89,15 @@ def ws_compression_enabled() -> bool:
     return os.environ.get("SWITCHBOARD_WS_COMPRESSION", "off").lower() in ("1", "on", "true", "yes")
 
 
-def server_limits() -> dict[str, int]:
+class ServerLimits(TypedDict):
+    """uvicorn.Config keyword arguments (typed, so mypy checks them against uvicorn's)."""
+
+    timeout_keep_alive: int
+    limit_concurrency: int
+    h11_max_incomplete_event_size: int
+
+
+def server_limits() -> ServerLimits:
     """uvicorn's connection limits (used by `serve` alone and by the gunicorn worker).
 
     * ``timeout_keep_alive`` (SWITCHBOARD_KEEPALIVE_TIMEOUT, default 5 s): an idle
