@@ -12,9 +12,13 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import __version__
+
+if TYPE_CHECKING:   # imported where used: `switchboard --help` stays quick
+    from .db import Database
+    from .rows import Task
 
 EXIT_USAGE = 2
 LOG = logging.getLogger("switchboard.cli")
@@ -292,7 +296,6 @@ def _sql_error(exc: Exception) -> None:
 
 def _ensure_user(url: str, username: str, role: str, password: str) -> None:
     from .auth import hash_password
-    from .db import Database
 
     async def op(db: Database) -> None:
         uid = await db.find_user_id(username)
@@ -402,7 +405,7 @@ def _print_json(obj: Any) -> None:
 
 # -- task ----------------------------------------------------------------------------------------
 def cmd_task(args: argparse.Namespace) -> int:
-    async def op(db: Any) -> int:
+    async def op(db: Database) -> int:
         if args.task_cmd == "add":
             try:
                 task_args = json.loads(args.args)
@@ -410,20 +413,20 @@ def cmd_task(args: argparse.Namespace) -> int:
                 _die(f"--args is not JSON: {args.args!r}")
             t = await db.create_task(args.name, args.schedule, args.handler, task_args, args.timezone,
                                      args.max_attempts)
-            print(f"task {args.name} created: {t['id']} (next run {_when(t['next_run_at'])})")
+            print(f"task {args.name} created: {t.id} (next run {_when(t.next_run_at)})")
         elif args.task_cmd == "list":
             tasks = await db.list_tasks()
             if getattr(args, "json", False):
-                _print_json(tasks)
+                _print_json([t.as_dict() for t in tasks])
                 return 0
             _table(["NAME", "SCHEDULE", "HANDLER", "ACTIVE", "NEXT RUN"],
-                   [[t["name"], t["schedule"] or "(trigger only)", t["handler"], str(t["is_active"]),
+                   [[t.name, t.schedule or "(trigger only)", t.handler, str(t.is_active),
                      _next_run(t)] for t in tasks])
         elif args.task_cmd == "trigger":
-            t = await db.find_task(args.name)
-            if t is None:
+            found = await db.find_task(args.name)
+            if found is None:
                 _die(f"no task named {args.name!r}", 1)
-            run = await db.create_run_exclusive(t["id"], "cli")
+            run = await db.create_run_exclusive(found.id, "cli")
             if run is None:
                 _die(f"task {args.name} already has a queued or running run", 1)
             print(f"run {run['id']} queued")
@@ -432,10 +435,10 @@ def cmd_task(args: argparse.Namespace) -> int:
     return _run_db(op)
 
 
-def _next_run(t: dict[str, Any]) -> str:
-    if t["next_run_at"] is not None:
-        return _when(t["next_run_at"])
-    if t["schedule"] is None:
+def _next_run(t: Task) -> str:
+    if t.next_run_at is not None:
+        return _when(t.next_run_at)
+    if t.schedule is None:
         return "-"
     # A scheduled task whose next_run_at cannot be shown is parked ('infinity', the
     # README's way to park a task for good) or was set to a date out of range by hand.

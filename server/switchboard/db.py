@@ -24,7 +24,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from .rows import Run
+from .rows import Event, Run, Task
 
 LOG = logging.getLogger("switchboard.db")
 
@@ -61,6 +61,8 @@ TASK_COLUMNS = (
     f"id, name, schedule, timezone, handler, args, is_active, max_attempts, {_ts('next_run_at')}, "
     "skipped_ticks, last_error, last_error_at, created_by, created_at, updated_at"
 )
+# events_since_v2's columns, as rows.Event holds them
+EVENT_COLUMNS = "tick, id, room, event, payload, created_at"
 
 
 def conninfo_with_keepalives() -> dict[str, Any]:
@@ -288,22 +290,27 @@ class Database:
                                    (key, rate, burst, cost), timeout=timeout)  # type: ignore[return-value]  # one row, always
 
     # -- tasks ----------------------------------------------------------------
-    async def list_tasks(self) -> list[Row]:
-        return await self.fetchall(f"SELECT {TASK_COLUMNS} FROM switchboard.tasks ORDER BY name")
+    async def list_tasks(self) -> list[Task]:
+        rows = await self.fetchall(f"SELECT {TASK_COLUMNS} FROM switchboard.tasks ORDER BY name")
+        return [Task.from_row(r) for r in rows]
 
-    async def get_task(self, task_id: UUID) -> Row | None:
-        return await self.fetchone(f"SELECT {TASK_COLUMNS} FROM switchboard.tasks WHERE id = %s", (task_id,))
-
+    async def get_task(self, task_id: UUID) -> Task | None:
+        row = await self.fetchone(f"SELECT {TASK_COLUMNS} FROM switchboard.tasks WHERE id = %s", (task_id,))
+        return None if row is None else Task.from_row(row)
 
     async def create_task(self, name: str, schedule: str | None, handler: str, args: dict[str, Any],
-                          timezone: str, max_attempts: int) -> Row:
-        return await self.fetchone(
+                          timezone: str, max_attempts: int) -> Task:
+        row = await self.fetchone(
             f"SELECT {TASK_COLUMNS} FROM switchboard.create_task(%s, %s, %s, %s, %s, %s)",
-            (name, schedule, handler, Jsonb(args), timezone, max_attempts))  # type: ignore[return-value]  # one row or an error
+            (name, schedule, handler, Jsonb(args), timezone, max_attempts))
+        assert row is not None  # the function returns its task or raises
+        return Task.from_row(row)
 
-    async def update_task(self, task_id: UUID, changes: dict[str, Any]) -> Row:
-        return await self.fetchone(f"SELECT {TASK_COLUMNS} FROM switchboard.update_task(%s, %s)",
-                                   (task_id, Jsonb(changes)))  # type: ignore[return-value]  # one row or an error
+    async def update_task(self, task_id: UUID, changes: dict[str, Any]) -> Task:
+        row = await self.fetchone(f"SELECT {TASK_COLUMNS} FROM switchboard.update_task(%s, %s)",
+                                  (task_id, Jsonb(changes)))
+        assert row is not None  # the function returns the task or raises (P0002: no such task)
+        return Task.from_row(row)
 
     async def delete_task(self, task_id: UUID) -> bool:
         return cast("bool", await self.scalar("SELECT switchboard.delete_task(%s)", (task_id,)))
@@ -453,8 +460,9 @@ class Database:
             "SELECT id, info, started_at, heartbeat_at, sockets, version, handlers FROM switchboard.replicas "
             "ORDER BY started_at, id")
 
-    async def find_task(self, name: str) -> Row | None:
-        return await self.fetchone(f"SELECT {TASK_COLUMNS} FROM switchboard.tasks WHERE name = %s", (name,))
+    async def find_task(self, name: str) -> Task | None:
+        row = await self.fetchone(f"SELECT {TASK_COLUMNS} FROM switchboard.tasks WHERE name = %s", (name,))
+        return None if row is None else Task.from_row(row)
 
     # -- users (the CLI's chores) ---------------------------------------------------------
     async def find_user_id(self, username: str) -> UUID | None:
@@ -483,11 +491,11 @@ class Database:
         return cast("int", await self.scalar("SELECT switchboard.notify_room(%s, %s, %s)", (room, event, Jsonb(payload))))
 
     async def events_since_v2(self, user_id: UUID, after: tuple[int, int], rooms: list[str],
-                              through_tick: int | None, limit: int) -> list[Row]:
-        return await self.fetchall(
-            "SELECT tick, id, room, event, payload, created_at "
-            "FROM switchboard.events_since_v2(%s, %s, %s, %s, %s, %s)",
+                              through_tick: int | None, limit: int) -> list[Event]:
+        rows = await self.fetchall(
+            f"SELECT {EVENT_COLUMNS} FROM switchboard.events_since_v2(%s, %s, %s, %s, %s, %s)",
             (user_id, after[0], after[1], rooms, through_tick, limit))
+        return [Event.from_row(r) for r in rows]
 
     async def event_window(self) -> Row:
         row = await self.fetchone("SELECT first_tick, last_tick, reaped_through, publishers_notify FROM switchboard.event_window()")

@@ -2,8 +2,13 @@
 
 procrastinate's ``Job.from_row`` is the model: a frozen dataclass per table the
 server reads, with exactly the columns the data layer selects (db.RUN_COLUMNS
-for runs; tests/unit/test_rows.py keeps the two equal), so a typo is an
-AttributeError at the first access and mypy sees every field's type.
+for runs, db.TASK_COLUMNS for tasks, db.EVENT_COLUMNS for events;
+tests/unit/test_rows.py keeps each pair equal), so a typo is an AttributeError
+at the first access and mypy sees every field's type. ``as_dict()`` gives the
+row back in column order, which is what the JSON answers show.
+
+The relay's own read (relay_read_v2: ephemeral events, sender, ts) stays a dict
+row: it is the delivery hot path and is built straight into frames.
 """
 
 from __future__ import annotations
@@ -62,3 +67,64 @@ class Run:
 
 
 RUN_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Run))
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One row of switchboard.tasks: a scheduled (or trigger-only) job template."""
+
+    id: UUID
+    name: str
+    schedule: str | None             # NULL: runs only when triggered
+    timezone: str
+    handler: str
+    args: dict[str, Any]
+    is_active: bool
+    max_attempts: int
+    next_run_at: datetime | None     # NULL when unscheduled, parked or unholdable (db._ts)
+    skipped_ticks: int
+    last_error: str | None           # why the next fire time could not be computed
+    last_error_at: datetime | None
+    created_by: str
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Task:
+        """From a row holding every column of db.TASK_COLUMNS (KeyError names a missing one)."""
+        return cls(**{name: row[name] for name in TASK_FIELDS})
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row again, in column order (for JSON answers)."""
+        return {name: getattr(self, name) for name in TASK_FIELDS}
+
+
+TASK_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Task))
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A stored event as a reader replays it (events_since_v2): at (tick, id) in delivery order."""
+
+    tick: int
+    id: int
+    room: str | None                 # NULL: addressed to the user
+    event: str
+    payload: Any
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Event:
+        """From a row holding every column of db.EVENT_COLUMNS (KeyError names a missing one)."""
+        return cls(**{name: row[name] for name in EVENT_FIELDS})
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in EVENT_FIELDS}
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(tick, id): where this event stands in delivery order (cursor.py)."""
+        return (int(self.tick), int(self.id))
+
+
+EVENT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Event))
