@@ -60,6 +60,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     dev = os.environ.get("SWITCHBOARD_DEV") == "1"
     try:
         config = Config.from_env(dev=dev)
+        limits = server_limits()    # read here too: a bad value is a usage error, not a traceback
     except ConfigError as exc:
         _die(str(exc))
     if not args.no_migrate:
@@ -80,7 +81,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         forwarded_allow_ips="", access_log=False, ws_max_size=2 * 1024 * 1024,
         ws_per_message_deflate=config.ws_compression,
         timeout_graceful_shutdown=max(1, int(config.shutdown_grace) + 5),
-        log_level=config.log_level.lower(), server_header=False, **server_limits(),
+        log_level=config.log_level.lower(), server_header=False, **limits,
     )
     server = uvicorn.Server(uconf)
     # uvicorn re-raises the captured SIGTERM/SIGINT after a graceful shutdown, restoring

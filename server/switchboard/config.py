@@ -18,13 +18,18 @@ def _number(name: str, default: float, lo: float, hi: float, cast: Callable[[str
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
+    expected = f"expected {kind} in [{_show(lo)}, {_show(hi)}], e.g. {name}={_show(default)}"
     try:
         val = cast(raw)
     except ValueError as exc:
-        raise ConfigError(f"{name}={raw!r} is not {kind}") from exc
+        raise ConfigError(f"{name}={raw!r} is not {kind}; {expected}") from exc
     if not lo <= val <= hi:
-        raise ConfigError(f"{name}={val} is out of range [{lo}, {hi}]")
+        raise ConfigError(f"{name}={raw!r} is out of range; {expected}")
     return val
+
+
+def _show(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else f"{v:g}"
 
 
 def _int(name: str, default: int, lo: int = 0, hi: int = 10**9) -> int:
