@@ -17,12 +17,33 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar, Self
 from uuid import UUID
 
 
+class _Row:
+    """from_row / as_dict, written once for every row type below. ``FIELDS`` is each
+    type's column names in order, set right after its dataclass is made."""
+
+    __slots__ = ()
+    FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Self:
+        """From a row holding every column the data layer selects (KeyError names a missing one)."""
+        return cls(**{name: row[name] for name in cls.FIELDS})
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row again, in column order (for JSON answers)."""
+        return {name: getattr(self, name) for name in self.FIELDS}
+
+
+def _names(cls: type[Any]) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
 @dataclass(frozen=True, slots=True)
-class Run:
+class Run(_Row):
     """One row of switchboard.task_runs: a job, or one execution of a task."""
 
     id: int
@@ -45,15 +66,6 @@ class Run:
     retry_of: int | None
     created_at: datetime | None
 
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Run:
-        """From a row holding every column of db.RUN_COLUMNS (KeyError names a missing one)."""
-        return cls(**{name: row[name] for name in RUN_FIELDS})
-
-    def as_dict(self) -> dict[str, Any]:
-        """The row again, in column order (for JSON answers)."""
-        return {name: getattr(self, name) for name in RUN_FIELDS}
-
     # Transitional, for the 0.2.0 merge: code written on other branches against dict rows
     # (run["id"], run.get("attempt")) keeps working on a Run. New code uses attributes;
     # remove these two once nothing subscripts a Run (mypy flags no such use today).
@@ -66,11 +78,11 @@ class Run:
         return getattr(self, name) if name in RUN_FIELDS else default
 
 
-RUN_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Run))
+RUN_FIELDS = Run.FIELDS = _names(Run)
 
 
 @dataclass(frozen=True, slots=True)
-class Task:
+class Task(_Row):
     """One row of switchboard.tasks: a scheduled (or trigger-only) job template."""
 
     id: UUID
@@ -89,21 +101,12 @@ class Task:
     created_at: datetime
     updated_at: datetime
 
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Task:
-        """From a row holding every column of db.TASK_COLUMNS (KeyError names a missing one)."""
-        return cls(**{name: row[name] for name in TASK_FIELDS})
 
-    def as_dict(self) -> dict[str, Any]:
-        """The row again, in column order (for JSON answers)."""
-        return {name: getattr(self, name) for name in TASK_FIELDS}
-
-
-TASK_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Task))
+TASK_FIELDS = Task.FIELDS = _names(Task)
 
 
 @dataclass(frozen=True, slots=True)
-class Event:
+class Event(_Row):
     """A stored event as a reader replays it (events_since_v2): at (tick, id) in delivery order."""
 
     tick: int
@@ -113,18 +116,10 @@ class Event:
     payload: Any
     created_at: datetime
 
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Event:
-        """From a row holding every column of db.EVENT_COLUMNS (KeyError names a missing one)."""
-        return cls(**{name: row[name] for name in EVENT_FIELDS})
-
-    def as_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in EVENT_FIELDS}
-
     @property
     def position(self) -> tuple[int, int]:
         """(tick, id): where this event stands in delivery order (cursor.py)."""
         return (int(self.tick), int(self.id))
 
 
-EVENT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Event))
+EVENT_FIELDS = Event.FIELDS = _names(Event)
