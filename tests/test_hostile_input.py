@@ -35,6 +35,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from harness import auth, hash_pw, make_user
+from switchboard import bounded
 
 ENV = {
     "SWITCHBOARD_LOGIN_IP_BURST": "1000000", "SWITCHBOARD_LOGIN_IP_RATE": "1000000",
@@ -426,6 +427,10 @@ def test_hostile_job_args_fail_their_run_only(server_factory, db: str) -> None: 
         errors = [e for (e,) in c.execute("SELECT error FROM switchboard.task_runs WHERE task_id = ANY(%s) "
                                           "AND status = 'failed'", ([uuid.UUID(t) for t in tids],))]
     assert errors and all(e and "Traceback" not in e for e in errors)
+    # refused job arguments are counted like any refused input, with closed-set labels
+    text = metrics_text(s)
+    assert "job" in label_values(text, "switchboard_bad_input_total", "source")
+    assert set(label_values(text, "switchboard_bad_input_total", "reason")) <= set(bounded.REASONS)
     # the scheduler still works
     tid = httpx.post(s.base + "/tasks", headers=h, json={"name": "after", "handler": "noop"}).json()["id"]
     assert httpx.post(f"{s.base}/tasks/{tid}/trigger", headers=h).status_code == 202

@@ -9,6 +9,7 @@ installs it; a missing node fails here, it never skips.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -105,3 +106,42 @@ def test_bundle_is_small(built: dict[str, str]) -> None:
     print(f"@switchboard/client: {size['minified_bytes']} B minified, {size['min_gzip_bytes']} B min+gzip")
     assert size["min_gzip_bytes"] < 10_000, size
     assert Path(JS / "dist" / "index.js").exists()
+
+
+def _docs_block(path: Path, heading: str, lang: str) -> str:
+    """The first ```<lang> block after ``heading`` in a Markdown file."""
+    text = path.read_text()
+    start = text.index(heading)
+    m = re.compile(rf"^```{lang}\n(.*?)^```", re.M | re.S).search(text, start)
+    assert m, f"no ```{lang} block after {heading!r} in {path}"
+    return m.group(1)
+
+
+# What docs/frontend.md's first example leaves to the reader's app.
+EXAMPLE_PRELUDE = """declare const username: string;
+declare const password: string;
+declare function showLogin(reason?: string): void;
+"""
+
+
+@pytest.mark.parametrize(("heading", "lang"), [("## Example", "ts"), ("## React", "tsx")])
+def test_the_examples_in_the_frontend_docs_compile(built: dict[str, str], tmp_path: Path, heading: str,
+                                                   lang: str) -> None:
+    """docs/frontend.md's examples, type-checked with the package's own TypeScript
+    (strict) against the client's sources and, for React, a minimal ambient react
+    (test/docs-check/react.d.ts): no npm dependency, and a doc that drifts from
+    the client's API fails here."""
+    (tmp_path / "example.tsx").write_text(
+        (EXAMPLE_PRELUDE if lang == "ts" else "") + _docs_block(ROOT / "docs" / "frontend.md", heading, lang))
+    (tmp_path / "tsconfig.json").write_text(json.dumps({
+        "compilerOptions": {
+            "target": "ES2022", "module": "ES2022", "moduleResolution": "bundler", "lib": ["ES2022", "DOM"],
+            "jsx": "react-jsx", "strict": True, "noEmit": True, "skipLibCheck": False, "types": [],
+            "isolatedModules": True, "verbatimModuleSyntax": True,
+            "paths": {"@switchboard/client": [str(JS / "src" / "index.ts")]},
+        },
+        "files": [str(tmp_path / "example.tsx"), str(JS / "test" / "docs-check" / "react.d.ts")],
+    }))
+    out = run("node", str(JS / "node_modules" / "typescript" / "bin" / "tsc"), "-p", str(tmp_path / "tsconfig.json"))
+    assert out.returncode == 0, show(out)
+

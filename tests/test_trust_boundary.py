@@ -209,8 +209,7 @@ def test_forged_notifications_change_nothing(server_factory, db: str, intruder_u
         _forge_as_intruder(intruder_url, notes)
 
     frames = ws.drain(quiet=1.0)
-    assert [f for f in frames if f["event"] not in ("session.updated",)] == [], frames
-    assert all(f["payload"].get("role") != "admin" for f in frames)
+    assert frames == [], frames    # not even a role change: forged hints deliver nothing
     # no role, no 401, no revocation
     assert httpx.post(s.base + "/events", headers=h_member,
                       json={"user_id": member, "event": "x", "payload": {}}).status_code == 403

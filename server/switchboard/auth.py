@@ -25,6 +25,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import argon2
 import jwt
@@ -81,7 +82,7 @@ class AuthState:
         # every request and the HS256 check is deterministic, so it is done once per
         # token, not per request (PyJWT's decode was ~16% of a GET /tasks). Expiry,
         # revocation and the user's role/disabled flag are still checked every time.
-        self._verified: OrderedDict[str, tuple[dict, uuid.UUID]] = OrderedDict()
+        self._verified: OrderedDict[str, tuple[dict[str, Any], uuid.UUID]] = OrderedDict()
 
     def issue(self, user_id: uuid.UUID, username: str, role: str, epoch: int = 0,
               session_id: uuid.UUID | None = None, not_after: float | None = None) -> tuple[str, int]:
@@ -156,7 +157,7 @@ class AuthState:
         known = self.users.get(user_id)
         return known is not None and known[1]
 
-    def load_snapshot(self, rows: list[dict]) -> None:
+    def load_snapshot(self, rows: list[dict[str, Any]]) -> None:
         revoked: dict[str, float] = {}
         users: dict[uuid.UUID, tuple[str, bool, int]] = {}
         ended: dict[uuid.UUID, float] = {}
@@ -177,7 +178,7 @@ class AuthState:
         self.ended_sessions = {k: v for k, v in self.ended_sessions.items() if v > now}
 
 
-def _session_claim(claims: dict) -> uuid.UUID | None:
+def _session_claim(claims: dict[str, Any]) -> uuid.UUID | None:
     raw = claims.get("sid")
     if raw is None:
         return None

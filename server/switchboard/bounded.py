@@ -149,12 +149,16 @@ REASONS = ("too_large", "too_deep", "malformed", "bad_number", "out_of_range", "
 
 
 class Rejections:
-    """Counts refused inputs by (source, reason) and logs at most one line per
-    (source, reason) per ``interval`` seconds (with how many were suppressed),
-    so a flood of hostile input costs a counter increment each, not a log line
-    each. The state is keyed by the closed label sets: it cannot grow."""
+    """The one refused-input logger: counts every refused input and logs at most
+    one line per key per ``interval`` seconds (with how many were suppressed), so
+    a flood of hostile input costs a counter increment each, not a log line each.
 
-    def __init__(self, count: Callable[[str, str], None], logger: logging.Logger,
+    HTTP bodies, WebSocket frames and handshakes (and job arguments) use it as is:
+    counted in switchboard_bad_input_total{source, reason}, one line per (source,
+    reason). NOTIFY payloads use ``NotifyRejections`` below. The state is keyed by
+    closed sets (a source or reason not listed becomes "other"): it cannot grow."""
+
+    def __init__(self, count: Callable[[str, str], None] | None, logger: logging.Logger,
                  interval: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._count = count
         self._log = logger
@@ -166,20 +170,47 @@ class Rejections:
     def record(self, source: str, reason: str, detail: str = "") -> None:
         source = source if source in SOURCES else "other"
         reason = reason if reason in REASONS else "other"
+        self._counted(source, reason)
+        n = self._due((source, reason))
+        if n is not None:
+            more = f" ({n} more since the last report)" if n else ""
+            self._log.warning("refused %s input (%s): %s%s", source, reason, escape(detail, 200), more)
+
+    def _counted(self, source: str, reason: str) -> None:
+        if self._count is None:
+            return
         try:
             self._count(source, reason)
         except Exception:  # a metric must never turn a refusal into a 500
             self._log.debug("counting a refused input failed", exc_info=True)
-        key = (source, reason)
+
+    def _due(self, key: tuple[str, str]) -> int | None:
+        """None if ``key`` was reported less than ``interval`` ago (this one is then
+        suppressed), else how many were suppressed since its last report."""
         now = self._clock()
         last = self._last.get(key)
         if last is not None and now - last < self.interval:
             self._suppressed[key] = self._suppressed.get(key, 0) + 1
-            return
+            return None
         self._last[key] = now
-        n = self._suppressed.pop(key, 0)
-        more = f" ({n} more since the last report)" if n else ""
-        self._log.warning("refused %s input (%s): %s%s", source, reason, escape(detail, 200), more)
+        return self._suppressed.pop(key, 0)
+
+
+class NotifyRejections(Rejections):
+    """Rejections for NOTIFY payloads (the relay's hints.RejectLog): one line per
+    interval for all of them together, whatever the channel or reason, as before.
+    The relay counts switchboard_notify_rejected_total{reason} itself (with the
+    reasons of hints.REJECT_REASONS), beside this call."""
+
+    def __init__(self, log: logging.Logger, interval: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(None, log, interval, clock)
+
+    def __call__(self, channel: str, exc: BadInput, payload: str) -> None:
+        n = self._due(("notify", ""))
+        if n is not None:
+            self._log.warning("refused a NOTIFY payload on %s (%s: %s; %d more refused in the last %.0f s): %s",
+                              channel, exc.reason, exc, n, self.interval, escape(payload, 120))
 
 
 def text(value: object, *, name: str, max_len: int, allow_empty: bool = False) -> str:

@@ -27,8 +27,16 @@ REAP_BATCH = 10_000
 MAINTENANCE_BUDGET_S = 5.0
 
 
-def builtin_handlers(db: Database, config: Config) -> HandlerRegistry:
+def builtin_handlers(db: Database, config: Config, rejections: bounded.Rejections | None = None) -> HandlerRegistry:
+    """``rejections`` counts refused job arguments (switchboard_bad_input_total{source="job"})."""
     reg = HandlerRegistry()
+
+    def refused(ctx: HandlerContext, reason: str, message: str) -> HandlerError:
+        """Job args are outside input (whoever created the task or job): a refusal fails
+        the run with ``message`` and is counted and logged like any refused input."""
+        if rejections is not None:
+            rejections.record("job", reason, f"{ctx.handler} run {ctx.run_id}: {message}")
+        return HandlerError(message)
 
     @reg.register("noop")
     async def noop(ctx: HandlerContext) -> Any:
@@ -38,7 +46,8 @@ def builtin_handlers(db: Database, config: Config) -> HandlerRegistry:
     async def sleep(ctx: HandlerContext) -> Any:
         raw = ctx.args.get("seconds", 1)
         if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 <= raw <= 3600:
-            raise HandlerError(f"args.seconds must be a number of seconds in [0, 3600], not {raw!r:.50}")
+            raise refused(ctx, _number_reason(raw),
+                          f"args.seconds must be a number of seconds in [0, 3600], not {raw!r:.50}")
         seconds = float(raw)
         await asyncio.sleep(seconds)
         return {"slept": seconds}
@@ -55,10 +64,12 @@ def builtin_handlers(db: Database, config: Config) -> HandlerRegistry:
             raise HandlerError("the sql handler runs only for tasks (admin-created), not enqueued jobs")
         statement = ctx.args.get("sql")
         if not isinstance(statement, str) or not statement.strip():
-            raise HandlerError('args.sql must be a SQL statement, e.g. {"sql": "SELECT 1"}')
+            raise refused(ctx, "bad_type" if not isinstance(statement, str) else "bad_text",
+                          'args.sql must be a SQL statement, e.g. {"sql": "SELECT 1"}')
         raw = ctx.args.get("timeout_seconds", config.lease_seconds)
         if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 <= raw <= 86400:
-            raise HandlerError(f"args.timeout_seconds must be a number of seconds (0 < t <= 86400), not {raw!r:.50}")
+            raise refused(ctx, _number_reason(raw),
+                          f"args.timeout_seconds must be a number of seconds (0 < t <= 86400), not {raw!r:.50}")
         if raw == 0 and not config.sql_allow_no_timeout:
             raise HandlerError("args.timeout_seconds 0 (no timeout) is refused; give a bound, or set "
                                "SWITCHBOARD_SQL_ALLOW_NO_TIMEOUT=on on the replicas to allow it")
@@ -85,13 +96,13 @@ def builtin_handlers(db: Database, config: Config) -> HandlerRegistry:
                 try:
                     user_id = UUID(str(a["user_id"]))
                 except ValueError:
-                    raise HandlerError(f"args.user_id must be a UUID; {usage}") from None
+                    raise refused(ctx, "malformed", f"args.user_id must be a UUID; {usage}") from None
                 return {"event_id": await ctx.notify_user(user_id, event, payload)}
             if a.get("room"):
                 room = bounded.text(a.get("room"), name="args.room", max_len=128)
                 return {"event_id": await ctx.notify_room(room, event, payload)}
         except bounded.BadInput as exc:
-            raise HandlerError(f"{exc}; {usage}") from None
+            raise refused(ctx, exc.reason, f"{exc}; {usage}") from None
         except psycopg.Error as exc:
             raise HandlerError(_db_message(exc)) from None
         raise HandlerError(usage)
@@ -112,6 +123,11 @@ def builtin_handlers(db: Database, config: Config) -> HandlerRegistry:
         return total
 
     return reg
+
+
+def _number_reason(raw: object) -> str:
+    """The bad_input reason of a job argument that should have been a number in range."""
+    return "out_of_range" if isinstance(raw, (int, float)) and not isinstance(raw, bool) else "bad_type"
 
 
 def _db_message(exc: psycopg.Error) -> str:

@@ -12,15 +12,19 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import __version__
+
+if TYPE_CHECKING:   # imported where used: `switchboard --help` stays quick
+    from .db import Database
+    from .rows import Task
 
 EXIT_USAGE = 2
 LOG = logging.getLogger("switchboard.cli")
 
 
-def _die(msg: str, code: int = EXIT_USAGE) -> None:
+def _die(msg: str, code: int = EXIT_USAGE) -> NoReturn:
     print(f"switchboard: {msg}", file=sys.stderr)
     raise SystemExit(code)
 
@@ -29,7 +33,7 @@ def _require_env(name: str) -> str:
     val = os.environ.get(name)
     if not val:
         _die(f"{name} is not set (required); see README 'Configuration'")
-    return val  # type: ignore[return-value]
+    return val
 
 
 def _migrate(url: str) -> list[int]:
@@ -41,7 +45,6 @@ def _migrate(url: str) -> list[int]:
         _die(str(exc), 1)
     except Exception as exc:  # connection errors: one line, no traceback
         _die(f"migration failed: {str(exc).strip()}", 1)
-    return []
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -57,6 +60,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     dev = os.environ.get("SWITCHBOARD_DEV") == "1"
     try:
         config = Config.from_env(dev=dev)
+        limits = server_limits()    # read here too: a bad value is a usage error, not a traceback
     except ConfigError as exc:
         _die(str(exc))
     if not args.no_migrate:
@@ -77,7 +81,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         forwarded_allow_ips="", access_log=False, ws_max_size=2 * 1024 * 1024,
         ws_per_message_deflate=config.ws_compression,
         timeout_graceful_shutdown=max(1, int(config.shutdown_grace) + 5),
-        log_level=config.log_level.lower(), server_header=False, **server_limits(),
+        log_level=config.log_level.lower(), server_header=False, **limits,
     )
     server = uvicorn.Server(uconf)
     # uvicorn re-raises the captured SIGTERM/SIGINT after a graceful shutdown, restoring
@@ -107,7 +111,7 @@ def _serve_gunicorn(args: argparse.Namespace, config: Any) -> int:
 
         mark_process_dead(worker.pid)
 
-    class _App(BaseApplication):
+    class _App(BaseApplication):  # type: ignore[misc]  # gunicorn ships no types (no py.typed)
         def load_config(self) -> None:
             self.cfg.set("bind", f"{args.host}:{args.port}")
             self.cfg.set("workers", args.workers)
@@ -161,7 +165,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
         with psycopg.connect(pg.url(), autocommit=True) as c:
             c.execute("CREATE DATABASE switchboard")
         url = pg.url("switchboard")
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen[bytes]] = []
     stopping = False
 
     def _stop(signum: int, frame: Any) -> None:
@@ -223,7 +227,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     return 0
 
 
-def _wait_ready(ports: list[int], host: str, procs: list[subprocess.Popen], stop: Any) -> None:
+def _wait_ready(ports: list[int], host: str, procs: list[subprocess.Popen[bytes]], stop: Any) -> None:
     import urllib.request
 
     h = "127.0.0.1" if host in ("0.0.0.0", "") else host
@@ -293,7 +297,6 @@ def _sql_error(exc: Exception) -> None:
 
 def _ensure_user(url: str, username: str, role: str, password: str) -> None:
     from .auth import hash_password
-    from .db import Database
 
     async def op(db: Database) -> None:
         uid = await db.find_user_id(username)
@@ -403,7 +406,7 @@ def _print_json(obj: Any) -> None:
 
 # -- task ----------------------------------------------------------------------------------------
 def cmd_task(args: argparse.Namespace) -> int:
-    async def op(db: Any) -> int:
+    async def op(db: Database) -> int:
         if args.task_cmd == "add":
             try:
                 task_args = json.loads(args.args)
@@ -411,20 +414,20 @@ def cmd_task(args: argparse.Namespace) -> int:
                 _die(f"--args is not JSON: {args.args!r}")
             t = await db.create_task(args.name, args.schedule, args.handler, task_args, args.timezone,
                                      args.max_attempts)
-            print(f"task {args.name} created: {t['id']} (next run {_when(t['next_run_at'])})")
+            print(f"task {args.name} created: {t.id} (next run {_when(t.next_run_at)})")
         elif args.task_cmd == "list":
             tasks = await db.list_tasks()
             if getattr(args, "json", False):
-                _print_json(tasks)
+                _print_json([t.as_dict() for t in tasks])
                 return 0
             _table(["NAME", "SCHEDULE", "HANDLER", "ACTIVE", "NEXT RUN"],
-                   [[t["name"], t["schedule"] or "(trigger only)", t["handler"], str(t["is_active"]),
+                   [[t.name, t.schedule or "(trigger only)", t.handler, str(t.is_active),
                      _next_run(t)] for t in tasks])
         elif args.task_cmd == "trigger":
-            t = await db.find_task(args.name)
-            if t is None:
+            found = await db.find_task(args.name)
+            if found is None:
                 _die(f"no task named {args.name!r}", 1)
-            run = await db.create_run_exclusive(t["id"], "cli")
+            run = await db.create_run_exclusive(found.id, "cli")
             if run is None:
                 _die(f"task {args.name} already has a queued or running run", 1)
             print(f"run {run['id']} queued")
@@ -433,10 +436,10 @@ def cmd_task(args: argparse.Namespace) -> int:
     return _run_db(op)
 
 
-def _next_run(t: dict) -> str:
-    if t["next_run_at"] is not None:
-        return _when(t["next_run_at"])
-    if t["schedule"] is None:
+def _next_run(t: Task) -> str:
+    if t.next_run_at is not None:
+        return _when(t.next_run_at)
+    if t.schedule is None:
         return "-"
     # A scheduled task whose next_run_at cannot be shown is parked ('infinity', the
     # README's way to park a task for good) or was set to a date out of range by hand.
@@ -464,15 +467,14 @@ def _since(text: str | None) -> Any:
         return datetime.fromisoformat(text)
     except ValueError:
         _die(f"--since {text!r}: give an ISO timestamp (2026-01-31T12:00:00+00:00) or an age (30m, 2h, 7d)")
-    return None
 
 
-def _run_line(r: dict) -> list[str]:
+def _run_line(r: dict[str, Any]) -> list[str]:
     return [str(r["id"]), r["status"], r["handler"], r["task_name"] or "-", str(r["attempt"]),
             r["worker"] or "-", _when(r["created_at"]), _duration(r["duration_ms"]), _one_line(r["error"], 60)]
 
 
-def _print_run(r: dict) -> None:
+def _print_run(r: dict[str, Any]) -> None:
     for k in RUN_FIELDS:
         if k not in r:
             continue

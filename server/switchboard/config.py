@@ -6,6 +6,7 @@ import ipaddress
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from typing import TypedDict
 
 
 class ConfigError(ValueError):
@@ -17,13 +18,18 @@ def _number(name: str, default: float, lo: float, hi: float, cast: Callable[[str
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
+    expected = f"expected {kind} in [{_show(lo)}, {_show(hi)}], e.g. {name}={_show(default)}"
     try:
         val = cast(raw)
     except ValueError as exc:
-        raise ConfigError(f"{name}={raw!r} is not {kind}") from exc
+        raise ConfigError(f"{name}={raw!r} is not {kind}; {expected}") from exc
     if not lo <= val <= hi:
-        raise ConfigError(f"{name}={val} is out of range [{lo}, {hi}]")
+        raise ConfigError(f"{name}={raw!r} is out of range; {expected}")
     return val
+
+
+def _show(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else f"{v:g}"
 
 
 def _int(name: str, default: int, lo: int = 0, hi: int = 10**9) -> int:
@@ -88,7 +94,15 @@ def ws_compression_enabled() -> bool:
     return os.environ.get("SWITCHBOARD_WS_COMPRESSION", "off").lower() in ("1", "on", "true", "yes")
 
 
-def server_limits() -> dict[str, int]:
+class ServerLimits(TypedDict):
+    """uvicorn.Config keyword arguments (typed, so mypy checks them against uvicorn's)."""
+
+    timeout_keep_alive: int
+    limit_concurrency: int
+    h11_max_incomplete_event_size: int
+
+
+def server_limits() -> ServerLimits:
     """uvicorn's connection limits (used by `serve` alone and by the gunicorn worker).
 
     * ``timeout_keep_alive`` (SWITCHBOARD_KEEPALIVE_TIMEOUT, default 5 s): an idle

@@ -13,10 +13,10 @@ import contextvars
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 from uuid import UUID
 
 import psycopg
@@ -25,12 +25,13 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from .rows import Run
+from .rows import Event, Run, Task
 
 LOG = logging.getLogger("switchboard.db")
 
 # A row as the pool's connections return it (row_factory=dict_row).
 Row = dict[str, Any]
+T = TypeVar("T")
 
 def _ts(col: str) -> str:
     """A timestamptz column as Python can hold it: psycopg cannot load 'infinity',
@@ -61,6 +62,8 @@ TASK_COLUMNS = (
     f"id, name, schedule, timezone, handler, args, is_active, max_attempts, {_ts('next_run_at')}, "
     "skipped_ticks, last_error, last_error_at, created_by, created_at, updated_at"
 )
+# events_since_v2's columns, as rows.Event holds them
+EVENT_COLUMNS = "tick, id, room, event, payload, created_at"
 
 
 def conninfo_with_keepalives() -> dict[str, Any]:
@@ -146,10 +149,12 @@ class Database:
         await self.pool.close(timeout=5)
 
     @asynccontextmanager
-    async def connection(self, timeout: float | None = None) -> AsyncIterator[psycopg.AsyncConnection]:
+    async def connection(self, timeout: float | None = None) -> AsyncIterator[psycopg.AsyncConnection[Row]]:
         async with self.pool.connection(timeout=timeout or self.timeout) as conn:
             conn.prepare_threshold = self.prepare_threshold
-            yield conn
+            # the pool's connections are opened with row_factory=dict_row (kwargs above);
+            # psycopg_pool's type does not carry that
+            yield cast("psycopg.AsyncConnection[Row]", conn)
 
     def _prepared_statements_broken(self, exc: psycopg.Error) -> bool:
         """A pooler lost our prepared statement: stop preparing (once, loudly); True = retry."""
@@ -167,7 +172,7 @@ class Database:
             try:
                 async with self.connection(timeout) as conn:
                     cur = await conn.execute(sql, params)
-                    return cast(list[Row], await cur.fetchall()) if cur.description else []
+                    return await cur.fetchall() if cur.description else []
             except psycopg.Error as exc:
                 if attempt == 2 or not self._prepared_statements_broken(exc):
                     raise
@@ -178,7 +183,7 @@ class Database:
             try:
                 async with self.connection(timeout) as conn:
                     cur = await conn.execute(sql, params)
-                    return cast(Row | None, await cur.fetchone()) if cur.description else None
+                    return await cur.fetchone() if cur.description else None
             except psycopg.Error as exc:
                 if attempt == 2 or not self._prepared_statements_broken(exc):
                     raise
@@ -244,15 +249,15 @@ class Database:
         await self.fetchone("SELECT switchboard.revoke_token(%s, %s, %s)", (jti, user_id, expires_at))
 
     async def issue_ticket(self, user_id: UUID, ttl: int) -> str:
-        return await self.scalar("SELECT switchboard.issue_ticket(%s, %s)", (user_id, timedelta(seconds=ttl)))
+        return cast("str", await self.scalar("SELECT switchboard.issue_ticket(%s, %s)", (user_id, timedelta(seconds=ttl))))
 
     async def consume_ticket(self, ticket: str) -> UUID | None:
-        return await self.scalar("SELECT switchboard.consume_ticket(%s)", (ticket,))
+        return cast("UUID | None", await self.scalar("SELECT switchboard.consume_ticket(%s)", (ticket,)))
 
     # -- sessions (db/functions/62_sessions.sql) -----------------------------------------
     async def issue_ticket_v2(self, user_id: UUID, session_id: UUID | None, ttl: int) -> str:
-        return await self.scalar("SELECT switchboard.issue_ticket_v2(%s, %s, %s)",
-                                 (user_id, session_id, timedelta(seconds=ttl)))
+        return cast("str", await self.scalar("SELECT switchboard.issue_ticket_v2(%s, %s, %s)",
+                                 (user_id, session_id, timedelta(seconds=ttl))))
 
     async def consume_ticket_v2(self, ticket: str) -> Row | None:
         """{user_id, session_id, session_expires_at}, or None if the ticket is refused."""
@@ -274,10 +279,10 @@ class Database:
         return row
 
     async def end_session(self, session_id: UUID, reason: str = "logout") -> bool:
-        return await self.scalar("SELECT switchboard.end_session(%s, %s)", (session_id, reason))
+        return cast("bool", await self.scalar("SELECT switchboard.end_session(%s, %s)", (session_id, reason)))
 
     async def end_session_by_refresh(self, refresh_token: str) -> UUID | None:
-        return await self.scalar("SELECT switchboard.end_session_by_refresh(%s)", (refresh_token,))
+        return cast("UUID | None", await self.scalar("SELECT switchboard.end_session_by_refresh(%s)", (refresh_token,)))
 
     @staticmethod
     async def session_states(conn: psycopg.AsyncConnection[Any], session_ids: list[UUID]) -> list[Row]:
@@ -291,25 +296,30 @@ class Database:
                                    (key, rate, burst, cost), timeout=timeout)  # type: ignore[return-value]  # one row, always
 
     # -- tasks ----------------------------------------------------------------
-    async def list_tasks(self) -> list[Row]:
-        return await self.fetchall(f"SELECT {TASK_COLUMNS} FROM switchboard.tasks ORDER BY name")
+    async def list_tasks(self) -> list[Task]:
+        rows = await self.fetchall(f"SELECT {TASK_COLUMNS} FROM switchboard.tasks ORDER BY name")
+        return [Task.from_row(r) for r in rows]
 
-    async def get_task(self, task_id: UUID) -> Row | None:
-        return await self.fetchone(f"SELECT {TASK_COLUMNS} FROM switchboard.tasks WHERE id = %s", (task_id,))
-
+    async def get_task(self, task_id: UUID) -> Task | None:
+        row = await self.fetchone(f"SELECT {TASK_COLUMNS} FROM switchboard.tasks WHERE id = %s", (task_id,))
+        return None if row is None else Task.from_row(row)
 
     async def create_task(self, name: str, schedule: str | None, handler: str, args: dict[str, Any],
-                          timezone: str, max_attempts: int) -> Row:
-        return await self.fetchone(
+                          timezone: str, max_attempts: int) -> Task:
+        row = await self.fetchone(
             f"SELECT {TASK_COLUMNS} FROM switchboard.create_task(%s, %s, %s, %s, %s, %s)",
-            (name, schedule, handler, Jsonb(args), timezone, max_attempts))  # type: ignore[return-value]  # one row or an error
+            (name, schedule, handler, Jsonb(args), timezone, max_attempts))
+        assert row is not None  # the function returns its task or raises
+        return Task.from_row(row)
 
-    async def update_task(self, task_id: UUID, changes: dict[str, Any]) -> Row:
-        return await self.fetchone(f"SELECT {TASK_COLUMNS} FROM switchboard.update_task(%s, %s)",
-                                   (task_id, Jsonb(changes)))  # type: ignore[return-value]  # one row or an error
+    async def update_task(self, task_id: UUID, changes: dict[str, Any]) -> Task:
+        row = await self.fetchone(f"SELECT {TASK_COLUMNS} FROM switchboard.update_task(%s, %s)",
+                                  (task_id, Jsonb(changes)))
+        assert row is not None  # the function returns the task or raises (P0002: no such task)
+        return Task.from_row(row)
 
     async def delete_task(self, task_id: UUID) -> bool:
-        return await self.scalar("SELECT switchboard.delete_task(%s)", (task_id,))
+        return cast("bool", await self.scalar("SELECT switchboard.delete_task(%s)", (task_id,)))
 
     async def create_run_exclusive(self, task_id: UUID, trigger: str = "manual") -> Row | None:
         return await self.fetchone(
@@ -350,11 +360,11 @@ class Database:
             UNCHECKED.reset(token)
 
     async def finish_run(self, run_id: int, worker: str, ok: bool, result: Any, error: str | None) -> bool:
-        return await self.scalar("SELECT switchboard.finish_run(%s, %s, %s, %s, %s)",
-                                 (run_id, worker, ok, None if result is None else Jsonb(result), error))
+        return cast("bool", await self.scalar("SELECT switchboard.finish_run(%s, %s, %s, %s, %s)",
+                                 (run_id, worker, ok, None if result is None else Jsonb(result), error)))
 
     async def release_run(self, run_id: int, worker: str) -> bool:
-        return await self.scalar("SELECT switchboard.release_run(%s, %s)", (run_id, worker))
+        return cast("bool", await self.scalar("SELECT switchboard.release_run(%s, %s)", (run_id, worker)))
 
     async def enqueue(self, handler: str, args: dict[str, Any], run_at: Any = None, queueing_lock: str | None = None,
                       max_attempts: int = 3) -> Row | None:
@@ -362,9 +372,9 @@ class Database:
                                    (handler, Jsonb(args), run_at, queueing_lock, max_attempts))
 
     async def maintenance(self, keep_events: int, replica_stale: float) -> Row:
-        return await self.scalar(
+        return cast("Row", await self.scalar(
             "SELECT switchboard.maintenance(keep_events => %s, replica_stale => %s)",
-            (timedelta(seconds=keep_events), timedelta(seconds=replica_stale)))
+            (timedelta(seconds=keep_events), timedelta(seconds=replica_stale))))
 
     async def lost_runs(self, worker: str, run_ids: list[int]) -> list[Row]:
         return await self.fetchall("SELECT run_id, status FROM switchboard.lost_runs(%s, %s::bigint[])",
@@ -430,7 +440,7 @@ class Database:
         except psycopg.Error as exc:
             LOG.warning("run %s: run.updated not published (%s)", run_id, str(exc).strip())
 
-    async def _transaction(self, op: Any) -> Any:
+    async def _transaction(self, op: Callable[[psycopg.AsyncConnection[Row]], Awaitable[T]]) -> T:
         """``await op(conn)`` in one transaction on a pooled connection (dict rows)."""
         for attempt in (1, 2):
             try:
@@ -463,15 +473,16 @@ class Database:
             "SELECT id, info, started_at, heartbeat_at, sockets, version, handlers FROM switchboard.replicas "
             "ORDER BY started_at, id")
 
-    async def find_task(self, name: str) -> Row | None:
-        return await self.fetchone(f"SELECT {TASK_COLUMNS} FROM switchboard.tasks WHERE name = %s", (name,))
+    async def find_task(self, name: str) -> Task | None:
+        row = await self.fetchone(f"SELECT {TASK_COLUMNS} FROM switchboard.tasks WHERE name = %s", (name,))
+        return None if row is None else Task.from_row(row)
 
     # -- users (the CLI's chores) ---------------------------------------------------------
     async def find_user_id(self, username: str) -> UUID | None:
-        return await self.scalar("SELECT id FROM switchboard.find_user(%s)", (username,))
+        return cast("UUID | None", await self.scalar("SELECT id FROM switchboard.find_user(%s)", (username,)))
 
     async def create_user(self, username: str, password_hash: str, role: str) -> UUID:
-        return await self.scalar("SELECT switchboard.create_user(%s, %s, %s)", (username, password_hash, role))
+        return cast("UUID", await self.scalar("SELECT switchboard.create_user(%s, %s, %s)", (username, password_hash, role)))
 
     async def set_user_password_hash(self, user_id: UUID, password_hash: str) -> None:
         await self.fetchone("SELECT switchboard.set_user_password_hash(%s, %s)", (user_id, password_hash))
@@ -487,17 +498,17 @@ class Database:
 
     # -- events -------------------------------------------------------------------
     async def notify_user(self, user_id: UUID, event: str, payload: Any) -> int:
-        return await self.scalar("SELECT switchboard.notify_user(%s, %s, %s)", (user_id, event, Jsonb(payload)))
+        return cast("int", await self.scalar("SELECT switchboard.notify_user(%s, %s, %s)", (user_id, event, Jsonb(payload))))
 
     async def notify_room(self, room: str, event: str, payload: Any) -> int:
-        return await self.scalar("SELECT switchboard.notify_room(%s, %s, %s)", (room, event, Jsonb(payload)))
+        return cast("int", await self.scalar("SELECT switchboard.notify_room(%s, %s, %s)", (room, event, Jsonb(payload))))
 
     async def events_since_v2(self, user_id: UUID, after: tuple[int, int], rooms: list[str],
-                              through_tick: int | None, limit: int) -> list[Row]:
-        return await self.fetchall(
-            "SELECT tick, id, room, event, payload, created_at "
-            "FROM switchboard.events_since_v2(%s, %s, %s, %s, %s, %s)",
+                              through_tick: int | None, limit: int) -> list[Event]:
+        rows = await self.fetchall(
+            f"SELECT {EVENT_COLUMNS} FROM switchboard.events_since_v2(%s, %s, %s, %s, %s, %s)",
             (user_id, after[0], after[1], rooms, through_tick, limit))
+        return [Event.from_row(r) for r in rows]
 
     async def event_window(self) -> Row:
         row = await self.fetchone("SELECT first_tick, last_tick, reaped_through, publishers_notify FROM switchboard.event_window()")
@@ -551,7 +562,7 @@ class Database:
     @staticmethod
     async def event_window_on(conn: psycopg.AsyncConnection[Any]) -> Row:
         cur = await conn.execute("SELECT first_tick, last_tick, reaped_through, publishers_notify FROM switchboard.event_window()")
-        row = await cur.fetchone()
+        row: Row | None = await cur.fetchone()
         assert row is not None
         return row
 
@@ -585,13 +596,13 @@ class Database:
 
     # -- rooms ----------------------------------------------------------------------
     async def is_room_member(self, room: str, user_id: UUID) -> bool:
-        return await self.scalar("SELECT switchboard.is_room_member(%s, %s)", (room, user_id))
+        return cast("bool", await self.scalar("SELECT switchboard.is_room_member(%s, %s)", (room, user_id)))
 
     async def add_room_member(self, room: str, user_id: UUID) -> bool:
-        return await self.scalar("SELECT switchboard.add_room_member(%s, %s)", (room, user_id))
+        return cast("bool", await self.scalar("SELECT switchboard.add_room_member(%s, %s)", (room, user_id)))
 
     async def remove_room_member(self, room: str, user_id: UUID) -> bool:
-        return await self.scalar("SELECT switchboard.remove_room_member(%s, %s)", (room, user_id))
+        return cast("bool", await self.scalar("SELECT switchboard.remove_room_member(%s, %s)", (room, user_id)))
 
     async def room_members(self, room: str) -> list[Row]:
         return await self.fetchall("SELECT * FROM switchboard.room_members_online(%s)", (room,))
@@ -620,12 +631,12 @@ class Database:
 
     async def tool_call_send(self, user_id: UUID, replica_id: str, name: str, args: Any,
                              timeout: float) -> UUID | None:
-        return await self.scalar("SELECT switchboard.tool_call_send(%s, %s, %s, %s, %s)",
-                                 (user_id, replica_id, name, Jsonb(args), timedelta(seconds=timeout)))
+        return cast("UUID | None", await self.scalar("SELECT switchboard.tool_call_send(%s, %s, %s, %s, %s)",
+                                 (user_id, replica_id, name, Jsonb(args), timedelta(seconds=timeout))))
 
     async def tool_call_answer(self, call_id: UUID, sender: UUID, result: Any) -> bool:
-        return await self.scalar("SELECT switchboard.tool_call_answer(%s, %s, %s)",
-                                 (call_id, sender, Jsonb(result)))
+        return cast("bool", await self.scalar("SELECT switchboard.tool_call_answer(%s, %s, %s)",
+                                 (call_id, sender, Jsonb(result))))
 
     async def tool_call_collect(self, call_id: UUID, give_up: bool = False) -> Row | None:
         return await self.fetchone("SELECT * FROM switchboard.tool_call_collect(%s, %s)", (call_id, give_up))
@@ -671,7 +682,7 @@ class Database:
                 try:
                     cur = await conn.execute("SELECT switchboard.sql_job_register(%s, %s) AS pid",
                                              (run_id, timedelta(seconds=timeout_s + grace_s)))
-                    pid = (await cur.fetchone())["pid"]  # type: ignore[index]
+                    pid = (await cur.fetchone())["pid"]  # type: ignore[index]  # SELECT f() AS pid: always one row
                 except psycopg.Error as exc:
                     LOG.warning("sql run %s: its backend could not be registered for termination (%s); "
                                 "only statement_timeout bounds it", run_id, str(exc).strip())
@@ -723,11 +734,12 @@ class Database:
                 await conn.execute("SELECT set_config('statement_timeout', %s, true)",
                                    (str(int(timeout_s * 1000)),))
                 cur = await conn.execute("SELECT switchboard.run_job_sql(%s) AS r", (statement,))
-                row = await cur.fetchone()
+                row: Row | None = await cur.fetchone()
                 if timeout_s > 0 and time.monotonic() - t0 > timeout_s:
                     # It caught the cancel and ended within the grace: its work does not count.
                     raise SqlJobTimeout(f"the statement ignored its timeout of {timeout_s:g} s and "
                                         "was rolled back")
-                return row["r"]  # type: ignore[index]  # SELECT f() AS r: always one row
+                assert row is not None  # SELECT f() AS r: always one row
+                return cast(Row, row["r"])
         except psycopg.errors.QueryCanceled:
             raise SqlJobTimeout(f"the statement was cancelled at its timeout of {timeout_s:g} s") from None

@@ -10,8 +10,6 @@ between two reads. Every bound is here: size, depth, types, bigint range.
 
 from __future__ import annotations
 
-import logging
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -103,26 +101,9 @@ def parse(channel: str, payload: str) -> Notice:
     raise BadInput("unknown_kind", "unknown control kind")
 
 
-class RejectLog:
-    """Logs a refused payload at most once per ``interval`` seconds (with how many were
-    refused since), so a flood of forged NOTIFYs cannot flood the log."""
-
-    def __init__(self, log: logging.Logger, interval: float = 60.0) -> None:
-        self.log = log
-        self.interval = interval
-        self._next = 0.0
-        self._suppressed = 0
-
-    def __call__(self, channel: str, exc: BadInput, payload: str) -> None:
-        now = time.monotonic()
-        if now < self._next:
-            self._suppressed += 1
-            return
-        self.log.warning("refused a NOTIFY payload on %s (%s: %s; %d more refused in the last %.0f s): %s",
-                         channel, exc.reason, exc, self._suppressed, self.interval,
-                         bounded.escape(payload, 120))
-        self._suppressed = 0
-        self._next = now + self.interval
+# A refused payload is logged at most once a minute, with how many were refused since,
+# by the one refused-input logger (bounded.py); this name is the relay's.
+RejectLog = bounded.NotifyRejections
 
 
 class Hints:

@@ -46,7 +46,7 @@ def schema(name: str) -> dict[str, str]:
     return ref("schemas", name)
 
 
-def json_body(s: dict, description: str, headers: dict | None = None) -> dict:
+def json_body(s: dict[str, Any], description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"description": description, "content": {JSON: {"schema": s}}}
     if headers:
         out["headers"] = headers
@@ -59,8 +59,8 @@ def errors(*codes: int) -> dict[str, Any]:
 
 
 def op(op_id: str, tag: str, summary: str, ok: dict[str, Any], errs: tuple[int, ...], *,
-       body: dict | None = None, secured: bool = True, params: list | None = None,
-       description: str | None = None) -> dict:
+       body: dict[str, Any] | None = None, secured: bool = True, params: list[dict[str, Any]] | None = None,
+       description: str | None = None) -> dict[str, Any]:
     o: dict[str, Any] = {"operationId": op_id, "tags": [tag], "summary": summary,
                          "responses": {**ok, **errors(*errs)}}
     if description:
@@ -73,7 +73,7 @@ def op(op_id: str, tag: str, summary: str, ok: dict[str, Any], errs: tuple[int, 
     return o
 
 
-def path_param(name: str, s: dict) -> dict:
+def path_param(name: str, s: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, "in": "path", "required": True, "schema": s}
 
 
@@ -365,7 +365,7 @@ def paths_operate() -> dict[str, Any]:
     name_path = [{"name": "name", "in": "path", "required": True,
                   "schema": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$"}}]
 
-    def q(name: str, schema: dict, description: str) -> dict:
+    def q(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
         return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
 
     handler_action = {"200": {"description": "the handler now", **js({

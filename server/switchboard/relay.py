@@ -81,7 +81,7 @@ async def _bounded(coro: Any, timeout: float, what: str) -> Any:
     return task.result()
 
 
-async def _abandon(task: asyncio.Task, conn: psycopg.AsyncConnection | None,
+async def _abandon(task: asyncio.Task[Any], conn: psycopg.AsyncConnection[Any] | None,
                    grace: float = 2.0) -> None:
     """Stop ``task``, which may be inside a query on ``conn``, without a network wait.
 
@@ -148,7 +148,7 @@ class Relay:
         self._stop = asyncio.Event()
         self._conn: psycopg.AsyncConnection | None = None
         self._reader: psycopg.AsyncConnection | None = None
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
 
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> None:
@@ -403,7 +403,7 @@ class Relay:
         db = self.db
         if h.window:
             self.publishers_notify = bool((await db.event_window_on(rconn))["publishers_notify"])
-        first: list[dict] | None = None
+        first: list[dict[str, Any]] | None = None
         eph = sorted(h.ephemeral)
         if h.tick:
             # Make sure a tick covers what committed before now, and read, in one round trip.
@@ -476,7 +476,7 @@ class Relay:
         if h.sessions and self.on_sessions is not None:
             await self.on_sessions(rconn, list(h.sessions))
 
-    async def _deliver_wait(self, user_id: uuid.UUID | None, room: str | None, f: dict,
+    async def _deliver_wait(self, user_id: uuid.UUID | None, room: str | None, f: dict[str, Any],
                             pos: Position | None) -> None:
         """_deliver for a catch-up: each socket's frame waits for room in its send queue
         (a client that reads nothing for ws_replay_stall_seconds is closed 1013). A socket
@@ -494,7 +494,7 @@ class Relay:
         if done:
             self.metrics.inc("switchboard_events_relayed_total", len(done))
 
-    def _deliver(self, user_id: uuid.UUID | None, room: str | None, f: dict, pos: Position | None) -> None:
+    def _deliver(self, user_id: uuid.UUID | None, room: str | None, f: dict[str, Any], pos: Position | None) -> None:
         targets = self.registry.targets(user_id, room)
         if not targets:
             return

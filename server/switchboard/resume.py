@@ -28,7 +28,7 @@ from typing import Any
 from . import cursor
 from .cursor import END, Position
 from .db import Database
-from .sockets import Client, event_frame, frame
+from .sockets import Client, frame, replay_frame
 
 REPLAY_PAGE = 200   # events per events_since_v2() call during a resume
 
@@ -82,7 +82,7 @@ async def resume(db: Database, client: Client, after: Position | int, stall: flo
             while True:
                 rows = await db.events_since_v2(client.user_id, pos, sorted(client.rooms), through, REPLAY_PAGE)
                 for r in rows:
-                    rpos, f = event_frame(r, int(r["created_at"].timestamp() * 1000))
+                    rpos, f = replay_frame(r)
                     if not await client.offer_wait(f, stall, replay=True, pos=rpos):
                         return                  # closed (too slow, or going away)
                     pos = rpos

@@ -2,8 +2,13 @@
 
 procrastinate's ``Job.from_row`` is the model: a frozen dataclass per table the
 server reads, with exactly the columns the data layer selects (db.RUN_COLUMNS
-for runs; tests/unit/test_rows.py keeps the two equal), so a typo is an
-AttributeError at the first access and mypy sees every field's type.
+for runs, db.TASK_COLUMNS for tasks, db.EVENT_COLUMNS for events;
+tests/unit/test_rows.py keeps each pair equal), so a typo is an AttributeError
+at the first access and mypy sees every field's type. ``as_dict()`` gives the
+row back in column order, which is what the JSON answers show.
+
+The relay's own read (relay_read_v2: ephemeral events, sender, ts) stays a dict
+row: it is the delivery hot path and is built straight into frames.
 """
 
 from __future__ import annotations
@@ -12,12 +17,33 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar, Self
 from uuid import UUID
 
 
+class _Row:
+    """from_row / as_dict, written once for every row type below. ``FIELDS`` is each
+    type's column names in order, set right after its dataclass is made."""
+
+    __slots__ = ()
+    FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Self:
+        """From a row holding every column the data layer selects (KeyError names a missing one)."""
+        return cls(**{name: row[name] for name in cls.FIELDS})
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row again, in column order (for JSON answers)."""
+        return {name: getattr(self, name) for name in self.FIELDS}
+
+
+def _names(cls: type[Any]) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
 @dataclass(frozen=True, slots=True)
-class Run:
+class Run(_Row):
     """One row of switchboard.task_runs: a job, or one execution of a task."""
 
     id: int
@@ -40,15 +66,6 @@ class Run:
     retry_of: int | None
     created_at: datetime | None
 
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Run:
-        """From a row holding every column of db.RUN_COLUMNS (KeyError names a missing one)."""
-        return cls(**{name: row[name] for name in RUN_FIELDS})
-
-    def as_dict(self) -> dict[str, Any]:
-        """The row again, in column order (for JSON answers)."""
-        return {name: getattr(self, name) for name in RUN_FIELDS}
-
     # Transitional, for the 0.2.0 merge: code written on other branches against dict rows
     # (run["id"], run.get("attempt")) keeps working on a Run. New code uses attributes;
     # remove these two once nothing subscripts a Run (mypy flags no such use today).
@@ -61,4 +78,48 @@ class Run:
         return getattr(self, name) if name in RUN_FIELDS else default
 
 
-RUN_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Run))
+RUN_FIELDS = Run.FIELDS = _names(Run)
+
+
+@dataclass(frozen=True, slots=True)
+class Task(_Row):
+    """One row of switchboard.tasks: a scheduled (or trigger-only) job template."""
+
+    id: UUID
+    name: str
+    schedule: str | None             # NULL: runs only when triggered
+    timezone: str
+    handler: str
+    args: dict[str, Any]
+    is_active: bool
+    max_attempts: int
+    next_run_at: datetime | None     # NULL when unscheduled, parked or unholdable (db._ts)
+    skipped_ticks: int
+    last_error: str | None           # why the next fire time could not be computed
+    last_error_at: datetime | None
+    created_by: str
+    created_at: datetime
+    updated_at: datetime
+
+
+TASK_FIELDS = Task.FIELDS = _names(Task)
+
+
+@dataclass(frozen=True, slots=True)
+class Event(_Row):
+    """A stored event as a reader replays it (events_since_v2): at (tick, id) in delivery order."""
+
+    tick: int
+    id: int
+    room: str | None                 # NULL: addressed to the user
+    event: str
+    payload: Any
+    created_at: datetime
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(tick, id): where this event stands in delivery order (cursor.py)."""
+        return (int(self.tick), int(self.id))
+
+
+EVENT_FIELDS = Event.FIELDS = _names(Event)

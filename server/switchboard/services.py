@@ -22,11 +22,12 @@ Only app.py (create_app) imports this module; components never do.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import psycopg
 
-from . import __version__
+from . import __version__, bounded
 from .auth import AuthState
 from .builtin_handlers import builtin_handlers
 from .catalog import HandlerCatalog
@@ -74,7 +75,10 @@ def build_services(config: Config) -> Services:
     auth = AuthState(config.jwt_secret, config.jwt_ttl)
     registry = Registry()
     replica = ReplicaState()
-    handlers = load_handlers(config.handler_modules, builtin_handlers(db, config))
+    job_rejections = bounded.Rejections(
+        lambda source, reason: metrics.inc("switchboard_bad_input_total", source=source, reason=reason),
+        logging.getLogger("switchboard.input"))
+    handlers = load_handlers(config.handler_modules, builtin_handlers(db, config, job_rejections))
     served = handlers.names() if config.scheduler_enabled else []
     catalog = HandlerCatalog(db, handlers, __version__, config.scheduler_enabled)
     tools = ToolBridge(db, replica.replica_id)

@@ -77,7 +77,7 @@ class SessionWatch:
             self.earliest = exp
 
     # -- announcements (called by the relay with its reader connection) --------------
-    async def recheck(self, conn: psycopg.AsyncConnection, ids: list[uuid.UUID]) -> None:
+    async def recheck(self, conn: psycopg.AsyncConnection[Any], ids: list[uuid.UUID]) -> None:
         """Re-read these sessions and act on what was read: an ended or expired session's
         tokens are refused from now on and its local sockets are closed (1008)."""
         for i in range(0, len(ids), CHUNK):

@@ -20,6 +20,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from . import cursor
+from .rows import Event
 
 _ids = itertools.count(1)
 
@@ -40,9 +41,17 @@ def frame(event: str, payload: Any = None, *, id: int | None = None, room: str |
 
 def event_frame(r: dict[str, Any], ts: int) -> tuple[tuple[int, int], dict[str, Any]]:
     """A stored event row (with its ``tick``) as (position, frame); the frame carries
-    the position as its opaque ``cursor``."""
+    the position as its opaque ``cursor``. (The relay's live read: a dict row.)"""
     pos = (int(r["tick"]), int(r["id"]))
     return pos, frame(r["event"], r["payload"], id=r["id"], room=r["room"], ts=ts, cursor=cursor.encode(pos))
+
+
+def replay_frame(e: Event) -> tuple[tuple[int, int], dict[str, Any]]:
+    """A replayed event (events_since_v2) as (position, frame), stamped with its creation
+    time: the same frame the relay sent live."""
+    pos = e.position
+    return pos, frame(e.event, e.payload, id=e.id, room=e.room, ts=int(e.created_at.timestamp() * 1000),
+                      cursor=cursor.encode(pos))
 
 
 class Client:

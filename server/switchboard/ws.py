@@ -257,7 +257,7 @@ class WebSocketResource:
                 LOG.warning("frame from user %s failed: %s", client.user_id, exc)
                 self._error(client, "unavailable", "temporarily unavailable; retry")
 
-    async def _handle(self, client: Client, msg: dict) -> None:
+    async def _handle(self, client: Client, msg: dict[str, Any]) -> None:
         action = msg.get("action")
         if action is None and "event" in msg:
             action = "publish"
@@ -299,7 +299,7 @@ class WebSocketResource:
             self._error(client, "unknown_action", f"unknown action {str(action)[:50]!r}",
                         allowed=["join", "leave", "resume", "publish", "ping"])
 
-    async def _publish(self, client: Client, msg: dict) -> None:
+    async def _publish(self, client: Client, msg: dict[str, Any]) -> None:
         event = msg.get("event")
         payload = msg.get("payload", {})
         if not isinstance(event, str):

@@ -114,6 +114,26 @@ def test_rejections_count_everything_and_log_once_per_interval(caplog: pytest.Lo
     assert len(lines) == 2 and "\n" not in lines[0] and "99 more" in lines[1]
 
 
+def test_notify_rejections_log_one_line_per_interval_for_all_channels_and_reasons(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from switchboard.hints import RejectLog
+
+    now = [0.0]
+    r = RejectLog(logging.getLogger("t.notify"), interval=60, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="t.notify"):
+        for i in range(50):
+            r("switchboard_events" if i % 2 else "switchboard_control",
+              bounded.BadInput("too_deep" if i % 3 else "bad_field", "no"), "x\ny")
+        now[0] = 61.0
+        r("switchboard_runs", bounded.BadInput("too_large", "big"), "z" * 500)
+    lines = [m for m in caplog.messages if "refused a NOTIFY payload" in m]
+    assert len(lines) == 2 and "\n" not in lines[0] and "; 0 more refused" in lines[0]
+    assert "switchboard_runs (too_large: big; 49 more refused in the last 60 s)" in lines[1]
+    assert len(lines[1]) < 300     # the payload is cut
+
+
 @given(st.text(max_size=300))
 def test_escape_never_leaves_a_line_break(text: str) -> None:
     out = bounded.escape(text, 100)

@@ -9,6 +9,7 @@ import pytest
 
 from switchboard import cli
 from switchboard.http import operate
+from switchboard.rows import TASK_FIELDS, Task
 
 
 def test_cursor_round_trips_and_refuses_anything_else() -> None:
@@ -38,8 +39,10 @@ def test_cli_since_takes_an_age_or_a_time() -> None:
 def test_cli_durations_and_parked_tasks_read_well() -> None:
     assert [cli._duration(v) for v in (None, 12, 1500, 61_000, 3_723_000)] == ["-", "12ms", "1.5s", "1m01s",
                                                                                "1h02m"]
-    assert cli._next_run({"next_run_at": None, "schedule": "@hourly"}) == "never (parked)"
-    assert cli._next_run({"next_run_at": None, "schedule": None}) == "-"
+    def task(**cols: object) -> Task:
+        return Task.from_row({name: None for name in TASK_FIELDS} | cols)
+    assert cli._next_run(task(next_run_at=None, schedule="@hourly")) == "never (parked)"
+    assert cli._next_run(task(next_run_at=None, schedule=None)) == "-"
     assert cli._one_line("line one\nline two", 60) == "line one\\x0aline two"
 
 

@@ -8,9 +8,10 @@ import re
 
 import pytest
 
-from switchboard.db import RUN_COLUMNS
+from switchboard.db import EVENT_COLUMNS, RUN_COLUMNS, TASK_COLUMNS
 from switchboard.handlers import HandlerContext
-from switchboard.rows import RUN_FIELDS, Run
+from switchboard.rows import EVENT_FIELDS, RUN_FIELDS, TASK_FIELDS, Event, Run, Task
+from switchboard.sockets import event_frame, replay_frame
 
 
 def _selected(columns: str) -> list[str]:
@@ -25,6 +26,32 @@ def _selected(columns: str) -> list[str]:
 
 def test_run_has_exactly_the_selected_columns_in_order() -> None:
     assert list(RUN_FIELDS) == _selected(RUN_COLUMNS)
+
+
+def test_task_and_event_have_exactly_the_selected_columns_in_order() -> None:
+    assert list(TASK_FIELDS) == _selected(TASK_COLUMNS)
+    assert list(EVENT_FIELDS) == _selected(EVENT_COLUMNS)
+
+
+def test_task_from_row_and_back() -> None:
+    row = {name: None for name in TASK_FIELDS} | {"name": "nightly", "handler": "noop", "args": {"a": 1}}
+    task = Task.from_row(row)
+    assert (task.name, task.handler, task.args) == ("nightly", "noop", {"a": 1})
+    assert task.as_dict() == row and list(task.as_dict()) == list(TASK_FIELDS)
+    del row["updated_at"]
+    with pytest.raises(KeyError, match="updated_at"):
+        Task.from_row(row)
+
+
+def test_a_replayed_event_makes_the_frame_the_relay_sends_live() -> None:
+    at = datetime.datetime(2026, 1, 1, 12, 0, 0, 123000, tzinfo=datetime.timezone.utc)
+    row = {"tick": 7, "id": 42, "room": "lobby", "event": "msg", "payload": {"x": 1}, "created_at": at}
+    ev = Event.from_row(row)
+    assert ev.position == (7, 42) and ev.as_dict() == row
+    ts = int(at.timestamp() * 1000)
+    assert replay_frame(ev) == event_frame(row, ts)
+    pos, f = replay_frame(ev)
+    assert pos == (7, 42) and f["ts"] == ts and f["id"] == 42 and f["room"] == "lobby"
 
 
 def test_from_row_and_back() -> None:

@@ -67,8 +67,6 @@ export interface ClientEvents {
   room: RoomChange;
   /** The server refused a frame (the socket stays open). */
   error: ErrorFrame["payload"];
-  /** The user's role changed. */
-  session: { role: string };
   toolcall: ToolCallInfo;
   toolresult: ToolResultInfo;
   /** Every frame as received, before any processing (debugging, custom frames). */
@@ -616,12 +614,6 @@ export class SwitchboardClient {
       }
       case "pong": return;
       case "error": this.onServerError((f as ErrorFrame).payload); return;
-      case "session.updated": {
-        const role = String((f as { payload: { role: string } }).payload.role);
-        if (this.user) this.user.role = role;
-        this.emit("session", { role });
-        return;
-      }
       case "typing": this.emit("typing", f as TypingFrame); return;
     }
     if (typeof f.event === "string" && f.event.startsWith(TOOL_CALL_PREFIX)) {

@@ -106,19 +106,6 @@ export type PongFrame = {
   ts: number;
 };
 
-/** The user's role changed and the socket stayed open. Deprecated: sent only by servers without sessions; with sessions a role change closes the socket 1008 "session revoked". @deprecated */
-export type SessionUpdatedFrame = {
-  id: null;
-  event: "session.updated";
-  room: null;
-  payload: {
-    role: "admin" | "member";
-    [key: string]: unknown;
-  };
-  /** Server time (database clock), milliseconds since the Unix epoch. */
-  ts: number;
-};
-
 /** A client frame was refused; the socket stays open. */
 export type ErrorFrame = {
   id: null;
@@ -214,12 +201,12 @@ export type PingAction = {
 };
 
 /** Any server-to-client frame. */
-export type ServerFrame = HelloFrame | JoinedFrame | LeftFrame | ResumedFrame | ResumeGapFrame | PongFrame | SessionUpdatedFrame | ErrorFrame | EventFrame | TypingFrame | ToolCallFrame;
+export type ServerFrame = HelloFrame | JoinedFrame | LeftFrame | ResumedFrame | ResumeGapFrame | PongFrame | ErrorFrame | EventFrame | TypingFrame | ToolCallFrame;
 
 /** Any client-to-server frame. */
 export type ClientFrame = JoinAction | LeaveAction | ResumeAction | TypingAction | ToolResultAction | PingAction;
 
 /** Message names the server sends (AsyncAPI operation receiveFrames). */
-export const SERVER_MESSAGES = ["hello","joined","left","resumed","resumeGap","pong","sessionUpdated","error","event","typing","toolCall"] as const;
+export const SERVER_MESSAGES = ["hello","joined","left","resumed","resumeGap","pong","error","event","typing","toolCall"] as const;
 /** Message names a client may send (AsyncAPI operation sendActions). */
 export const CLIENT_MESSAGES = ["joinAction","leaveAction","resumeAction","typingAction","toolResultAction","pingAction"] as const;

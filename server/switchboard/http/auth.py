@@ -9,8 +9,10 @@ import json
 import secrets
 import time
 from datetime import datetime, timezone
+from typing import Any
 
 import falcon
+import falcon.asgi
 
 from ..auth import AuthState, verify_password
 from ..domain_errors import AuthError
@@ -37,27 +39,27 @@ class RefreshCookie:
     def __init__(self, config: Config) -> None:
         self.cfg = config
 
-    def _secure(self, req: falcon.Request) -> bool:
+    def _secure(self, req: falcon.asgi.Request) -> bool:
         # SameSite=None is only honoured with Secure, so it forces it.
         return reached_over_tls(req, self.cfg.trusted_proxies) or self.cfg.session_cookie_samesite == "None"
 
-    def set(self, req: falcon.Request, resp: falcon.Response, token: str, expires_at: datetime) -> None:
+    def set(self, req: falcon.asgi.Request, resp: falcon.Response, token: str, expires_at: datetime) -> None:
         max_age = max(1, int(expires_at.timestamp() - time.time()))
         resp.set_cookie(REFRESH_COOKIE, token, max_age=max_age, path=REFRESH_PATH, secure=self._secure(req),
                         http_only=True, same_site=self.cfg.session_cookie_samesite)
 
-    def clear(self, req: falcon.Request, resp: falcon.Response) -> None:
+    def clear(self, req: falcon.asgi.Request, resp: falcon.Response) -> None:
         # Expires in 1970 (falcon drops max_age=0 as falsy): the browser deletes it.
         resp.set_cookie(REFRESH_COOKIE, "", expires=datetime.fromtimestamp(0, tz=timezone.utc), path=REFRESH_PATH,
                         secure=self._secure(req), http_only=True, same_site=self.cfg.session_cookie_samesite)
 
     @staticmethod
-    def get(req: falcon.Request) -> str | None:
+    def get(req: falcon.asgi.Request) -> str | None:
         values = req.get_cookie_values(REFRESH_COOKIE) or []
         return values[0] if values else None
 
 
-def check_origin(req: falcon.Request, config: Config) -> None:
+def check_origin(req: falcon.asgi.Request, config: Config) -> None:
     """The cookie endpoints refuse a browser Origin that is neither ours nor allowed
     (OWASP "verify origin"): SameSite keeps other *sites* out, this keeps other
     origins of the same site (a sibling subdomain) from driving a refresh."""
@@ -66,7 +68,7 @@ def check_origin(req: falcon.Request, config: Config) -> None:
                       "see SWITCHBOARD_ALLOWED_ORIGINS")
 
 
-def token_body(token: str, ttl: int, user_id: object, role: str) -> dict:
+def token_body(token: str, ttl: int, user_id: object, role: str) -> dict[str, Any]:
     return {"access_token": token, "token_type": "bearer", "expires_in": ttl, "user_id": str(user_id), "role": role}
 
 
@@ -127,7 +129,7 @@ class Login:
         self.devices = DeviceCookies(config.jwt_secret)
         self.cookie = RefreshCookie(config)
 
-    async def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.Response) -> None:
         """Throttle, then verify.
 
         1. Every attempt costs a token of the client's IP bucket (IPv6: its /64).
@@ -198,7 +200,7 @@ class Refresh:
         self.cfg = config
         self.cookie = RefreshCookie(config)
 
-    async def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.Response) -> None:
         check_origin(req, self.cfg)
         raw = self.cookie.get(req)
         if not raw:
@@ -238,7 +240,7 @@ class Logout:
         self.cfg = config
         self.cookie = RefreshCookie(config)
 
-    async def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.Response) -> None:
         check_origin(req, self.cfg)
         raw = self.cookie.get(req)
         try:
@@ -274,7 +276,7 @@ class Ticket:
         self.limiter = limiter
         self.cfg = config
 
-    async def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.Response) -> None:
         p = authenticate(self.auth, req)
         if self.limiter is not None and self.cfg is not None:
             d = await self.limiter.check("ws-ticket", str(p.user_id), self.cfg.ws_ticket_rate,
@@ -292,7 +294,7 @@ class Me:
         self.auth = auth
         self.replica_id = replica_id
 
-    async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.Response) -> None:
         p = authenticate(self.auth, req)
         resp.media = {"user_id": str(p.user_id), "username": p.username, "role": p.role,
                       "replica": self.replica_id, "session_id": str(p.session_id) if p.session_id else None}

@@ -133,7 +133,8 @@ class RunCancel:
             raise falcon.HTTPConflict(
                 title="Conflict",
                 description=f"run {run_id} is {status}; only a queued or running run can be cancelled")
-        resp.media = {"run": jsonable_row(run)}  # type: ignore[arg-type]
+        assert run is not None  # re-read in cancel_run's transaction, after it succeeded
+        resp.media = {"run": jsonable_row(run)}
 
 
 def _handler(row: dict[str, Any] | None, name: str) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from ..auth import AuthState
 from ..catalog import HandlerCatalog
 from ..db import Database
 from ..errors import Problem
+from ..rows import Task as TaskRow
 from .common import (check_fields, field_str, jsonable_row, read_json, require_admin,
                      unprocessable)
 
@@ -63,7 +64,7 @@ class Tasks:
 
     async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         require_admin(self.auth, req)
-        resp.media = {"tasks": [jsonable_row(t) for t in await self.db.list_tasks()]}
+        resp.media = {"tasks": [jsonable_row(t.as_dict()) for t in await self.db.list_tasks()]}
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         require_admin(self.auth, req)
@@ -83,7 +84,7 @@ class Tasks:
         await check_handler(self.catalog, handler)
         task = await self.db.create_task(name, schedule, handler, args, tz, attempts)
         resp.status = falcon.HTTP_201
-        resp.media = jsonable_row(task)
+        resp.media = jsonable_row(task.as_dict())
 
 
 class Task:
@@ -93,7 +94,7 @@ class Task:
         self.auth = auth
         self.max_body = max_body
 
-    async def _get(self, task_id: uuid.UUID) -> dict[str, Any]:
+    async def _get(self, task_id: uuid.UUID) -> TaskRow:
         t = await self.db.get_task(task_id)
         if t is None:
             raise _not_found(task_id)
@@ -101,7 +102,7 @@ class Task:
 
     async def on_get(self, req: falcon.Request, resp: falcon.Response, task_id: uuid.UUID) -> None:
         require_admin(self.auth, req)
-        resp.media = jsonable_row(await self._get(task_id))
+        resp.media = jsonable_row((await self._get(task_id)).as_dict())
 
     async def on_patch(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, task_id: uuid.UUID) -> None:
         require_admin(self.auth, req)
@@ -111,7 +112,7 @@ class Task:
             raise unprocessable("nothing to change")
         if "handler" in body:
             await check_handler(self.catalog, body["handler"])
-        resp.media = jsonable_row(await self.db.update_task(task_id, body))
+        resp.media = jsonable_row((await self.db.update_task(task_id, body)).as_dict())
 
     async def on_delete(self, req: falcon.Request, resp: falcon.Response, task_id: uuid.UUID) -> None:
         require_admin(self.auth, req)

@@ -516,12 +516,6 @@ var SwitchboardClient = class {
       case "error":
         this.onServerError(f.payload);
         return;
-      case "session.updated": {
-        const role = String(f.payload.role);
-        if (this.user) this.user.role = role;
-        this.emit("session", { role });
-        return;
-      }
       case "typing":
         this.emit("typing", f);
         return;
@@ -714,7 +708,7 @@ var SwitchboardClient = class {
 };
 
 // src/frames.ts
-var SERVER_MESSAGES = ["hello", "joined", "left", "resumed", "resumeGap", "pong", "sessionUpdated", "error", "event", "typing", "toolCall"];
+var SERVER_MESSAGES = ["hello", "joined", "left", "resumed", "resumeGap", "pong", "error", "event", "typing", "toolCall"];
 var CLIENT_MESSAGES = ["joinAction", "leaveAction", "resumeAction", "typingAction", "toolResultAction", "pingAction"];
 export {
   CLIENT_MESSAGES,
