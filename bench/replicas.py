@@ -1,0 +1,364 @@
+#!/usr/bin/env python3
+"""The replica curve (issue 18 item 5): what each replica costs Postgres per event.
+
+    python bench/replicas.py [--quick] [--replicas 1,3,10,30] [--rates 0,500,2000,4000]
+                             [--seconds 8] [--modes notify,ticker]
+
+One throwaway PostgreSQL (the suite's settings plus pg_stat_statements). For
+each mode and each replica count N: a fresh database cloned from the migrated
+template, N real `switchboard serve` processes (small pools:
+SWITCHBOARD_POOL_MIN=1, SWITCHBOARD_POOL_SIZE=2,
+SWITCHBOARD_SCHEDULER_CONCURRENCY=1), one receiver process (bench/ws_client.py)
+holding IDLE_PER_REPLICA idle sockets per replica (users who are sent nothing)
+plus TARGETS target users with one socket each, spread round-robin over the
+replicas. Publishers (16 autocommit connections, opened before the window, one `notify_user` per
+transaction, to target k % TARGETS) run at each rate for --seconds; rate 0 is
+an idle window.
+
+Modes: `notify` (the default product setting: each publishing transaction
+NOTIFYs, every replica wakes on it) and `ticker` (event_ticker.publishers_notify
+= false: publishers are silent, replicas poll event_tick() every
+SWITCHBOARD_EVENT_TICK_INTERVAL and read on the tick's one NOTIFY).
+
+Attribution: every replica connects as a login role of its own
+(sb_rep_<i>, a member of switchboard_app), so pg_stat_statements -- keyed by
+role -- counts each replica's statements exactly, server side, and
+pg_stat_activity maps each backend pid to its replica for the per-backend CPU.
+Measured per step, over the window from the first publication until the last
+frame arrived (or 10 s after the last publication):
+- events published/s and frames delivered;
+- Postgres CPU (utime + stime of every postgres process, /proc) per delivered
+  and per published event, and the part spent in the replicas' own backends;
+- relay statements per replica per second: relay_read_v2 calls + event_tick
+  calls x 3 (the tick runs as BEGIN; SELECT event_tick(); COMMIT in the same
+  round trip) + event_window() + the liveness SELECT 1; mean and max over
+  replicas; also relay round trips (= relay_read_v2 calls: every wake-up ends
+  in exactly one) and every statement the replica's role ran;
+- COMMIT -> frame p50 / p99 (the publisher's time.time() after COMMIT, the
+  receiver's when the frame is read; same host, same clock).
+
+Raw results: bench/results/replicas.json; a markdown table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ (common puts server/ first)
+
+import psycopg
+from common import (
+    RESULTS,
+    Cluster,
+    Proc,
+    cpu_seconds,
+    child_pids,
+    loadavg,
+    log,
+    machine_info,
+    pct,
+    replica,
+    stop_all,
+    write_json,
+)
+from e2e import Receiver, _latencies, _publish, _spec, _tickets, _users
+
+TARGETS = 30
+IDLE_PER_REPLICA = 4
+PUBLISHERS = 16
+REPLICA_ENV = {
+    "SWITCHBOARD_POOL_MIN": "1",
+    "SWITCHBOARD_POOL_SIZE": "2",
+    "SWITCHBOARD_SCHEDULER_CONCURRENCY": "1",
+}
+SETTINGS = {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "top",
+            "pg_stat_statements.max": "10000"}
+
+
+def role(i: int) -> str:
+    return f"sb_rep_{i}"
+
+
+# -- measurement helpers (pure: unit-tested in tests/test_bench_replicas.py) ----------------------
+def classify(query: str) -> str:
+    """Which relay statement a pg_stat_statements query text is (normalized: constants are $n)."""
+    q = " ".join(query.split())
+    if "relay_read_v2" in q:
+        return "read"
+    if "event_tick()" in q:
+        return "tick"
+    if "event_window()" in q:
+        return "window"
+    if q in ("SELECT $1", "SELECT 1"):
+        return "liveness"
+    if q.upper() in ("BEGIN", "COMMIT"):
+        return q.lower()
+    return "other"
+
+
+def per_replica(rows: list[tuple[str, str, int]], roles: list[str], seconds: float) -> dict[str, Any]:
+    """rows: (role, query, calls) from pg_stat_statements. Per replica and per second:
+    relay statements (read + 3 x tick + window + liveness), round trips (= reads), ticks,
+    everything; then mean and max over ``roles`` (a replica that ran nothing counts as 0)."""
+    kinds: dict[str, dict[str, int]] = {r: {} for r in roles}
+    for rolname, query, calls in rows:
+        if rolname in kinds:
+            k = classify(query)
+            kinds[rolname][k] = kinds[rolname].get(k, 0) + int(calls)
+    stats: dict[str, list[float]] = {"relay": [], "reads": [], "ticks": [], "all": []}
+    for r in roles:
+        c = kinds[r]
+        stats["relay"].append((c.get("read", 0) + 3 * c.get("tick", 0) + c.get("window", 0)
+                               + c.get("liveness", 0)) / seconds)
+        stats["reads"].append(c.get("read", 0) / seconds)
+        stats["ticks"].append(c.get("tick", 0) / seconds)
+        stats["all"].append(sum(c.values()) / seconds)
+    out: dict[str, Any] = {}
+    for k, v in stats.items():
+        out[f"{k}_per_s_mean"] = round(sum(v) / len(v), 1) if v else 0.0
+        out[f"{k}_per_s_max"] = round(max(v), 1) if v else 0.0
+    out["total_relay_per_s"] = round(sum(stats["relay"]), 1)
+    return out
+
+
+def per_event_ms(cpu_s: float, events: int) -> float | None:
+    return round(cpu_s / events * 1000, 3) if events > 0 else None
+
+
+# -- the run ------------------------------------------------------------------------------------
+class PgCpu:
+    """utime + stime of every postgres process, and of the backends of the given roles."""
+
+    def __init__(self, cluster: Cluster, url: str, roles: list[str]) -> None:
+        self.cluster, self.url, self.roles = cluster, url, roles
+
+    def read(self) -> tuple[float, dict[int, float]]:
+        pg = self.cluster.pg.pid
+        pids = ([pg] + child_pids(pg)) if pg else []
+        total = sum(cpu_seconds(p) for p in pids)
+        with psycopg.connect(self.url, autocommit=True) as c:
+            mine = [int(r[0]) for r in c.execute(
+                "SELECT pid FROM pg_stat_activity WHERE usename = ANY(%s)", (self.roles,)).fetchall()]
+        return total, {p: cpu_seconds(p) for p in mine}
+
+
+def _stmts(cluster: Cluster, db: str) -> list[tuple[str, str, int]]:
+    """Every statement run in ``db`` since the last reset, by role (the view lives in
+    the postgres database, where the extension is created; its counters are cluster-wide)."""
+    with psycopg.connect(cluster.url(), autocommit=True) as c:
+        return [(r[0], r[1], int(r[2])) for r in c.execute(
+            "SELECT r.rolname, s.query, s.calls FROM pg_stat_statements s "
+            "JOIN pg_roles r ON r.oid = s.userid JOIN pg_database d ON d.oid = s.dbid "
+            "WHERE d.datname = %s", (db,)).fetchall()]
+
+
+def _reset(cluster: Cluster) -> None:
+    with psycopg.connect(cluster.url(), autocommit=True) as c:
+        c.execute("SELECT pg_stat_statements_reset()")
+
+
+async def _paced(cs: list[psycopg.AsyncConnection], targets: list[str], n: int, rate: float,
+                 limit: float) -> dict[int, float]:
+    """Up to n notify_user calls on a fixed schedule (k / rate) over the already open
+    connections ``cs``, stopping after ``limit`` seconds if the box cannot keep the rate;
+    time.time() right after each COMMIT, keyed by k; out[-1] = elapsed seconds."""
+    out: dict[int, float] = {}
+    it = iter(range(n))
+    t0 = time.time() + 0.05
+
+    async def worker(c: psycopg.AsyncConnection) -> None:
+        for k in it:
+            if time.time() > t0 + limit:
+                return
+            delay = t0 + k / rate - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await c.execute("SELECT switchboard.notify_user(%s, 'bench', %s)",
+                            (targets[k % len(targets)], json.dumps({"k": k})))
+            out[k] = time.time()
+    await asyncio.gather(*(worker(c) for c in cs))
+    out[-1] = time.time() - t0
+    return out
+
+
+async def _step(cluster: Cluster, db: str, rcv: Receiver, targets: list[str], roles: list[str],
+                pids: list[int], rate: float, seconds: float) -> dict[str, Any]:
+    url = cluster.url(db)
+    meter = PgCpu(cluster, url, roles)
+    # Publisher connections open before the window and closed after it: their backends'
+    # CPU is in the window (a backend that exits inside it would drop out of /proc).
+    cs = [await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(PUBLISHERS)]
+    try:
+        pub_pids = [c.info.backend_pid for c in cs]
+        rcv.dump()
+        _reset(cluster)
+        load0 = loadavg()
+        pg0, back0 = meter.read()
+        pub0 = sum(cpu_seconds(p) for p in pub_pids)
+        rep0 = sum(cpu_seconds(p) for p in pids)
+        t0 = time.time()
+        n = int(rate * seconds)
+        sent: dict[int, float] = {}
+        if n:
+            sent = await _paced(cs, targets, n, rate, seconds * 1.5)
+            pub_elapsed = sent.pop(-1)
+            n = len(sent)
+            got = rcv.wait_count(n, 10)
+        else:
+            await asyncio.sleep(seconds)
+            pub_elapsed, got = seconds, 0
+        window = time.time() - t0
+        pg1, back1 = meter.read()
+        pub1 = sum(cpu_seconds(p) for p in pub_pids)
+        rep1 = sum(cpu_seconds(p) for p in pids)
+        rows = _stmts(cluster, db)
+        load1 = loadavg()
+    finally:
+        for c in cs:
+            await c.close()
+    lat = _latencies(sent, rcv.dump()) if n else []
+    pg_cpu = pg1 - pg0
+    backends = sum(back1[p] - back0.get(p, back1[p]) for p in back1)
+    out: dict[str, Any] = {
+        "target_rate": rate, "published": n, "publish_rate": round(n / pub_elapsed, 1) if n else 0.0,
+        "delivered": got, "window_s": round(window, 2),
+        "pg_cpu_s": round(pg_cpu, 3), "pg_cpu_replica_backends_s": round(backends, 3),
+        "pg_cpu_publisher_backends_s": round(pub1 - pub0, 3),
+        "replica_procs_cpu_s": round(rep1 - rep0, 3),
+        "pg_cpu_ms_per_delivered": per_event_ms(pg_cpu, got),
+        "pg_cpu_ms_per_published": per_event_ms(pg_cpu, n),
+        "pg_backend_ms_per_delivered": per_event_ms(backends, got),
+        "pg_publisher_ms_per_published": per_event_ms(pub1 - pub0, n),
+        "pg_cpu_cores": round(pg_cpu / window, 2),
+        "load": [load0, load1],
+    } | per_replica(rows, roles, window)
+    if lat:
+        out |= {"p50_ms": round(pct(lat, 50), 2), "p99_ms": round(pct(lat, 99), 2)}
+    return out
+
+
+def step(cluster: Cluster, db: str, rcv: Receiver, targets: list[str], roles: list[str], pids: list[int],
+         rate: float, seconds: float) -> dict[str, Any]:
+    return asyncio.run(_step(cluster, db, rcv, targets, roles, pids, rate, seconds))
+
+
+def run_n(cluster: Cluster, n_rep: int, mode: str, rates: list[float], seconds: float) -> dict[str, Any]:
+    db = cluster.new_db(f"sb_rep{n_rep}_{mode}")
+    url = cluster.url(db)
+    roles = [role(i) for i in range(n_rep)]
+    if mode == "ticker":
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute("UPDATE switchboard.event_ticker SET publishers_notify = false")
+    targets = _users(url, TARGETS, "target_")
+    idle = _users(url, IDLE_PER_REPLICA * n_rep, "idle_")
+    log(f"{mode}: starting {n_rep} replica(s)")
+    t0 = time.time()
+    procs: list[Proc] = []
+    for i in range(n_rep):
+        p = replica(cluster, db, f"rep{n_rep}-{mode}-{i}", env=REPLICA_ENV)
+        p.env["DATABASE_URL"] = cluster.url(db, role(i))
+        procs.append(p)
+    rcv = None
+    steps = []
+    try:
+        for p in procs:
+            p.start(wait=False)
+        for p in procs:
+            p.wait_ready(timeout=240)
+        log(f"   {n_rep} ready in {time.time() - t0:.1f} s")
+        tickets = _tickets(url, targets + idle)
+        urls = [f"{procs[i % n_rep].ws_base}/ws?ticket={t}" for i, t in enumerate(tickets[:TARGETS])]
+        urls += [f"{procs[i % n_rep].ws_base}/ws?ticket={t}" for i, t in enumerate(tickets[TARGETS:])]
+        spec = _spec(urls)
+        rcv = Receiver("ws", spec)
+        os.unlink(spec)
+        # Warm-up: every replica's statements prepared, caches filled.
+        asyncio.run(_publish(url, "SELECT switchboard.notify_user(%s, 'bench', %s)",
+                             lambda k: (targets[k % TARGETS], json.dumps({"k": k})), 500, 500, conns=PUBLISHERS))
+        rcv.wait_count(500, 5)
+        time.sleep(1)
+        for rate in rates:
+            s = step(cluster, db, rcv, targets, roles, [p.pid for p in procs], rate, seconds)
+            log(f"   N={n_rep} {mode} {rate:.0f}/s: published {s['publish_rate']}/s, delivered "
+                f"{s['delivered']}/{s['published']}, PG {s['pg_cpu_ms_per_delivered']} ms/ev "
+                f"(replica backends {s['pg_backend_ms_per_delivered']}, publishers {s['pg_publisher_ms_per_published']}) "
+                f"({s['pg_cpu_cores']} cores), relay stmts/s/replica {s['relay_per_s_mean']} "
+                f"(max {s['relay_per_s_max']}), reads {s['reads_per_s_mean']}/s, ticks {s['ticks_per_s_mean']}/s, "
+                f"p50/p99 {s.get('p50_ms')}/{s.get('p99_ms')} ms, load {s['load']}")
+            steps.append(s)
+    finally:
+        if rcv:
+            rcv.close()
+        stop_all(procs)
+        cluster.drop_db(db)
+    return {"replicas": n_rep, "mode": mode, "sockets": len(targets) + len(idle), "steps": steps}
+
+
+def render(results: list[dict[str, Any]]) -> str:
+    lines = ["| mode | replicas | target ev/s | published ev/s | delivered | PG CPU ms / delivered ev "
+             "(replicas' backends) | PG cores | relay stmts/s per replica, mean (max) | reads/s per replica | "
+             "ticks/s per replica | p50 / p99 ms | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        for s in r["steps"]:
+            lines.append(
+                f"| {r['mode']} | {r['replicas']} | {s['target_rate']:.0f} | {s['publish_rate']:.0f} | "
+                f"{s['delivered']}/{s['published']} | {s['pg_cpu_ms_per_delivered']} "
+                f"({s['pg_backend_ms_per_delivered']}) | {s['pg_cpu_cores']} | "
+                f"{s['relay_per_s_mean']} ({s['relay_per_s_max']}) | {s['reads_per_s_mean']} | "
+                f"{s['ticks_per_s_mean']} | {s.get('p50_ms', '-')} / {s.get('p99_ms', '-')} | "
+                f"{s['load'][0]:.1f}-{s['load'][1]:.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--replicas", default="1,3,10,30")
+    p.add_argument("--rates", default="0,500,2000,4000")
+    p.add_argument("--seconds", type=float, default=8)
+    p.add_argument("--modes", default="notify,ticker")
+    p.add_argument("--quick", action="store_true", help="1 and 3 replicas, 0/2,000 ev/s, 3 s windows, notify only")
+    p.add_argument("--publishers", type=int, default=PUBLISHERS, help="publisher connections")
+    p.add_argument("--out", default=str(RESULTS / "replicas.json"))
+    a = p.parse_args()
+    if a.quick:
+        a.replicas, a.rates, a.seconds, a.modes = "1,3", "0,2000", 3.0, "notify"
+    global PUBLISHERS
+    PUBLISHERS = a.publishers
+    counts = [int(x) for x in a.replicas.split(",")]
+    rates = [float(x) for x in a.rates.split(",")]
+    cluster = Cluster(SETTINGS)
+    results: list[dict[str, Any]] = []
+    t0 = time.time()
+    try:
+        with psycopg.connect(cluster.url(), autocommit=True) as c:
+            for i in range(max(counts)):
+                c.execute(f"CREATE ROLE {role(i)} LOGIN IN ROLE switchboard_app")
+            c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        uptime0 = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+        for mode in a.modes.split(","):
+            for n in counts:
+                results.append(run_n(cluster, n, mode, rates, a.seconds))
+                write_json(Path(a.out), {"results": results})
+        uptime1 = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+        res = {"results": results, "uptime_before": uptime0, "uptime_after": uptime1,
+               "elapsed_s": round(time.time() - t0), "machine": machine_info(cluster),
+               "settings": {"targets": TARGETS, "idle_per_replica": IDLE_PER_REPLICA, "publishers": PUBLISHERS,
+                            "seconds": a.seconds, "replica_env": REPLICA_ENV}}
+    finally:
+        cluster.stop()
+    write_json(Path(a.out), res)
+    print(render(results))
+    print(f"\nuptime before: {uptime0}\nuptime after:  {uptime1}\nelapsed {res['elapsed_s']} s")
+
+
+if __name__ == "__main__":
+    main()
