@@ -320,6 +320,7 @@ def render(results: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
+    global PUBLISHERS
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--replicas", default="1,3,10,30")
     p.add_argument("--rates", default="0,500,2000,4000")
@@ -331,7 +332,6 @@ def main() -> None:
     a = p.parse_args()
     if a.quick:
         a.replicas, a.rates, a.seconds, a.modes = "1,3", "0,2000", 3.0, "notify"
-    global PUBLISHERS
     PUBLISHERS = a.publishers
     counts = [int(x) for x in a.replicas.split(",")]
     rates = [float(x) for x in a.rates.split(",")]
