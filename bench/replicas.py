@@ -11,9 +11,11 @@ SWITCHBOARD_POOL_MIN=1, SWITCHBOARD_POOL_SIZE=2,
 SWITCHBOARD_SCHEDULER_CONCURRENCY=1), one receiver process (bench/ws_client.py)
 holding IDLE_PER_REPLICA idle sockets per replica (users who are sent nothing)
 plus TARGETS target users with one socket each, spread round-robin over the
-replicas. Publishers (16 autocommit connections, opened before the window, one `notify_user` per
-transaction, to target k % TARGETS) run at each rate for --seconds; rate 0 is
-an idle window.
+replicas. The load is pgbench (16 clients, `-R` rate; C clients, because on this
+shared box a Python publisher could not keep the rate), one `notify_user` per
+transaction to a random target; a Python probe adds PROBE_RATE events/s on 2
+connections and records their COMMIT times for the latency. Each rate runs for
+--seconds; rate 0 is an idle window.
 
 Modes: `notify` (the default product setting: each publishing transaction
 NOTIFYs, every replica wakes on it) and `ticker` (event_ticker.publishers_notify
@@ -27,7 +29,8 @@ pg_stat_activity maps each backend pid to its replica for the per-backend CPU.
 Measured per step, over the window from the first publication until the last
 frame arrived (or 10 s after the last publication):
 - events published/s and frames delivered;
-- Postgres CPU (utime + stime of every postgres process, /proc) per delivered
+- Postgres CPU (utime + stime of every postgres process, /proc, plus the
+  postmaster's cutime + cstime: backends that exited in the window) per delivered
   and per published event, and the part spent in the replicas' own backends;
 - relay statements per replica per second: relay_read_v2 calls + event_tick
   calls x 3 (the tick runs as BEGIN; SELECT event_tick(); COMMIT in the same
@@ -46,7 +49,9 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import subprocess
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -74,6 +79,7 @@ from e2e import Receiver, _latencies, _publish, _spec, _tickets, _users
 TARGETS = 30
 IDLE_PER_REPLICA = 4
 PUBLISHERS = 16
+PROBE_RATE = 50.0
 REPLICA_ENV = {
     "SWITCHBOARD_POOL_MIN": "1",
     "SWITCHBOARD_POOL_SIZE": "2",
@@ -129,6 +135,31 @@ def per_replica(rows: list[tuple[str, str, int]], roles: list[str], seconds: flo
     return out
 
 
+def reaped_seconds(pid: int) -> float:
+    """cutime + cstime of one process: the CPU of its children that exited and were reaped."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[13]) + int(f[14])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def pgbench_script(targets: list[str]) -> str:
+    """One notify_user per transaction to a random target (k = -1: the receiver counts the
+    frame, latency comes from the probe's events)."""
+    arr = "{" + ",".join(targets) + "}"
+    return (f"\\set k random(1, {len(targets)})\n"
+            f"SELECT switchboard.notify_user(('{arr}'::uuid[])[:k], 'bench', '{{\"k\": -1}}');\n")
+
+
+def pgbench_processed(out: str) -> int:
+    """'number of transactions actually processed: 9876' (pgbench 15; '9876/10000' with -t)."""
+    m = re.search(r"number of transactions actually processed: (\d+)", out)
+    if m is None:
+        raise RuntimeError(f"pgbench said: {out[-500:]}")
+    return int(m.group(1))
+
+
 def per_event_ms(cpu_s: float, events: int) -> float | None:
     return round(cpu_s / events * 1000, 3) if events > 0 else None
 
@@ -143,7 +174,9 @@ class PgCpu:
     def read(self) -> tuple[float, dict[int, float]]:
         pg = self.cluster.pg.pid
         pids = ([pg] + child_pids(pg)) if pg else []
-        total = sum(cpu_seconds(p) for p in pids)
+        # + the postmaster's cutime + cstime: the CPU of backends that exited (pgbench's
+        # connections end inside the window), added to their parent when it reaps them.
+        total = sum(cpu_seconds(p) for p in pids) + (reaped_seconds(pg) if pg else 0.0)
         with psycopg.connect(self.url, autocommit=True) as c:
             mine = [int(r[0]) for r in c.execute(
                 "SELECT pid FROM pg_stat_activity WHERE usename = ANY(%s)", (self.roles,)).fetchall()]
@@ -193,38 +226,52 @@ async def _paced(cs: list[psycopg.AsyncConnection], targets: list[str], n: int, 
 
 async def _step(cluster: Cluster, db: str, rcv: Receiver, targets: list[str], roles: list[str],
                 pids: list[int], rate: float, seconds: float) -> dict[str, Any]:
+    """The load is pgbench (C clients: on a saturated box a Python publisher could not keep
+    the rate) at rate - PROBE_RATE; a Python probe publishes PROBE_RATE/s more on 2 connections
+    and records its COMMIT times, for the latency."""
     url = cluster.url(db)
     meter = PgCpu(cluster, url, roles)
-    # Publisher connections open before the window and closed after it: their backends'
-    # CPU is in the window (a backend that exits inside it would drop out of /proc).
-    cs = [await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(PUBLISHERS)]
+    probe_rate = min(PROBE_RATE, rate)
+    cs = [await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(2)]
+    script = tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False)
+    script.write(pgbench_script(targets))
+    script.close()
+    secs = max(1, round(seconds))
     try:
-        pub_pids = [c.info.backend_pid for c in cs]
         rcv.dump()
         _reset(cluster)
         load0 = loadavg()
         pg0, back0 = meter.read()
-        pub0 = sum(cpu_seconds(p) for p in pub_pids)
         rep0 = sum(cpu_seconds(p) for p in pids)
         t0 = time.time()
-        n = int(rate * seconds)
         sent: dict[int, float] = {}
         started: dict[int, float] = {}
-        if n:
-            sent = await _paced(cs, targets, n, rate, seconds * 1.5, started)
-            pub_elapsed = sent.pop(-1)
+        n = 0
+        if rate:
+            bench = None
+            if rate > probe_rate:
+                bench = await asyncio.create_subprocess_exec(
+                    "pgbench", "-n", "-f", script.name, "-c", str(PUBLISHERS), "-j", "2",
+                    "-R", str(rate - probe_rate), "-T", str(secs), url,
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            sent = await _paced(cs, targets, int(probe_rate * secs), probe_rate, secs * 1.5, started)
+            sent.pop(-1)
             n = len(sent)
+            if bench is not None:
+                out, _ = await bench.communicate()
+                n += pgbench_processed(out.decode(errors="replace"))
+            pub_elapsed = time.time() - t0
             got = rcv.wait_count(n, 10)
         else:
-            await asyncio.sleep(seconds)
-            pub_elapsed, got = seconds, 0
+            await asyncio.sleep(secs)
+            pub_elapsed, got = secs, 0
         window = time.time() - t0
         pg1, back1 = meter.read()
-        pub1 = sum(cpu_seconds(p) for p in pub_pids)
         rep1 = sum(cpu_seconds(p) for p in pids)
         rows = _stmts(cluster, db)
         load1 = loadavg()
     finally:
+        os.unlink(script.name)
         for c in cs:
             await c.close()
     recs = rcv.dump() if n else []
@@ -236,21 +283,21 @@ async def _step(cluster: Cluster, db: str, rcv: Receiver, targets: list[str], ro
         "target_rate": rate, "published": n, "publish_rate": round(n / pub_elapsed, 1) if n else 0.0,
         "delivered": got, "window_s": round(window, 2),
         "pg_cpu_s": round(pg_cpu, 3), "pg_cpu_replica_backends_s": round(backends, 3),
-        "pg_cpu_publisher_backends_s": round(pub1 - pub0, 3),
         "replica_procs_cpu_s": round(rep1 - rep0, 3),
         "pg_cpu_ms_per_delivered": per_event_ms(pg_cpu, got),
         "pg_cpu_ms_per_published": per_event_ms(pg_cpu, n),
         "pg_backend_ms_per_delivered": per_event_ms(backends, got),
-        "pg_publisher_ms_per_published": per_event_ms(pub1 - pub0, n),
+        "pg_rest_ms_per_published": per_event_ms(pg_cpu - backends, n),
+        "replica_procs_ms_per_delivered": per_event_ms(rep1 - rep0, got),
         "pg_cpu_cores": round(pg_cpu / window, 2),
         "load": [load0, load1],
     } | per_replica(rows, roles, window)
     if lat:
-        # From the COMMIT's return in the publisher (as bench/e2e.py): on a saturated box the
-        # publisher's loop may record that later than the frame arrives (negative values,
+        # From the COMMIT's return in the probe (as bench/e2e.py): on a saturated box the
+        # probe's loop may record that later than the frame arrives (negative values,
         # counted). From the call's send: an upper bound that includes the publish round trip.
         out |= {"p50_ms": round(pct(lat, 50), 2), "p99_ms": round(pct(lat, 99), 2),
-                "negative": sum(1 for x in lat if x < 0),
+                "negative": sum(1 for x in lat if x < 0), "probes": len(lat),
                 "send_p50_ms": round(pct(lat_send, 50), 2), "send_p99_ms": round(pct(lat_send, 99), 2)}
     return out
 
@@ -310,7 +357,8 @@ def run_n(cluster: Cluster, n_rep: int, mode: str, rates: list[float], seconds: 
             s = step(cluster, db, rcv, targets, roles, [p.pid for p in procs], rate, seconds)
             log(f"   N={n_rep} {mode} {rate:.0f}/s: published {s['publish_rate']}/s, delivered "
                 f"{s['delivered']}/{s['published']}, PG {s['pg_cpu_ms_per_delivered']} ms/ev "
-                f"(replica backends {s['pg_backend_ms_per_delivered']}, publishers {s['pg_publisher_ms_per_published']}) "
+                f"(replica backends {s['pg_backend_ms_per_delivered']}, rest {s['pg_rest_ms_per_published']}; "
+                f"replica processes {s['replica_procs_ms_per_delivered']}) "
                 f"({s['pg_cpu_cores']} cores), relay stmts/s/replica {s['relay_per_s_mean']} "
                 f"(max {s['relay_per_s_max']}), reads {s['reads_per_s_mean']}/s, ticks {s['ticks_per_s_mean']}/s, "
                 f"p50/p99 {s.get('p50_ms')}/{s.get('p99_ms')} ms (from send {s.get('send_p50_ms')}/"
