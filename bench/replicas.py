@@ -372,21 +372,33 @@ def run_n(cluster: Cluster, n_rep: int, mode: str, rates: list[float], seconds: 
     return {"replicas": n_rep, "mode": mode, "sockets": len(targets) + len(idle), "steps": steps}
 
 
+def derived(n_rep: int, s: dict[str, Any]) -> dict[str, float | None]:
+    """What one wake-up costs and covers: events per relay read on one replica (every replica
+    reads every event, so a replica's reads cover all delivered events) and the replicas'
+    backend CPU per read (tick + read round trip, rows included)."""
+    reads = s["reads_per_s_mean"] * s["window_s"]          # per replica, in the window
+    return {"events_per_read": round(s["delivered"] / reads, 1) if reads and s["delivered"] else None,
+            "pg_us_per_read": round(s["pg_cpu_replica_backends_s"] / (reads * n_rep) * 1e6) if reads else None}
+
+
 def render(results: list[dict[str, Any]]) -> str:
-    lines = ["| mode | replicas | target ev/s | published ev/s | delivered | PG CPU ms / delivered ev "
-             "(replicas' backends) | PG cores | relay stmts/s per replica, mean (max) | reads/s per replica | "
-             "ticks/s per replica | p50 / p99 ms (from send) | load |",
+    lines = ["| mode | replicas | target ev/s | published ev/s | PG CPU ms / delivered event "
+             "(in the replicas' backends) | relay statements/s per replica, mean (max) | "
+             "reads/s per replica | ticks/s per replica | events per read | PG µs per read | "
+             "p50 / p99 ms (from send) | load |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         for s in r["steps"]:
+            d = derived(r["replicas"], s)
+            lost = "" if s["delivered"] == s["published"] else f" ({s['delivered']}/{s['published']} delivered)"
             lines.append(
-                f"| {r['mode']} | {r['replicas']} | {s['target_rate']:.0f} | {s['publish_rate']:.0f} | "
-                f"{s['delivered']}/{s['published']} | {s['pg_cpu_ms_per_delivered']} "
-                f"({s['pg_backend_ms_per_delivered']}) | {s['pg_cpu_cores']} | "
+                f"| {r['mode']} | {r['replicas']} | {s['target_rate']:.0f} | {s['publish_rate']:.0f}{lost} | "
+                f"{s['pg_cpu_ms_per_delivered'] or '-'} ({s['pg_backend_ms_per_delivered'] or '-'}) | "
                 f"{s['relay_per_s_mean']} ({s['relay_per_s_max']}) | {s['reads_per_s_mean']} | "
-                f"{s['ticks_per_s_mean']} | {s.get('p50_ms', '-')} / {s.get('p99_ms', '-')} "
+                f"{s['ticks_per_s_mean']} | {d['events_per_read'] or '-'} | {d['pg_us_per_read'] or '-'} | "
+                f"{s.get('p50_ms', '-')} / {s.get('p99_ms', '-')} "
                 f"({s.get('send_p50_ms', '-')} / {s.get('send_p99_ms', '-')}) | "
-                f"{s['load'][0]:.1f}-{s['load'][1]:.1f} |")
+                f"{s['load'][0]:.0f}-{s['load'][1]:.0f} |")
     return "\n".join(lines)
 
 
@@ -400,7 +412,11 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="1 and 3 replicas, 0/2,000 ev/s, 3 s windows, notify only")
     p.add_argument("--publishers", type=int, default=PUBLISHERS, help="publisher connections")
     p.add_argument("--out", default=str(RESULTS / "replicas.json"))
+    p.add_argument("--render", metavar="JSON", help="print the table of an earlier run's JSON and exit")
     a = p.parse_args()
+    if a.render:
+        print(render(json.loads(Path(a.render).read_text())["results"]))
+        return
     if a.quick:
         a.replicas, a.rates, a.seconds, a.modes = "1,3", "0,2000", 3.0, "notify"
     PUBLISHERS = a.publishers
