@@ -61,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ (common puts 
 
 import psycopg
 from common import (
+    BENCH,
     RESULTS,
     Cluster,
     Proc,
@@ -307,8 +308,11 @@ def step(cluster: Cluster, db: str, rcv: Receiver, targets: list[str], roles: li
     return asyncio.run(_step(cluster, db, rcv, targets, roles, pids, rate, seconds))
 
 
-def run_n(cluster: Cluster, n_rep: int, mode: str, rates: list[float], seconds: float) -> dict[str, Any]:
-    db = cluster.new_db(f"sb_rep{n_rep}_{mode}")
+def run_n(cluster: Cluster, n_rep: int, mode: str, rates: list[float], seconds: float,
+          gap_ms: float = 0) -> dict[str, Any]:
+    """gap_ms > 0: the replicas run with bench/read_gap/sitecustomize.py, the proposed
+    time-based coalescing (an event read at most every gap_ms), patched in for the bench."""
+    db = cluster.new_db(f"sb_rep{n_rep}_{mode}_{int(gap_ms * 10)}")
     url = cluster.url(db)
     roles = [role(i) for i in range(n_rep)]
     if mode == "ticker":
@@ -316,11 +320,14 @@ def run_n(cluster: Cluster, n_rep: int, mode: str, rates: list[float], seconds: 
             c.execute("UPDATE switchboard.event_ticker SET publishers_notify = false")
     targets = _users(url, TARGETS, "target_")
     idle = _users(url, IDLE_PER_REPLICA * n_rep, "idle_")
-    log(f"{mode}: starting {n_rep} replica(s)")
+    log(f"{mode}{f' gap {gap_ms:g} ms' if gap_ms else ''}: starting {n_rep} replica(s)")
     t0 = time.time()
     def make(i: int) -> Proc:
         p = replica(cluster, db, f"rep{n_rep}-{mode}-{i}", env=REPLICA_ENV)
         p.env["DATABASE_URL"] = cluster.url(db, role(i))
+        if gap_ms:
+            p.env["PYTHONPATH"] = os.pathsep.join([str(BENCH / "read_gap"), p.env["PYTHONPATH"]])
+            p.env["SWITCHBOARD_BENCH_READ_GAP"] = str(gap_ms / 1000)
         return p
 
     procs = [make(i) for i in range(n_rep)]
@@ -369,7 +376,8 @@ def run_n(cluster: Cluster, n_rep: int, mode: str, rates: list[float], seconds: 
             rcv.close()
         stop_all(procs)
         cluster.drop_db(db)
-    return {"replicas": n_rep, "mode": mode, "sockets": len(targets) + len(idle), "steps": steps}
+    return {"replicas": n_rep, "mode": mode, "gap_ms": gap_ms, "sockets": len(targets) + len(idle),
+            "steps": steps}
 
 
 def derived(n_rep: int, s: dict[str, Any]) -> dict[str, float | None]:
@@ -391,8 +399,9 @@ def render(results: list[dict[str, Any]]) -> str:
         for s in r["steps"]:
             d = derived(r["replicas"], s)
             lost = "" if s["delivered"] == s["published"] else f" ({s['delivered']}/{s['published']} delivered)"
+            mode = r["mode"] + (f" + {r['gap_ms']:g} ms gap" if r.get("gap_ms") else "")
             lines.append(
-                f"| {r['mode']} | {r['replicas']} | {s['target_rate']:.0f} | {s['publish_rate']:.0f}{lost} | "
+                f"| {mode} | {r['replicas']} | {s['target_rate']:.0f} | {s['publish_rate']:.0f}{lost} | "
                 f"{s['pg_cpu_ms_per_delivered'] or '-'} ({s['pg_backend_ms_per_delivered'] or '-'}) | "
                 f"{s['relay_per_s_mean']} ({s['relay_per_s_max']}) | {s['reads_per_s_mean']} | "
                 f"{s['ticks_per_s_mean']} | {d['events_per_read'] or '-'} | {d['pg_us_per_read'] or '-'} | "
@@ -410,6 +419,9 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=8)
     p.add_argument("--modes", default="notify,ticker")
     p.add_argument("--quick", action="store_true", help="1 and 3 replicas, 0/2,000 ev/s, 3 s windows, notify only")
+    p.add_argument("--gaps", default="",
+                   help="also run notify mode with the proposed read gap (ms, comma-separated), "
+                        "alternating with the unpatched relay per replica count: base, gap, base, gap")
     p.add_argument("--publishers", type=int, default=PUBLISHERS, help="publisher connections")
     p.add_argument("--out", default=str(RESULTS / "replicas.json"))
     p.add_argument("--render", metavar="JSON", help="print the table of an earlier run's JSON and exit")
@@ -431,8 +443,15 @@ def main() -> None:
                 c.execute(f"CREATE ROLE {role(i)} LOGIN IN ROLE switchboard_app")
             c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         uptime0 = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+        gaps = [float(x) for x in a.gaps.split(",") if x]
         for mode in a.modes.split(","):
             for n in counts:
+                if gaps and mode == "notify":
+                    for _ in range(2):          # A B A B: the box's load moves under both alike
+                        for g in [0.0] + gaps:
+                            results.append(run_n(cluster, n, mode, rates, a.seconds, g))
+                            write_json(Path(a.out), {"results": results})
+                    continue
                 results.append(run_n(cluster, n, mode, rates, a.seconds))
                 write_json(Path(a.out), {"results": results})
         uptime1 = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
