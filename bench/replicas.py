@@ -259,8 +259,8 @@ async def _step(cluster: Cluster, db: str, rcv: Receiver, targets: list[str], ro
             sent.pop(-1)
             n = len(sent)
             if bench is not None:
-                out, _ = await bench.communicate()
-                n += pgbench_processed(out.decode(errors="replace"))
+                said, _ = await bench.communicate()
+                n += pgbench_processed(said.decode(errors="replace"))
             pub_elapsed = time.time() - t0
             got = rcv.wait_count(n, 10)
         else:
@@ -344,7 +344,8 @@ def run_n(cluster: Cluster, n_rep: int, mode: str, rates: list[float], seconds: 
                 except RuntimeError:
                     # free_port() is a race: another process on the box may take the port
                     # before uvicorn binds it. Exited: try a new port.
-                    if attempt == 2 or procs[i].proc is None or procs[i].proc.poll() is None:
+                    child = procs[i].proc
+                    if attempt == 2 or child is None or child.poll() is None:
                         raise
                     procs[i].stop()
                     procs[i] = make(i).start(wait=False)

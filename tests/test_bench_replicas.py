@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from replicas import classify, per_event_ms, per_replica  # noqa: E402
+from replicas import classify, derived, per_event_ms, per_replica, pgbench_processed, pgbench_script  # noqa: E402
 
 READ = ("SELECT tick, id, ephemeral, user_id, room, event, sender, payload, ts "
         "FROM switchboard.relay_read_v2($1::bigint, $2::bigint, $3::bigint[], $4::integer)")
@@ -46,3 +46,24 @@ def test_per_replica_counts_a_tick_round_trip_as_three_statements() -> None:
 def test_per_event_ms() -> None:
     assert per_event_ms(1.5, 3000) == 0.5
     assert per_event_ms(1.5, 0) is None
+
+
+def test_derived_events_and_cost_per_read() -> None:
+    # 3 replicas, 10 reads/s each for 5 s = 50 reads per replica covering 1,000 events;
+    # their backends spent 0.3 s over 150 reads.
+    s = {"reads_per_s_mean": 10.0, "window_s": 5.0, "delivered": 1000, "pg_cpu_replica_backends_s": 0.3}
+    assert derived(3, s) == {"events_per_read": 20.0, "pg_us_per_read": 2000}
+    assert derived(3, s | {"reads_per_s_mean": 0.0}) == {"events_per_read": None, "pg_us_per_read": None}
+
+
+def test_pgbench_script_and_count() -> None:
+    script = pgbench_script(["00000000-0000-0000-0000-000000000001", "00000000-0000-0000-0000-000000000002"])
+    assert script.startswith("\\set k random(1, 2)\n")
+    assert "[:k]" in script and '{"k": -1}' in script
+    assert pgbench_processed("scaling factor: 1\nnumber of transactions actually processed: 9876\n") == 9876
+    try:
+        pgbench_processed("connection to server failed")
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("a pgbench failure must not read as zero events")
