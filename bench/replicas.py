@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The replica curve (issue 18 item 5): what each replica costs Postgres per event.
 
-    python bench/replicas.py [--quick] [--replicas 1,3,10,30] [--rates 0,500,2000,4000]
-                             [--seconds 8] [--modes notify,ticker]
+    python bench/replicas.py [--quick] [--replicas 1,3,10,30] [--rates 0,200,600,2000,4000]
+                             [--seconds 5] [--modes notify,ticker] [--gaps 20]
+                             [--render results.json]
 
 One throwaway PostgreSQL (the suite's settings plus pg_stat_statements). For
 each mode and each replica count N: a fresh database cloned from the migrated
@@ -39,6 +40,11 @@ frame arrived (or 10 s after the last publication):
   in exactly one) and every statement the replica's role ran;
 - COMMIT -> frame p50 / p99 (the publisher's time.time() after COMMIT, the
   receiver's when the frame is read; same host, same clock).
+
+--gaps G[,G2]: notify mode also runs with the read coalescing proposed in
+BENCHMARKS.md ("Many replicas"; at most one event read per G ms per replica),
+patched into the replicas by bench/read_gap/sitecustomize.py (relay.py is not
+changed), alternating base, gap, base, gap per replica count.
 
 Raw results: bench/results/replicas.json; a markdown table on stdout.
 """
@@ -416,8 +422,8 @@ def main() -> None:
     global PUBLISHERS
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--replicas", default="1,3,10,30")
-    p.add_argument("--rates", default="0,500,2000,4000")
-    p.add_argument("--seconds", type=float, default=8)
+    p.add_argument("--rates", default="0,200,600,2000,4000")
+    p.add_argument("--seconds", type=float, default=5)
     p.add_argument("--modes", default="notify,ticker")
     p.add_argument("--quick", action="store_true", help="1 and 3 replicas, 0/2,000 ev/s, 3 s windows, notify only")
     p.add_argument("--gaps", default="",
