@@ -58,8 +58,8 @@ def median(values: list[float]) -> float:
 class Cluster:
     """One throwaway PostgreSQL with a migrated template database and an app login role."""
 
-    def __init__(self) -> None:
-        self.pg = ThrowawayPostgres()
+    def __init__(self, settings: dict[str, str] | None = None) -> None:
+        self.pg = ThrowawayPostgres(settings)
         self._n = 0
         with psycopg.connect(self.pg.url(), autocommit=True) as c:
             c.execute(f"CREATE ROLE {APP_LOGIN} LOGIN")
