@@ -316,6 +316,24 @@ GRANT EXECUTE ON FUNCTION switchboard.event_head() TO switchboard_app;
 -- so it sees the previous tick's transaction committed: each tick's snapshot
 -- contains the previous one's, and tick numbers follow snapshot order.
 -- It must run in its own transaction: it holds the ticker row until COMMIT.
+-- Whether an event exists that the tick with snapshot prev does not cover: one
+-- written by a transaction at or above prev's xmax, or by one in prev's xip (in
+-- progress then). Both are index probes on events_xid whatever the plan (see
+-- event_tick). The caller's snapshot decides what "exists" means: a transaction
+-- still in progress now is not seen, so it is covered by a later tick.
+CREATE OR REPLACE FUNCTION switchboard._events_unticked(prev pg_snapshot)
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN coalesce((SELECT e.xid FROM switchboard.events e ORDER BY e.xid DESC LIMIT 1)
+                        >= pg_snapshot_xmax(prev), false)
+        OR EXISTS (SELECT 1 FROM switchboard.events e WHERE e.xid = ANY (ARRAY(SELECT pg_snapshot_xip(prev))));
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._events_unticked(pg_snapshot) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION switchboard.event_tick()
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER
@@ -333,11 +351,16 @@ BEGIN
     -- answer for every replica but the first to hear a publisher), no lock, no xid, no
     -- WAL. Whatever woke the caller committed before this statement's snapshot, so
     -- "nothing new" means the newest tick already covers it.
+    --
+    -- "Anything at or above the last tick's xmax?" is asked as "the highest xid, compared
+    -- with it" (V0014). As NOT EXISTS (... WHERE e.xid >= pg_snapshot_xmax(v_prev)) the
+    -- cached generic plan of this function chose a sequential scan that stops at the
+    -- first match -- and the usual answer is "no match", so every call read the whole
+    -- retained table: 17 ms at 80,000 events, 3 replicas x every wake-up, which was
+    -- most of the COMMIT -> frame latency (BENCHMARKS.md, event delivery). ORDER BY
+    -- xid DESC LIMIT 1 is one descent of events_xid under any plan.
     SELECT k.snap INTO v_prev FROM switchboard.event_ticks k ORDER BY k.tick DESC LIMIT 1;
-    IF v_prev IS NOT NULL
-       AND NOT EXISTS (SELECT 1 FROM switchboard.events e WHERE e.xid >= pg_snapshot_xmax(v_prev))
-       AND NOT EXISTS (SELECT 1 FROM switchboard.events e
-                        WHERE e.xid = ANY (ARRAY(SELECT pg_snapshot_xip(v_prev)))) THEN
+    IF v_prev IS NOT NULL AND NOT switchboard._events_unticked(v_prev) THEN
         RETURN 0;
     END IF;
     PERFORM 1 FROM switchboard.event_ticker t WHERE t.singleton FOR UPDATE SKIP LOCKED;
@@ -347,10 +370,7 @@ BEGIN
     SELECT k.snap INTO v_prev FROM switchboard.event_ticks k ORDER BY k.tick DESC LIMIT 1;
     INSERT INTO switchboard.event_ticks (tick, snap, snap_xmax)
     SELECT nextval('switchboard.event_tick_seq'), pg_current_snapshot(), pg_snapshot_xmax(pg_current_snapshot())
-     WHERE v_prev IS NULL
-        OR EXISTS (SELECT 1 FROM switchboard.events e WHERE e.xid >= pg_snapshot_xmax(v_prev))
-        OR EXISTS (SELECT 1 FROM switchboard.events e
-                    WHERE e.xid = ANY (ARRAY(SELECT pg_snapshot_xip(v_prev))))
+     WHERE v_prev IS NULL OR switchboard._events_unticked(v_prev)
     RETURNING tick INTO v_tick;
     IF v_tick IS NULL THEN
         RETURN 0;

@@ -1,0 +1,14 @@
+-- V0014: event delivery latency (issue 18).
+--
+-- event_tick() asked "did anything commit since the last tick?" as
+-- NOT EXISTS (SELECT 1 FROM events WHERE xid >= pg_snapshot_xmax(prev)). After
+-- five calls PL/pgSQL's cached generic plan for it was a sequential scan that
+-- stops at the first match; the usual answer is "none", so every call read the
+-- whole retained events table (17 ms at 80,000 rows; at 1,000 events/s the
+-- five-minute window holds 300,000). Every replica calls it on every wake-up,
+-- so delivery latency grew with the table. It now asks _events_unticked(),
+-- which reads the highest xid through events_xid (one index descent under any
+-- plan). Same signature and results: a 0.2.0 replica calls the same function
+-- and gets the same answers, faster. Function changes only: db/functions/50_events.sql,
+-- re-applied by the afterAll callback.
+SELECT 1;
