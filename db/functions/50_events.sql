@@ -319,7 +319,7 @@ GRANT EXECUTE ON FUNCTION switchboard.event_head() TO switchboard_app;
 -- Whether an event exists that the tick with snapshot prev does not cover: one
 -- written by a transaction at or above prev's xmax, or by one in prev's xip (in
 -- progress then). Both are index probes on events_xid whatever the plan (see
--- event_tick). The caller's snapshot decides what "exists" means: a transaction
+-- event_tick; tests/test_events.py counts the sequential scans: none). The caller's snapshot decides what "exists" means: a transaction
 -- still in progress now is not seen, so it is covered by a later tick.
 CREATE OR REPLACE FUNCTION switchboard._events_unticked(prev pg_snapshot)
 RETURNS boolean
@@ -327,9 +327,12 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    -- Each xip entry is probed on its own (LATERAL ... LIMIT 1: an equality on events_xid
+    -- per entry). As e.xid = ANY (ARRAY(...)) the generic plan was a sequential scan too.
     RETURN coalesce((SELECT e.xid FROM switchboard.events e ORDER BY e.xid DESC LIMIT 1)
                         >= pg_snapshot_xmax(prev), false)
-        OR EXISTS (SELECT 1 FROM switchboard.events e WHERE e.xid = ANY (ARRAY(SELECT pg_snapshot_xip(prev))));
+        OR EXISTS (SELECT 1 FROM pg_snapshot_xip(prev) x(xid)
+                    CROSS JOIN LATERAL (SELECT 1 FROM switchboard.events e WHERE e.xid = x.xid LIMIT 1) hit);
 END
 $$;
 REVOKE ALL ON FUNCTION switchboard._events_unticked(pg_snapshot) FROM PUBLIC;

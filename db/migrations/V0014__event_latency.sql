@@ -6,9 +6,11 @@
 -- stops at the first match; the usual answer is "none", so every call read the
 -- whole retained events table (17 ms at 80,000 rows; at 1,000 events/s the
 -- five-minute window holds 300,000). Every replica calls it on every wake-up,
--- so delivery latency grew with the table. It now asks _events_unticked(),
--- which reads the highest xid through events_xid (one index descent under any
--- plan). Same signature and results: a 0.2.0 replica calls the same function
+-- so delivery latency grew with the table. Its second question (an event of a
+-- transaction in the last tick's xip, e.xid = ANY (ARRAY(...))) had the same
+-- generic plan. It now asks _events_unticked(), which reads the highest xid
+-- through events_xid and probes each xip entry by equality (index probes under
+-- any plan; tests/test_events.py counts the sequential scans: none). Same signature and results: a 0.2.0 replica calls the same function
 -- and gets the same answers, faster. Function changes only: db/functions/50_events.sql,
 -- re-applied by the afterAll callback.
 SELECT 1;
