@@ -22,8 +22,7 @@
 -- nothing but its own events: later ticks include everything else.
 --
 -- The former design (publishers serialised on switchboard.event_order until
--- COMMIT) stays below as _lock_event_order, unused since V0009, dropped a
--- release later.
+-- COMMIT, _lock_event_order) was unused since V0009 and is dropped by V0014.
 
 CREATE OR REPLACE FUNCTION switchboard._check_event(event text, payload jsonb, max_bytes integer)
 RETURNS void
@@ -48,43 +47,6 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION switchboard._check_event(text, jsonb, integer) FROM PUBLIC;
-
--- Take the event-order lock. Uncontended (the common case) it is one
--- SKIP LOCKED probe and no subtransaction; contended, it waits at most
--- event_order.lock_wait (or the caller's shorter lock_timeout) inside a
--- BEGIN/EXCEPTION block so the timeout surfaces as a clear 55P03.
-CREATE OR REPLACE FUNCTION switchboard._lock_event_order()
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_wait interval;
-    v_caller text := current_setting('lock_timeout');
-    v_ms bigint;
-BEGIN
-    PERFORM 1 FROM switchboard.event_order o WHERE o.singleton FOR UPDATE SKIP LOCKED;
-    IF FOUND THEN
-        RETURN;
-    END IF;
-    SELECT o.lock_wait INTO v_wait FROM switchboard.event_order o WHERE o.singleton;
-    v_ms := (extract(epoch FROM coalesce(v_wait, interval '5 seconds')) * 1000)::bigint;
-    IF v_caller NOT IN ('0', '0ms') THEN
-        v_ms := least(v_ms, (extract(epoch FROM v_caller::interval) * 1000)::bigint);
-    END IF;
-    BEGIN
-        PERFORM set_config('lock_timeout', v_ms::text, true);
-        PERFORM 1 FROM switchboard.event_order o WHERE o.singleton FOR UPDATE;
-        PERFORM set_config('lock_timeout', v_caller, true);
-    EXCEPTION WHEN lock_not_available THEN
-        RAISE EXCEPTION 'waited % ms for the event-order lock; another publisher has not committed', v_ms
-            USING ERRCODE = '55P03',
-                  HINT = 'A transaction that calls notify_user/notify_room holds the lock until it ends: '
-                      || 'publish last and commit promptly. The bound is switchboard.event_order.lock_wait.';
-    END;
-END
-$$;
-REVOKE ALL ON FUNCTION switchboard._lock_event_order() FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION switchboard._publish(user_id uuid, room text, event text, payload jsonb)
 RETURNS bigint
