@@ -268,21 +268,12 @@ COMMENT ON FUNCTION switchboard.event_head() IS
 REVOKE ALL ON FUNCTION switchboard.event_head() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.event_head() TO switchboard_app;
 
--- The ticker. Whichever relay gets the ticker row (FOR UPDATE SKIP LOCKED)
--- records a tick when events became visible since the last one, and -- when
--- publishers do not NOTIFY (event_ticker.publishers_notify off) -- wakes every
--- relay once for the whole batch ({"tick": k} on switchboard_events).
--- No leader: any replica ticks, a replica dying mid-tick releases the row with
--- its connection, and a skipped caller just tries again (-1 says "busy").
--- The snapshot is taken by the INSERT, a statement after the lock was taken,
--- so it sees the previous tick's transaction committed: each tick's snapshot
--- contains the previous one's, and tick numbers follow snapshot order.
--- It must run in its own transaction: it holds the ticker row until COMMIT.
 -- Whether an event exists that the tick with snapshot prev does not cover: one
 -- written by a transaction at or above prev's xmax, or by one in prev's xip (in
 -- progress then). Both are index probes on events_xid whatever the plan (see
--- event_tick; tests/test_events.py counts the sequential scans: none). The caller's snapshot decides what "exists" means: a transaction
--- still in progress now is not seen, so it is covered by a later tick.
+-- event_tick; tests/test_events.py counts the sequential scans: none). The
+-- caller's snapshot decides what "exists" means: a transaction still in
+-- progress now is not seen, so it is covered by a later tick.
 CREATE OR REPLACE FUNCTION switchboard._events_unticked(prev pg_snapshot)
 RETURNS boolean
 LANGUAGE plpgsql STABLE
@@ -299,6 +290,16 @@ END
 $$;
 REVOKE ALL ON FUNCTION switchboard._events_unticked(pg_snapshot) FROM PUBLIC;
 
+-- The ticker. Whichever relay gets the ticker row (FOR UPDATE SKIP LOCKED)
+-- records a tick when events became visible since the last one, and -- when
+-- publishers do not NOTIFY (event_ticker.publishers_notify off) -- wakes every
+-- relay once for the whole batch ({"tick": k} on switchboard_events).
+-- No leader: any replica ticks, a replica dying mid-tick releases the row with
+-- its connection, and a skipped caller just tries again (-1 says "busy").
+-- The snapshot is taken by the INSERT, a statement after the lock was taken,
+-- so it sees the previous tick's transaction committed: each tick's snapshot
+-- contains the previous one's, and tick numbers follow snapshot order.
+-- It must run in its own transaction: it holds the ticker row until COMMIT.
 CREATE OR REPLACE FUNCTION switchboard.event_tick()
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER

@@ -10,13 +10,16 @@
 -- transaction in the last tick's xip, e.xid = ANY (ARRAY(...))) had the same
 -- generic plan. It now asks _events_unticked(), which reads the highest xid
 -- through events_xid and probes each xip entry by equality (index probes under
--- any plan; tests/test_events.py counts the sequential scans: none). Same signature and results: a 0.2.0 replica calls the same function
--- and gets the same answers, faster (db/functions/50_events.sql, re-applied by
--- the afterAll callback).
+-- any plan; tests/test_events.py counts the sequential scans: none). Same
+-- signature and results: a 0.2.0 replica calls the same function and gets the
+-- same answers, faster (db/functions/50_events.sql, re-applied by the afterAll
+-- callback).
 --
 -- The event-order lock of 0.1.0 (table event_order, function _lock_event_order)
 -- has been unused since V0009: no 0.2.0 function or server code names either
 -- (the 0.2.0 server must keep working against this schema; a 0.1.0 server, the
 -- last one that took the lock, is not supported beside this release).
-DROP FUNCTION IF EXISTS switchboard._lock_event_order();  -- a fresh install never had it (db/functions are applied after every migration)
+-- IF EXISTS: a fresh install never had the function (db/functions are applied
+-- after every migration).
+DROP FUNCTION IF EXISTS switchboard._lock_event_order();
 DROP TABLE switchboard.event_order;
