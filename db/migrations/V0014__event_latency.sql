@@ -15,6 +15,10 @@
 -- same answers, faster (db/functions/50_events.sql, re-applied by the afterAll
 -- callback).
 --
+-- _events_after (every relay read and resume) runs with plan_cache_mode =
+-- force_generic_plan: under auto, PL/pgSQL kept re-planning its main query
+-- (custom plans) on every call, most of the call's cost.
+--
 -- The event-order lock of 0.1.0 (table event_order, function _lock_event_order)
 -- has been unused since V0009: no 0.2.0 function or server code names either
 -- (the 0.2.0 server must keep working against this schema; a 0.1.0 server, the

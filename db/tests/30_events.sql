@@ -16,7 +16,7 @@
 \pset pager off
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
-SELECT plan(36);
+SELECT plan(37);
 
 SELECT switchboard.create_user('pgtap.a' || txid_current(), '$2b$12$abcdefghijklmnopqrstuv') AS a \gset
 SELECT switchboard.create_user('pgtap.b' || txid_current(), '$2b$12$abcdefghijklmnopqrstuv') AS b \gset
@@ -97,6 +97,10 @@ SELECT is(switchboard.reap_events('1 hour'), 0, 'reap_events keeps what became v
 -- transaction as committed, not by one taken before it began or while it ran.
 SELECT function_privs_are('switchboard', '_events_unticked', ARRAY['pg_snapshot'], 'switchboard_app',
                           ARRAY[]::text[], '_events_unticked is internal');
+SELECT ok((SELECT p.proconfig FROM pg_proc p
+             WHERE p.oid = 'switchboard._events_after(uuid, text[], bigint, bigint, bigint, integer)'::regprocedure)
+           @> ARRAY['plan_cache_mode=force_generic_plan'],
+          '_events_after keeps its generic plans (no re-planning on every relay read)');
 SELECT is(switchboard._events_unticked(:'snap'::pg_snapshot), false,
           '_events_unticked: nothing beyond a snapshot that sees every event as committed');
 SELECT is(switchboard._events_unticked(format('%1$s:%1$s:', pg_current_xact_id())::pg_snapshot), true,
