@@ -11,9 +11,9 @@ stack) and the runs alternate S B S B ...: each pair is one ratio. Per pair it
 prints p50/p99 of COMMIT -> frame for both, the p99 ratio, and the 1-minute load.
 The summary is the median over pairs of each figure and of the per-pair ratios.
 
---before adds a third stack, run in the same rotation (S0 S B ...): Switchboard with
-0.2.0's event_tick() re-installed in its database (read from git, RELEASE_REV), i.e.
-the code before V0014, so before/after/bare come from one run. --prefill N stores N
+--before adds a third stack, run in the same rotation (S S0 B ...): Switchboard with
+0.2.0's event_tick() and _events_after() re-installed in its database (read from
+git, RELEASE_REV), i.e. the event functions before V0014, so before/after/bare come from one run. --prefill N stores N
 events (one transaction, then a tick) in each Switchboard database first: the steady
 state of a retention window (1,000 ev/s x 5 minutes = 300,000). Every run also
 reports CPU per event: the stack's server processes, and the whole PostgreSQL cluster.
@@ -48,12 +48,16 @@ from e2e import Receiver, _latencies, _publish, _spec, _start, _summary, _ticket
 RELEASE_REV = "v0.2.0"
 
 
-def old_event_tick() -> str:
-    """event_tick() as 0.2.0 shipped it (before V0014), from git."""
+def old_event_functions() -> str:
+    """event_tick() and _events_after() as 0.2.0 shipped them (before V0014), from git."""
     src = subprocess.run(["git", "show", f"{RELEASE_REV}:db/functions/50_events.sql"], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout
-    a = src.index("CREATE OR REPLACE FUNCTION switchboard.event_tick()")
-    return src[a:src.index("$$;", src.index("AS $$", a) + 5) + 3]
+    out = []
+    for head in ("CREATE OR REPLACE FUNCTION switchboard.event_tick()",
+                 "CREATE OR REPLACE FUNCTION switchboard._events_after("):
+        a = src.index(head)
+        out.append(src[a:src.index("$$;", src.index("AS $$", a) + 5) + 3])
+    return "\n".join(out)
 
 
 def prefill(url: str, n: int) -> None:
@@ -92,7 +96,7 @@ def main() -> None:
     ap.add_argument("--fsync", action="store_true", help="fsync + synchronous_commit on")
     ap.add_argument("--settings", default="", help="extra postgres settings k=v,k=v")
     ap.add_argument("--env", default="", help="extra replica env K=V,K=V")
-    ap.add_argument("--before", action="store_true", help="also run 0.2.0's event_tick (same rotation)")
+    ap.add_argument("--before", action="store_true", help="also run 0.2.0's event functions (same rotation)")
     ap.add_argument("--prefill", type=int, default=0, help="events stored in each Switchboard database first")
     ap.add_argument("--pgss", action="store_true",
                     help="load pg_stat_statements (track=all) and report the top statements by total time")
@@ -148,7 +152,7 @@ def main() -> None:
                 if a.pgss and name == "switchboard":
                     c.execute("CREATE EXTENSION pg_stat_statements")
                 if name == "before":
-                    c.execute(old_event_tick())
+                    c.execute(old_event_functions())
             if a.prefill:
                 prefill(url_s, a.prefill)
             ps_ = [replica(cluster, db, f"lat-{name}{i}", env=renv) for i in range(a.replicas)]
