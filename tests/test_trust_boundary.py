@@ -51,14 +51,13 @@ def _wait(pred: Callable[[], bool], timeout: float) -> bool:
     return pred()
 
 
-# -- the ticker row (and the retired event-order lock) -----------------------------------------
-def test_nobody_but_the_owner_can_take_the_ticker_or_event_order_rows(db: str, app_url: str,
-                                                                        intruder_url: str) -> None:
+# -- the ticker row -------------------------------------------------------------------------------
+def test_nobody_but_the_owner_can_take_the_ticker_rows(db: str, app_url: str, intruder_url: str) -> None:
     with psycopg.connect(db, autocommit=True) as su:
         uid = su.execute("SELECT switchboard.create_user('pub', '$argon2id$x')").fetchone()[0]
     for url in (intruder_url, app_url):
         with psycopg.connect(url) as c:
-            for table in ("event_order", "event_ticker", "event_ticks"):
+            for table in ("event_ticker", "event_ticks"):
                 throws_ok(c, f"SELECT 1 FROM switchboard.{table} FOR UPDATE", "42501")
                 throws_ok(c, f"LOCK TABLE switchboard.{table}", "42501")
     with psycopg.connect(intruder_url) as c:
@@ -78,11 +77,12 @@ def test_nobody_but_the_owner_can_take_the_ticker_or_event_order_rows(db: str, a
 
 
 def test_a_publisher_never_waits_for_another_publisher_or_the_ticker(db: str) -> None:
-    """The event_order lock is gone (V0009): an open publisher, and a ticker holding the
-    ticker row, make no other publisher wait."""
+    """The event_order lock is gone (unused since V0009, dropped by V0014): an open
+    publisher, and a ticker holding the ticker row, make no other publisher wait."""
     with psycopg.connect(db, autocommit=True) as su:
         uid = su.execute("SELECT switchboard.create_user('pub', '$argon2id$x')").fetchone()[0]
-        su.execute("UPDATE switchboard.event_order SET lock_wait = '300 ms'")
+        assert su.execute("SELECT to_regclass('switchboard.event_order'), "
+                          "to_regprocedure('switchboard._lock_event_order()')").fetchone() == (None, None)
     t1, t2, ticker = psycopg.connect(db), psycopg.connect(db), psycopg.connect(db)
     try:
         id1 = t1.execute("SELECT switchboard.notify_user(%s, 'first', '{}')", (uid,)).fetchone()[0]

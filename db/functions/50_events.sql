@@ -22,8 +22,7 @@
 -- nothing but its own events: later ticks include everything else.
 --
 -- The former design (publishers serialised on switchboard.event_order until
--- COMMIT) stays below as _lock_event_order, unused since V0009, dropped a
--- release later.
+-- COMMIT, _lock_event_order) was unused since V0009 and is dropped by V0014.
 
 CREATE OR REPLACE FUNCTION switchboard._check_event(event text, payload jsonb, max_bytes integer)
 RETURNS void
@@ -48,43 +47,6 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION switchboard._check_event(text, jsonb, integer) FROM PUBLIC;
-
--- Take the event-order lock. Uncontended (the common case) it is one
--- SKIP LOCKED probe and no subtransaction; contended, it waits at most
--- event_order.lock_wait (or the caller's shorter lock_timeout) inside a
--- BEGIN/EXCEPTION block so the timeout surfaces as a clear 55P03.
-CREATE OR REPLACE FUNCTION switchboard._lock_event_order()
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_wait interval;
-    v_caller text := current_setting('lock_timeout');
-    v_ms bigint;
-BEGIN
-    PERFORM 1 FROM switchboard.event_order o WHERE o.singleton FOR UPDATE SKIP LOCKED;
-    IF FOUND THEN
-        RETURN;
-    END IF;
-    SELECT o.lock_wait INTO v_wait FROM switchboard.event_order o WHERE o.singleton;
-    v_ms := (extract(epoch FROM coalesce(v_wait, interval '5 seconds')) * 1000)::bigint;
-    IF v_caller NOT IN ('0', '0ms') THEN
-        v_ms := least(v_ms, (extract(epoch FROM v_caller::interval) * 1000)::bigint);
-    END IF;
-    BEGIN
-        PERFORM set_config('lock_timeout', v_ms::text, true);
-        PERFORM 1 FROM switchboard.event_order o WHERE o.singleton FOR UPDATE;
-        PERFORM set_config('lock_timeout', v_caller, true);
-    EXCEPTION WHEN lock_not_available THEN
-        RAISE EXCEPTION 'waited % ms for the event-order lock; another publisher has not committed', v_ms
-            USING ERRCODE = '55P03',
-                  HINT = 'A transaction that calls notify_user/notify_room holds the lock until it ends: '
-                      || 'publish last and commit promptly. The bound is switchboard.event_order.lock_wait.';
-    END;
-END
-$$;
-REVOKE ALL ON FUNCTION switchboard._lock_event_order() FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION switchboard._publish(user_id uuid, room text, event text, payload jsonb)
 RETURNS bigint
@@ -306,6 +268,28 @@ COMMENT ON FUNCTION switchboard.event_head() IS
 REVOKE ALL ON FUNCTION switchboard.event_head() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.event_head() TO switchboard_app;
 
+-- Whether an event exists that the tick with snapshot prev does not cover: one
+-- written by a transaction at or above prev's xmax, or by one in prev's xip (in
+-- progress then). Both are index probes on events_xid whatever the plan (see
+-- event_tick; tests/test_events.py counts the sequential scans: none). The
+-- caller's snapshot decides what "exists" means: a transaction still in
+-- progress now is not seen, so it is covered by a later tick.
+CREATE OR REPLACE FUNCTION switchboard._events_unticked(prev pg_snapshot)
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- Each xip entry is probed on its own (LATERAL ... LIMIT 1: an equality on events_xid
+    -- per entry). As e.xid = ANY (ARRAY(...)) the generic plan was a sequential scan too.
+    RETURN coalesce((SELECT e.xid FROM switchboard.events e ORDER BY e.xid DESC LIMIT 1)
+                        >= pg_snapshot_xmax(prev), false)
+        OR EXISTS (SELECT 1 FROM pg_snapshot_xip(prev) x(xid)
+                    CROSS JOIN LATERAL (SELECT 1 FROM switchboard.events e WHERE e.xid = x.xid LIMIT 1) hit);
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._events_unticked(pg_snapshot) FROM PUBLIC;
+
 -- The ticker. Whichever relay gets the ticker row (FOR UPDATE SKIP LOCKED)
 -- records a tick when events became visible since the last one, and -- when
 -- publishers do not NOTIFY (event_ticker.publishers_notify off) -- wakes every
@@ -333,11 +317,16 @@ BEGIN
     -- answer for every replica but the first to hear a publisher), no lock, no xid, no
     -- WAL. Whatever woke the caller committed before this statement's snapshot, so
     -- "nothing new" means the newest tick already covers it.
+    --
+    -- "Anything at or above the last tick's xmax?" is asked as "the highest xid, compared
+    -- with it" (V0014). As NOT EXISTS (... WHERE e.xid >= pg_snapshot_xmax(v_prev)) the
+    -- cached generic plan of this function chose a sequential scan that stops at the
+    -- first match -- and the usual answer is "no match", so every call read the whole
+    -- retained table: 17 ms at 80,000 events, 3 replicas x every wake-up, which was
+    -- most of the COMMIT -> frame latency (BENCHMARKS.md, event delivery). ORDER BY
+    -- xid DESC LIMIT 1 is one descent of events_xid under any plan.
     SELECT k.snap INTO v_prev FROM switchboard.event_ticks k ORDER BY k.tick DESC LIMIT 1;
-    IF v_prev IS NOT NULL
-       AND NOT EXISTS (SELECT 1 FROM switchboard.events e WHERE e.xid >= pg_snapshot_xmax(v_prev))
-       AND NOT EXISTS (SELECT 1 FROM switchboard.events e
-                        WHERE e.xid = ANY (ARRAY(SELECT pg_snapshot_xip(v_prev)))) THEN
+    IF v_prev IS NOT NULL AND NOT switchboard._events_unticked(v_prev) THEN
         RETURN 0;
     END IF;
     PERFORM 1 FROM switchboard.event_ticker t WHERE t.singleton FOR UPDATE SKIP LOCKED;
@@ -347,10 +336,7 @@ BEGIN
     SELECT k.snap INTO v_prev FROM switchboard.event_ticks k ORDER BY k.tick DESC LIMIT 1;
     INSERT INTO switchboard.event_ticks (tick, snap, snap_xmax)
     SELECT nextval('switchboard.event_tick_seq'), pg_current_snapshot(), pg_snapshot_xmax(pg_current_snapshot())
-     WHERE v_prev IS NULL
-        OR EXISTS (SELECT 1 FROM switchboard.events e WHERE e.xid >= pg_snapshot_xmax(v_prev))
-        OR EXISTS (SELECT 1 FROM switchboard.events e
-                    WHERE e.xid = ANY (ARRAY(SELECT pg_snapshot_xip(v_prev))))
+     WHERE v_prev IS NULL OR switchboard._events_unticked(v_prev)
     RETURNING tick INTO v_tick;
     IF v_tick IS NULL THEN
         RETURN 0;
@@ -379,11 +365,21 @@ GRANT EXECUTE ON FUNCTION switchboard.event_tick() TO switchboard_app;
 -- each candidate's batch is the first tick in the window whose snapshot sees
 -- it. A position older than the retained ticks reads from the oldest one (the
 -- caller decides about resume_gap with event_window()).
+--
+-- plan_cache_mode = force_generic_plan (V0014): every relay runs this on every
+-- wake-up. Under the default (auto) PL/pgSQL compared the generic plan of the
+-- main query (estimated for any window) with the custom ones (estimated for a
+-- window of a few ticks), kept choosing custom plans, and so planned the
+-- LATERAL join again on every call: ~0.6 ms of a ~0.9 ms call whose statements
+-- execute in ~0.05 ms (pgbench, 20,000 events: 0.96-1.8 ms per call under
+-- auto, 0.26-0.42 ms forced generic, alternating). The generic plans are the
+-- same index paths (events_xid bitmap, event_ticks_pkey).
 CREATE OR REPLACE FUNCTION switchboard._events_after(
     only_user uuid, rooms text[], after_tick bigint, after_id bigint, through_tick bigint, max_rows integer)
 RETURNS TABLE (tick bigint, id bigint, user_id uuid, room text, event text, payload jsonb, created_at timestamptz)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_variable
 DECLARE

@@ -16,7 +16,7 @@
 \pset pager off
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
-SELECT plan(32);
+SELECT plan(37);
 
 SELECT switchboard.create_user('pgtap.a' || txid_current(), '$2b$12$abcdefghijklmnopqrstuv') AS a \gset
 SELECT switchboard.create_user('pgtap.b' || txid_current(), '$2b$12$abcdefghijklmnopqrstuv') AS b \gset
@@ -91,6 +91,23 @@ SELECT results_eq(format('SELECT tick, id, ephemeral FROM switchboard.relay_read
 SELECT throws_ok(format('SELECT * FROM switchboard.events_since_v2(%L, -1, 0)', :'a'), '22023');
 SELECT throws_ok('SELECT * FROM switchboard.relay_read_v2(0, 0, ''{}'', 0)', '22023');
 SELECT is(switchboard.reap_events('1 hour'), 0, 'reap_events keeps what became visible within keep');
+
+-- _events_unticked (V0014): event_tick's "anything not covered by the last tick?",
+-- answered from events_xid. Our events are covered by a snapshot that sees this
+-- transaction as committed, not by one taken before it began or while it ran.
+SELECT function_privs_are('switchboard', '_events_unticked', ARRAY['pg_snapshot'], 'switchboard_app',
+                          ARRAY[]::text[], '_events_unticked is internal');
+SELECT ok((SELECT p.proconfig FROM pg_proc p
+             WHERE p.oid = 'switchboard._events_after(uuid, text[], bigint, bigint, bigint, integer)'::regprocedure)
+           @> ARRAY['plan_cache_mode=force_generic_plan'],
+          '_events_after keeps its generic plans (no re-planning on every relay read)');
+SELECT is(switchboard._events_unticked(:'snap'::pg_snapshot), false,
+          '_events_unticked: nothing beyond a snapshot that sees every event as committed');
+SELECT is(switchboard._events_unticked(format('%1$s:%1$s:', pg_current_xact_id())::pg_snapshot), true,
+          '_events_unticked: events at or above the snapshot''s xmax are not covered');
+SELECT is(switchboard._events_unticked(format('%1$s:%2$s:%1$s', pg_current_xact_id(),
+                                              pg_current_xact_id()::text::bigint + 1)::pg_snapshot), true,
+          '_events_unticked: events of a transaction in the snapshot''s xip are not covered');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -1,6 +1,6 @@
 -- pgTAP: what V0002..V0007 added -- the trust boundary (relay_read,
--- event_head, user_states, revoked_among, the event_order lock table,
--- token_epoch), tool calls, the handler registry (known_handlers, the
+-- event_head, user_states, revoked_among, token_epoch; the event_order lock
+-- table it added is dropped by V0014), tool calls, the handler registry (known_handlers, the
 -- handlers view, live_window), failover awareness (db_instance), bad task
 -- rows (tasks.last_error, status()'s tasks_broken) and metrics_snapshot.
 -- Everything happens inside one transaction that is rolled back: no row
@@ -15,7 +15,7 @@
 \pset pager off
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
-SELECT plan(102);
+SELECT plan(100);
 
 -- Signatures, return types and privileges of the functions added since V0001.
 SELECT has_function('switchboard', 'relay_read', ARRAY['bigint', 'bigint[]', 'integer']);
@@ -81,36 +81,33 @@ SELECT is_empty($$
         'switchboard.metrics_snapshot()']) s
      WHERE length(coalesce(obj_description(s::regprocedure, 'pg_proc'), '')) < 20
 $$, 'each of them has a COMMENT saying what it does');
-SELECT function_privs_are('switchboard', '_lock_event_order', ARRAY[]::text[], 'switchboard_app', ARRAY[]::text[],
-                          'the app cannot take the event-order lock itself');
+SELECT hasnt_function('switchboard', '_lock_event_order', ARRAY[]::text[],
+                      'the retired event-order lock function is dropped (V0014)');
 SELECT function_privs_are('switchboard', '_tasks_broken', ARRAY[]::text[], 'switchboard_app', ARRAY[]::text[]);
 
 -- Tables and views of V0002..V0006.
-SELECT table_privs_are('switchboard', 'event_order', 'switchboard_app', ARRAY[]::text[],
-                       'switchboard_app has no privilege on event_order (no UPDATE, so no row lock)');
-SELECT table_privs_are('switchboard', 'event_order', 'switchboard_job', ARRAY[]::text[]);
+SELECT hasnt_table('switchboard', 'event_order', 'the retired event-order lock table is dropped (V0014)');
 SELECT table_privs_are('switchboard', 'ephemeral_events', 'switchboard_app', ARRAY[]::text[]);
 SELECT table_privs_are('switchboard', 'unlogged_epoch', 'switchboard_app', ARRAY[]::text[]);
 SELECT table_privs_are('switchboard', 'tool_calls', 'switchboard_app', ARRAY[]::text[]);
 SELECT table_privs_are('switchboard', 'handlers', 'switchboard_app', ARRAY['SELECT']);
-SELECT is((SELECT count(*) FROM switchboard.event_order), 1::bigint, 'event_order has its one row');
 SELECT has_column('switchboard', 'tasks', 'last_error', 'tasks.last_error exists');
 SELECT has_column('switchboard', 'tasks', 'last_error_at', 'tasks.last_error_at exists');
 SELECT has_column('switchboard', 'users', 'token_epoch', 'users.token_epoch exists');
 
--- No other role may lock the event order: as switchboard_app, locking the row
--- is refused, while the SECURITY DEFINER notify_* still take the lock for it.
+-- No other role may take the ticker row: as switchboard_app, locking or reading
+-- it is refused, while the SECURITY DEFINER notify_* publish for it (no lock).
 -- (Skipped when the running role may not SET ROLE switchboard_app, e.g. a
 -- CREATEROLE owner that is not a member of it; the privilege test above stays.)
 SELECT pg_has_role('switchboard_app', 'MEMBER') AS can_be_app \gset
 \if :can_be_app
 SET LOCAL ROLE switchboard_app;
-SELECT throws_ok('SELECT 1 FROM switchboard.event_order FOR UPDATE', '42501', NULL,
-                 'switchboard_app cannot lock the event_order row');
-SELECT throws_ok('SELECT lock_wait FROM switchboard.event_order', '42501', NULL,
+SELECT throws_ok('SELECT 1 FROM switchboard.event_ticker FOR UPDATE', '42501', NULL,
+                 'switchboard_app cannot lock the ticker row');
+SELECT throws_ok('SELECT publishers_notify FROM switchboard.event_ticker', '42501', NULL,
                  'switchboard_app cannot even read it');
 SELECT lives_ok($$SELECT switchboard.notify_room('pgtap-app-room', 'through-definer')$$,
-                'notify_room takes the lock on switchboard_app''s behalf');
+                'notify_room publishes on switchboard_app''s behalf');
 RESET ROLE;
 \else
 SELECT skip('the running role cannot SET ROLE switchboard_app', 3);

@@ -3,9 +3,6 @@
 BEGIN;
 DO $verify$
 BEGIN
-    IF (to_regclass('switchboard.event_order') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected table switchboard.event_order' USING ERRCODE = 'P0004';
-    END IF;
     IF (to_regclass('switchboard.ephemeral_events') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected table switchboard.ephemeral_events' USING ERRCODE = 'P0004';
     END IF;

@@ -403,12 +403,6 @@ BEGIN
     IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._check_event(text, jsonb, integer)'))) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._check_event(text, jsonb, integer)' USING ERRCODE = 'P0004';
     END IF;
-    IF (to_regprocedure('switchboard._lock_event_order()') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected function switchboard._lock_event_order()' USING ERRCODE = 'P0004';
-    END IF;
-    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._lock_event_order()'))) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._lock_event_order()' USING ERRCODE = 'P0004';
-    END IF;
     IF (to_regprocedure('switchboard._publish(uuid, text, text, jsonb)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard._publish(uuid, text, text, jsonb)' USING ERRCODE = 'P0004';
     END IF;
@@ -483,6 +477,12 @@ BEGIN
     END IF;
     IF (has_function_privilege('switchboard_app', 'switchboard.event_head()', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.event_head()' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard._events_unticked(pg_snapshot)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard._events_unticked(pg_snapshot)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._events_unticked(pg_snapshot)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._events_unticked(pg_snapshot)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.event_tick()') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.event_tick()' USING ERRCODE = 'P0004';

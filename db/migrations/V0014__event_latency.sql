@@ -1,0 +1,29 @@
+-- V0014: event delivery latency (issue 18).
+--
+-- event_tick() asked "did anything commit since the last tick?" as
+-- NOT EXISTS (SELECT 1 FROM events WHERE xid >= pg_snapshot_xmax(prev)). After
+-- five calls PL/pgSQL's cached generic plan for it was a sequential scan that
+-- stops at the first match; the usual answer is "none", so every call read the
+-- whole retained events table (17 ms at 80,000 rows; at 1,000 events/s the
+-- five-minute window holds 300,000). Every replica calls it on every wake-up,
+-- so delivery latency grew with the table. Its second question (an event of a
+-- transaction in the last tick's xip, e.xid = ANY (ARRAY(...))) had the same
+-- generic plan. It now asks _events_unticked(), which reads the highest xid
+-- through events_xid and probes each xip entry by equality (index probes under
+-- any plan; tests/test_events.py counts the sequential scans: none). Same
+-- signature and results: a 0.2.0 replica calls the same function and gets the
+-- same answers, faster (db/functions/50_events.sql, re-applied by the afterAll
+-- callback).
+--
+-- _events_after (every relay read and resume) runs with plan_cache_mode =
+-- force_generic_plan: under auto, PL/pgSQL kept re-planning its main query
+-- (custom plans) on every call, most of the call's cost.
+--
+-- The event-order lock of 0.1.0 (table event_order, function _lock_event_order)
+-- has been unused since V0009: no 0.2.0 function or server code names either
+-- (the 0.2.0 server must keep working against this schema; a 0.1.0 server, the
+-- last one that took the lock, is not supported beside this release).
+-- IF EXISTS: a fresh install never had the function (db/functions are applied
+-- after every migration).
+DROP FUNCTION IF EXISTS switchboard._lock_event_order();
+DROP TABLE switchboard.event_order;
