@@ -48,6 +48,7 @@ _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "switchboard_http_requests_total": ("HTTP requests by route, method and status",
                                         ("route", "method", "status")),
     "switchboard_events_relayed_total": ("Event frames written to local sockets", ()),
+    "switchboard_relay_reads_total": ("Event reads of the relay (at most one per SWITCHBOARD_RELAY_READ_GAP)", ()),
     "switchboard_notifications_total": ("NOTIFY messages received by the relay", ("channel",)),
     "switchboard_notify_rejected_total": (
         "NOTIFY payloads the relay refused (oversized, nested, wrong types, ids past bigint, unknown kinds)",
