@@ -636,14 +636,17 @@ BEGIN
     END IF;
     SELECT k.snap INTO v_snap FROM switchboard.event_ticks k WHERE k.tick = v_reaped;
     IF v_snap IS NOT NULL THEN
-        -- events_xid: the range below the snapshot's xmax, oldest first.
-        WITH batch AS (
-            SELECT e.id FROM switchboard.events e
-             WHERE e.xid < pg_snapshot_xmax(v_snap) AND pg_visible_in_snapshot(e.xid, v_snap)
-             ORDER BY e.xid
-             LIMIT max_rows
-        ), gone AS (
-            DELETE FROM switchboard.events e USING batch b WHERE e.id = b.id
+        -- The batch: events_xid's range below the snapshot's xmax, oldest first;
+        -- deleted through the primary key (id = ANY (ARRAY(...))). A join with the
+        -- batch instead is planned as a hash join over a sequential scan of all
+        -- of events: every batch would read the whole backlog again.
+        WITH gone AS (
+            DELETE FROM switchboard.events e
+             WHERE e.id = ANY (ARRAY(SELECT b.id FROM switchboard.events b
+                                      WHERE b.xid < pg_snapshot_xmax(v_snap)
+                                        AND pg_visible_in_snapshot(b.xid, v_snap)
+                                      ORDER BY b.xid
+                                      LIMIT max_rows))
             RETURNING e.id
         )
         SELECT count(*), max(id) INTO v_n, v_max FROM gone;
