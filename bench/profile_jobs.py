@@ -53,6 +53,10 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--py-spy", action="store_true")
+    ap.add_argument("--custom-plans", action="store_true",
+                    help="ALTER DATABASE ... SET plan_cache_mode = force_custom_plan (a diagnosis)")
+    ap.add_argument("--no-vacuum", action="store_true",
+                    help="TRUNCATE between runs without VACUUM ANALYZE (empty-table statistics)")
     ap.add_argument("--cprofile", action="store_true",
                     help="replica 0 under cProfile on process time (bench/cprofile_serve.py)")
     a = ap.parse_args()
@@ -61,6 +65,8 @@ def main() -> None:
     url = cluster.url(db)
     with psycopg.connect(url, autocommit=True) as c:
         c.execute(f'ALTER DATABASE "{db}" SET track_functions = \'pl\'')
+        if a.custom_plans:
+            c.execute(f'ALTER DATABASE "{db}" SET plan_cache_mode = force_custom_plan')
     procs = [replica(cluster, db, f"prof-r{i}", env={"SWITCHBOARD_SCHEDULER_CONCURRENCY": str(a.concurrency)})
              for i in range(a.replicas)]
     pstats_path = RESULTS / "profile-jobs-r0.pstats"
@@ -78,7 +84,8 @@ def main() -> None:
         for r in range(a.runs):
             with psycopg.connect(url, autocommit=True) as c:
                 c.execute("TRUNCATE switchboard.task_runs")
-                c.execute("VACUUM ANALYZE switchboard.task_runs")
+                if not a.no_vacuum:
+                    c.execute("VACUUM ANALYZE switchboard.task_runs")
                 c.execute("SELECT pg_stat_reset()")
                 time.sleep(0.6)  # the stats collector takes the reset
             last_run = r == a.runs - 1
