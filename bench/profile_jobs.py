@@ -24,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psycopg
+import psycopg.sql
 from common import RESULTS, Cluster, CpuMeter, log, loadavg, replica, stop_all
 
 
@@ -53,6 +54,10 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--py-spy", action="store_true")
+    ap.add_argument("--pgss", action="store_true",
+                    help="pg_stat_statements (track = all): the nested statements' time per job, per run")
+    ap.add_argument("--db-set", action="append", default=[], metavar="NAME=VALUE",
+                    help="ALTER DATABASE ... SET NAME = VALUE before the replicas connect (a diagnosis)")
     ap.add_argument("--custom-plans", action="store_true",
                     help="ALTER DATABASE ... SET plan_cache_mode = force_custom_plan (a diagnosis)")
     ap.add_argument("--no-vacuum", action="store_true",
@@ -60,11 +65,23 @@ def main() -> None:
     ap.add_argument("--cprofile", action="store_true",
                     help="replica 0 under cProfile on process time (bench/cprofile_serve.py)")
     a = ap.parse_args()
+    if a.pgss:
+        import functools
+
+        import common
+
+        common.ThrowawayPostgres = functools.partial(  # type: ignore[misc]
+            common.ThrowawayPostgres, settings={"shared_preload_libraries": "pg_stat_statements",
+                                                "pg_stat_statements.track": "all"})
     cluster = Cluster()
     db = cluster.new_db("prof_jobs")
     url = cluster.url(db)
     with psycopg.connect(url, autocommit=True) as c:
         c.execute(f'ALTER DATABASE "{db}" SET track_functions = \'pl\'')
+        for kv in a.db_set:
+            name, _, value = kv.partition("=")
+            c.execute(psycopg.sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+                psycopg.sql.Identifier(db), psycopg.sql.Identifier(name), psycopg.sql.Literal(value)))
         if a.custom_plans:
             c.execute(f'ALTER DATABASE "{db}" SET plan_cache_mode = force_custom_plan')
     procs = [replica(cluster, db, f"prof-r{i}", env={"SWITCHBOARD_SCHEDULER_CONCURRENCY": str(a.concurrency)})
@@ -87,6 +104,9 @@ def main() -> None:
                 if not a.no_vacuum:
                     c.execute("VACUUM ANALYZE switchboard.task_runs")
                 c.execute("SELECT pg_stat_reset()")
+                if a.pgss:
+                    c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                    c.execute("SELECT pg_stat_statements_reset()")
                 time.sleep(0.6)  # the stats collector takes the reset
             last_run = r == a.runs - 1
             if a.py_spy and last_run:
@@ -119,6 +139,13 @@ def main() -> None:
                                        FROM pg_stat_user_functions WHERE schemaname = 'switchboard'
                                       ORDER BY self_time DESC""").fetchall()
             secs = last - first
+            if a.pgss:
+                with psycopg.connect(url, autocommit=True) as c:
+                    for q, calls, tot, rows in c.execute(
+                            "SELECT regexp_replace(query, '\\s+', ' ', 'g'), calls, total_exec_time, rows "
+                            "FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = "
+                            "current_database()) ORDER BY total_exec_time DESC LIMIT 8"):
+                        log(f"   pgss {tot * 1000 / done:8.1f} us/job {calls:>7} calls {rows:>8} rows  {q[:150]}")
             log(f"run {r + 1}: {done} jobs in {secs:.2f} s = {done / secs:,.0f} jobs/s (load {la:.1f}); CPU/job "
                 f"replicas {cpu['workers_cpu_s'] / done * 1e6:.0f} us + postgres {cpu['postgres_cpu_s'] / done * 1e6:.0f} us")
             for f, calls, self_ms, total_ms in funcs:

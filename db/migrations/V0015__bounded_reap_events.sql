@@ -10,6 +10,11 @@
 --     (80_status.sql): new, the sweep with every backlog reaper bounded by
 --     max_rows; this release's handler sweeps again while a count comes back
 --     full (events included).
+--   claim_due_task, claim_due_tasks (20_scheduler.sql, 25_batch_claim.sql):
+--     same signatures and results, now SET enable_seqscan = off: a cached
+--     generic plan re-made against empty-queue statistics chose sequential
+--     scans of task_runs for every claim (2.5-3x PostgreSQL CPU per job after
+--     the queue was analyzed empty; see the comment above claim_due_task).
 -- Kept for the previous release (rolling update): reap_events(interval)
 -- (unbounded, as in 0.2.0) and maintenance(interval x 4), which the 0.2.0
 -- handler calls by name and which does not loop on events.
