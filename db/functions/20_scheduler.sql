@@ -428,10 +428,20 @@ REVOKE ALL ON FUNCTION switchboard._tasks_broken() FROM PUBLIC;
 -- round that found everything locked by other workers stops. The bound (32
 -- rounds) only matters when that many ticks are skipped or parked at once:
 -- the call then returns no row and the next one carries on.
+-- enable_seqscan = off (V0015): every statement here reads the head of an
+-- index (task_runs_queued, task_runs_running, tasks_due, the keys). PL/pgSQL
+-- caches a generic plan per session; when it is re-made after the queue was
+-- analyzed empty (autovacuum on an idle queue, then a burst), the planner
+-- believes task_runs holds no row and picks a sequential scan, and every
+-- claim reads the whole queue until the next autoanalyze: 2.5-3x the
+-- PostgreSQL CPU per job in bench/profile_jobs.py (queue-head UPDATE 0.16 ->
+-- 2.4 ms per claim; off: as with fresh statistics). An index always exists
+-- for these reads, so the setting only removes the wrong choice.
 CREATE OR REPLACE FUNCTION switchboard.claim_due_task(worker text, lease interval DEFAULT '60 seconds')
 RETURNS SETOF switchboard.task_runs
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE

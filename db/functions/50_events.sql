@@ -587,6 +587,79 @@ COMMENT ON FUNCTION switchboard.reap_events(interval) IS
 REVOKE ALL ON FUNCTION switchboard.reap_events(interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.reap_events(interval) TO switchboard_app;
 
+-- The bounded reaper (V0015): at most max_rows events per call and
+-- transaction, so a 1,000,000-row backlog is 100 short transactions instead of
+-- one that holds every row lock, writes a burst of WAL and keeps a snapshot
+-- that stops vacuum everywhere. Completeness during a partial reap: the
+-- horizon moves first. reaped_tick jumps to the cut before any event of it is
+-- deleted, so every position at or below the cut already gets resume_gap while
+-- its events are still going; the leftover (events visible in the snapshot of
+-- tick reaped_tick) is deleted by this and the following calls. reaped_through
+-- (a previous-release client's bare-id horizon) is the highest id actually
+-- deleted: whatever order the batches take, no event above it is gone.
+-- The move and the first batch are one transaction, so once a cut that held
+-- events is committed, reaped_through is above 0 (resume.py: after=0 gets
+-- resume_gap iff an event was reaped). Snapshots only grow with ticks, so a
+-- later cut's snapshot covers any leftover of an earlier one. The event_horizon row lock serialises reapers (the
+-- previous release's reap_events(interval) updates that row too).
+CREATE OR REPLACE FUNCTION switchboard.reap_events(keep interval, max_rows integer)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_n integer := 0;
+    v_max bigint;
+    v_cut bigint;
+    v_snap pg_snapshot;
+    v_reaped bigint;
+BEGIN
+    IF keep IS NULL OR keep < interval '0' THEN
+        RAISE EXCEPTION 'invalid keep interval "%"', keep USING ERRCODE = '22023',
+            HINT = 'keep is the resume window, e.g. ''5 minutes''.';
+    END IF;
+    IF max_rows IS NULL OR max_rows NOT BETWEEN 1 AND 1000000 THEN
+        RAISE EXCEPTION 'invalid max_rows %', max_rows USING ERRCODE = '22023',
+            HINT = 'max_rows bounds one call''s transaction, 1 to 1000000 (e.g. 10000); call again while it returns max_rows.';
+    END IF;
+    SELECT h.reaped_tick INTO v_reaped FROM switchboard.event_horizon h FOR UPDATE;
+    SELECT k.tick INTO v_cut
+      FROM switchboard.event_ticks k WHERE k.created_at < now() - keep ORDER BY k.tick DESC LIMIT 1;
+    IF v_cut IS NOT NULL AND v_cut > v_reaped THEN
+        DELETE FROM switchboard.event_ticks k WHERE k.tick < v_cut;
+        UPDATE switchboard.event_horizon SET reaped_tick = v_cut;
+        v_reaped := v_cut;
+    END IF;
+    SELECT k.snap INTO v_snap FROM switchboard.event_ticks k WHERE k.tick = v_reaped;
+    IF v_snap IS NOT NULL THEN
+        -- The batch: events_xid's range below the snapshot's xmax, oldest first;
+        -- deleted through the primary key (id = ANY (ARRAY(...))). A join with the
+        -- batch instead is planned as a hash join over a sequential scan of all
+        -- of events: every batch would read the whole backlog again.
+        WITH gone AS (
+            DELETE FROM switchboard.events e
+             WHERE e.id = ANY (ARRAY(SELECT b.id FROM switchboard.events b
+                                      WHERE b.xid < pg_snapshot_xmax(v_snap)
+                                        AND pg_visible_in_snapshot(b.xid, v_snap)
+                                      ORDER BY b.xid
+                                      LIMIT max_rows))
+            RETURNING e.id
+        )
+        SELECT count(*), max(id) INTO v_n, v_max FROM gone;
+        IF v_n > 0 THEN
+            UPDATE switchboard.event_horizon SET reaped_through = greatest(reaped_through, v_max);
+        END IF;
+    END IF;
+    -- Ephemeral rows are only read within 30 s of their NOTIFY.
+    DELETE FROM switchboard.ephemeral_events x WHERE x.created_at < now() - interval '1 minute';
+    RETURN v_n;
+END
+$$;
+COMMENT ON FUNCTION switchboard.reap_events(interval, integer) IS
+    'Bounded reap_events(keep): delete at most max_rows of the events that became visible more than keep ago, oldest first, in one short transaction; call again while it returns max_rows. The horizon (event_window() / event_horizon()) moves to the cut before its events go, so a client never silently misses a partly reaped batch. Returns how many events.';
+REVOKE ALL ON FUNCTION switchboard.reap_events(interval, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.reap_events(interval, integer) TO switchboard_app;
+
 -- Client events (typing) are published on the bus, tagged with the sender,
 -- never stored in events, and have no id. The sender must belong to the
 -- room; the function checks it. The event itself is a row of

@@ -124,3 +124,46 @@ COMMENT ON FUNCTION switchboard.maintenance(interval, interval, interval, interv
     'Run every reaper once (expired leases, old runs, tickets, sessions ended a day ago, idle rate-limit keys, old events, dead replicas, expired revocations, stale tool calls). Returns counts per reaper.';
 REVOKE ALL ON FUNCTION switchboard.maintenance(interval, interval, interval, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.maintenance(interval, interval, interval, interval) TO switchboard_app;
+
+-- The bounded sweep (V0015): every reaper that can meet a backlog deletes at
+-- most max_rows per call (runs, rate-limit keys, events), so one sweep is one
+-- short transaction whatever the backlog; the caller sweeps again while a
+-- count comes back at max_rows. max_rows comes first and has no default so
+-- that the previous release's call by name (keep_events =>, replica_stale =>)
+-- still resolves to the four-argument form above, which it keeps: its
+-- reap_events is the unbounded one and its handler does not loop on events.
+CREATE OR REPLACE FUNCTION switchboard.maintenance(
+    max_rows integer, keep_runs interval DEFAULT '7 days', keep_events interval DEFAULT '5 minutes',
+    rate_limit_idle interval DEFAULT '1 hour', replica_stale interval DEFAULT '30 seconds')
+RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v jsonb := '{}';
+    v_n integer;
+BEGIN
+    IF max_rows IS NULL OR max_rows NOT BETWEEN 1 AND 1000000 THEN
+        RAISE EXCEPTION 'invalid max_rows %', max_rows USING ERRCODE = '22023',
+            HINT = 'max_rows bounds each reaper in one sweep, 1 to 1000000 (e.g. 10000).';
+    END IF;
+    v := v || jsonb_build_object('expired_runs', switchboard.reap_expired_runs());
+    v := v || jsonb_build_object('runs', switchboard.reap_runs(keep_runs, max_rows));
+    v := v || jsonb_build_object('tickets', switchboard.reap_tickets());
+    v := v || jsonb_build_object('sessions', switchboard.reap_sessions());
+    v := v || jsonb_build_object('rate_limits', switchboard.reap_rate_limits(rate_limit_idle, max_rows));
+    v := v || jsonb_build_object('events', switchboard.reap_events(keep_events, max_rows));
+    v := v || jsonb_build_object('replicas', switchboard.reap_replicas(replica_stale));
+    DELETE FROM switchboard.revoked_tokens WHERE expires_at < now();
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    v := v || jsonb_build_object('revoked_tokens', v_n);
+    DELETE FROM switchboard.tool_calls WHERE expires_at < now() - interval '1 minute';
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    v := v || jsonb_build_object('tool_calls', v_n);
+    RETURN v;
+END
+$$;
+COMMENT ON FUNCTION switchboard.maintenance(integer, interval, interval, interval, interval) IS
+    'Run every reaper once, each bounded to max_rows (old runs, idle rate-limit keys, old events) where a backlog can build; sweep again while any count equals max_rows. Otherwise as maintenance(keep_runs, keep_events, rate_limit_idle, replica_stale). Returns counts per reaper.';
+REVOKE ALL ON FUNCTION switchboard.maintenance(integer, interval, interval, interval, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.maintenance(integer, interval, interval, interval, interval) TO switchboard_app;

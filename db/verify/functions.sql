@@ -4,8 +4,8 @@ BEGIN;
 DO $verify$
 BEGIN
     -- exactly the functions the files define: no left-over overload of an older release
-    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 125) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected exactly 125 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
+    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 127) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected exactly 127 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.cron_next(text, timestamptz, text)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.cron_next(text, timestamptz, text)' USING ERRCODE = 'P0004';
@@ -550,6 +550,15 @@ BEGIN
     IF (has_function_privilege('switchboard_app', 'switchboard.reap_events(interval)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.reap_events(interval)' USING ERRCODE = 'P0004';
     END IF;
+    IF (to_regprocedure('switchboard.reap_events(interval, integer)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.reap_events(interval, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.reap_events(interval, integer)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.reap_events(interval, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard.reap_events(interval, integer)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.reap_events(interval, integer)' USING ERRCODE = 'P0004';
+    END IF;
     IF (to_regprocedure('switchboard.publish_client_event(uuid, text, text, jsonb)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.publish_client_event(uuid, text, text, jsonb)' USING ERRCODE = 'P0004';
     END IF;
@@ -1006,6 +1015,15 @@ BEGIN
     IF (has_function_privilege('switchboard_app', 'switchboard.maintenance(interval, interval, interval, interval)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.maintenance(interval, interval, interval, interval)' USING ERRCODE = 'P0004';
     END IF;
+    IF (to_regprocedure('switchboard.maintenance(integer, interval, interval, interval, interval)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.maintenance(integer, interval, interval, interval, interval)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.maintenance(integer, interval, interval, interval, interval)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.maintenance(integer, interval, interval, interval, interval)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard.maintenance(integer, interval, interval, interval, interval)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.maintenance(integer, interval, interval, interval, interval)' USING ERRCODE = 'P0004';
+    END IF;
     IF (to_regprocedure('switchboard.metrics_snapshot()') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.metrics_snapshot()' USING ERRCODE = 'P0004';
     END IF;
@@ -1177,6 +1195,9 @@ BEGIN
     IF (obj_description(to_regprocedure('switchboard.reap_events(interval)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.reap_events(interval)' USING ERRCODE = 'P0004';
     END IF;
+    IF (obj_description(to_regprocedure('switchboard.reap_events(interval, integer)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.reap_events(interval, integer)' USING ERRCODE = 'P0004';
+    END IF;
     IF (obj_description(to_regprocedure('switchboard.publish_client_event(uuid, text, text, jsonb)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.publish_client_event(uuid, text, text, jsonb)' USING ERRCODE = 'P0004';
     END IF;
@@ -1308,6 +1329,9 @@ BEGIN
     END IF;
     IF (obj_description(to_regprocedure('switchboard.maintenance(interval, interval, interval, interval)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.maintenance(interval, interval, interval, interval)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (obj_description(to_regprocedure('switchboard.maintenance(integer, interval, interval, interval, interval)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.maintenance(integer, interval, interval, interval, interval)' USING ERRCODE = 'P0004';
     END IF;
     IF (obj_description(to_regprocedure('switchboard.metrics_snapshot()'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.metrics_snapshot()' USING ERRCODE = 'P0004';

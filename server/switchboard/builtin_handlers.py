@@ -20,9 +20,11 @@ from .config import Config
 from .db import Database, SqlJobTimeout
 from .handlers import HandlerContext, HandlerError, HandlerRegistry
 
-# reap_runs / reap_rate_limits delete at most this many rows per call and
-# transaction (V0013); a full batch back means more are due.
+# The bounded reapers (reap_runs, reap_rate_limits since V0013, reap_events
+# since V0015) delete at most this many rows per sweep and transaction; a full
+# batch back means more are due.
 REAP_BATCH = 10_000
+REAPED_IN_BATCHES = ("runs", "rate_limits", "events")
 # How long one maintenance tick keeps sweeping while a reaper comes back full.
 MAINTENANCE_BUDGET_S = 5.0
 
@@ -112,13 +114,13 @@ def builtin_handlers(db: Database, config: Config, rejections: bounded.Rejection
         # Every sweep is one short transaction with bounded reapers; a backlog
         # (a first run over a big history) drains sweep by sweep, not in one
         # transaction that would stall publishers, claims and vacuum.
-        total = await db.maintenance(config.event_retention_seconds, config.replica_stale_seconds)
+        total = await db.maintenance(config.event_retention_seconds, config.replica_stale_seconds, REAP_BATCH)
         res = total
         deadline = time.monotonic() + MAINTENANCE_BUDGET_S
-        while (any(int(res.get(k) or 0) >= REAP_BATCH for k in ("runs", "rate_limits"))
+        while (any(int(res.get(k) or 0) >= REAP_BATCH for k in REAPED_IN_BATCHES)
                and time.monotonic() < deadline):
             await asyncio.sleep(0.05)
-            res = await db.maintenance(config.event_retention_seconds, config.replica_stale_seconds)
+            res = await db.maintenance(config.event_retention_seconds, config.replica_stale_seconds, REAP_BATCH)
             total = {k: int(total.get(k) or 0) + int(v or 0) for k, v in res.items()}
         return total
 

@@ -55,7 +55,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 # -- serve ----------------------------------------------------------------------------
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .config import Config, ConfigError, server_limits
+    from .config import Config, ConfigError, server_io, server_limits
 
     dev = os.environ.get("SWITCHBOARD_DEV") == "1"
     try:
@@ -79,7 +79,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     uconf = uvicorn.Config(
         app, host=args.host, port=args.port, lifespan="on", proxy_headers=False,
         forwarded_allow_ips="", access_log=False, ws_max_size=2 * 1024 * 1024,
-        ws_per_message_deflate=config.ws_compression,
+        ws_per_message_deflate=config.ws_compression, **server_io(config.uvloop),
         timeout_graceful_shutdown=max(1, int(config.shutdown_grace) + 5),
         log_level=config.log_level.lower(), server_header=False, **limits,
     )

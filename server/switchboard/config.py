@@ -6,7 +6,7 @@ import ipaddress
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import TypedDict
+from typing import Literal, TypedDict
 
 
 class ConfigError(ValueError):
@@ -94,6 +94,37 @@ def ws_compression_enabled() -> bool:
     return os.environ.get("SWITCHBOARD_WS_COMPRESSION", "off").lower() in ("1", "on", "true", "yes")
 
 
+def uvloop_enabled() -> bool:
+    """SWITCHBOARD_UVLOOP (default on): serve with uvloop and httptools, the C
+    implementations of the asyncio event loop and of HTTP/1.1 parsing (uvicorn's
+    ``standard`` extra, dependencies of the package). Off: the pure-Python asyncio
+    loop and h11. WebSocket framing is the websockets library either way. See
+    BENCHMARKS.md ("uvloop and httptools") for what they buy."""
+    raw = os.environ.get("SWITCHBOARD_UVLOOP", "on").strip().lower()
+    if raw in ("1", "on", "true", "yes"):
+        return True
+    if raw in ("0", "off", "false", "no"):
+        return False
+    raise ConfigError(f"SWITCHBOARD_UVLOOP={raw!r} is not on or off")
+
+
+class ServerIO(TypedDict):
+    """uvicorn.Config's ``loop`` and ``http`` (typed, so mypy checks them against uvicorn's)."""
+
+    loop: Literal["asyncio", "uvloop"]
+    http: Literal["h11", "httptools"]
+
+
+def server_io(enabled: bool) -> ServerIO:
+    """uvicorn's ``loop`` and ``http`` settings (`serve` alone and the gunicorn worker).
+    A platform without uvloop or httptools wheels falls back to asyncio + h11."""
+    import importlib.util
+
+    if enabled and all(importlib.util.find_spec(m) is not None for m in ("uvloop", "httptools")):
+        return {"loop": "uvloop", "http": "httptools"}
+    return {"loop": "asyncio", "http": "h11"}
+
+
 class ServerLimits(TypedDict):
     """uvicorn.Config keyword arguments (typed, so mypy checks them against uvicorn's)."""
 
@@ -164,6 +195,7 @@ class Config:
     ws_frame_burst: int = 40
     ws_max_sockets_per_user: int = 10
     ws_compression: bool = False
+    uvloop: bool = True
     ws_ticket_rate: float = 1.0
     ws_ticket_burst: int = 30
     # rate limits
@@ -232,6 +264,7 @@ class Config:
             ws_frame_burst=_int("SWITCHBOARD_WS_FRAME_BURST", 40, 1, 100000),
             ws_max_sockets_per_user=_int("SWITCHBOARD_WS_MAX_SOCKETS_PER_USER", 10, 1, 10000),
             ws_compression=ws_compression_enabled(),
+            uvloop=uvloop_enabled(),
             ws_ticket_rate=_float("SWITCHBOARD_WS_TICKET_RATE", 1.0, 0.0001, 1e6),
             ws_ticket_burst=_int("SWITCHBOARD_WS_TICKET_BURST", 30, 1, 1_000_000),
             login_ip_rate=_float("SWITCHBOARD_LOGIN_IP_RATE", 10 / 60, 0.0001, 1e6),

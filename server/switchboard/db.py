@@ -371,10 +371,10 @@ class Database:
         return await self.fetchone(f"SELECT {RUN_COLUMNS} FROM switchboard.enqueue(%s, %s, %s, %s, %s)",
                                    (handler, Jsonb(args), run_at, queueing_lock, max_attempts))
 
-    async def maintenance(self, keep_events: int, replica_stale: float) -> Row:
+    async def maintenance(self, keep_events: int, replica_stale: float, max_rows: int) -> Row:
         return cast("Row", await self.scalar(
-            "SELECT switchboard.maintenance(keep_events => %s, replica_stale => %s)",
-            (timedelta(seconds=keep_events), timedelta(seconds=replica_stale))))
+            "SELECT switchboard.maintenance(max_rows => %s, keep_events => %s, replica_stale => %s)",
+            (max_rows, timedelta(seconds=keep_events), timedelta(seconds=replica_stale))))
 
     async def lost_runs(self, worker: str, run_ids: list[int]) -> list[Row]:
         return await self.fetchall("SELECT run_id, status FROM switchboard.lost_runs(%s, %s::bigint[])",

@@ -4,19 +4,19 @@ uvicorn and gunicorn trust X-Forwarded-For from loopback by default; the
 client IP for rate limiting is decided by SWITCHBOARD_TRUSTED_PROXIES alone,
 so the server's own proxy-header handling is disabled. The access log is
 ours (it never records the ticket in /ws?ticket=…). permessage-deflate follows
-SWITCHBOARD_WS_COMPRESSION (off by default), and the connection limits follow
+SWITCHBOARD_WS_COMPRESSION (off by default), the event loop and HTTP parser
+SWITCHBOARD_UVLOOP (uvloop + httptools by default), and the connection limits follow
 config.server_limits(), as with uvicorn alone.
 """
 
 from uvicorn_worker import UvicornWorker
 
-from .config import server_limits, ws_compression_enabled
+from .config import server_io, server_limits, uvloop_enabled, ws_compression_enabled
 
 
 class Worker(UvicornWorker):  # type: ignore[misc]  # uvicorn-worker ships no types (no py.typed)
     CONFIG_KWARGS = {
-        "loop": "asyncio",
-        "http": "auto",
+        **server_io(uvloop_enabled()),   # uvloop + httptools unless SWITCHBOARD_UVLOOP=off
         "lifespan": "on",
         "proxy_headers": False,
         "forwarded_allow_ips": "",

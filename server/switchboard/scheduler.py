@@ -194,8 +194,28 @@ class Scheduler:
         if handler is not None:
             htask = asyncio.create_task(handler(ctx), name=f"handler-{run_id}")
             self._htasks[run_id] = htask
-        hb = asyncio.create_task(self._heartbeat(ctx, htask))
-        watch = asyncio.create_task(self._watch_lease(ctx, htask)) if htask is not None else None
+        # The lease guards (heartbeat, lease watch) start when the first heartbeat is
+        # due (lease/3 after the claim was sent), not with the run: until then neither
+        # has anything to do (the watch fires at lease - margin > lease/3), and most
+        # jobs are done long before. Two tasks created and cancelled per run were a
+        # third of the scheduler's own CPU per short job (cProfile on process time,
+        # bench/profile_jobs.py); a timer handle costs a fraction of that.
+        guards: list[asyncio.Task[Any]] = []
+
+        def start_guards() -> None:
+            guards.append(asyncio.create_task(self._heartbeat(ctx, htask)))
+            if htask is not None:
+                guards.append(asyncio.create_task(self._watch_lease(ctx, htask)))
+
+        interval = max(self.cfg.lease_seconds / 3, 0.2)
+        first_due = self._lease_until[run_id] - self.cfg.lease_seconds + interval
+        guard_timer = asyncio.get_running_loop().call_later(max(0.0, first_due - time.time()), start_guards)
+
+        def stop_guards() -> None:
+            guard_timer.cancel()
+            for g in guards:
+                g.cancel()
+
         try:
             if htask is None:
                 error = f"unknown handler {run.handler!r} (registered: {', '.join(self.handlers.names())})"
@@ -212,14 +232,10 @@ class Scheduler:
                     error = f"{type(exc).__name__}: {exc}"
                     LOG.warning("run %s (%s) failed:\n%s", run_id, run.handler, traceback.format_exc())
         except asyncio.CancelledError:
-            hb.cancel()
-            if watch is not None:
-                watch.cancel()
+            stop_guards()
             self._forget(run_id)
             raise
-        hb.cancel()
-        if watch is not None:
-            watch.cancel()
+        stop_guards()
         if run_id in self._lost:
             await self._after_lease_lost(run_id, cancelled=ctx.cancelled.is_set())
             return

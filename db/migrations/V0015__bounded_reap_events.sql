@@ -1,0 +1,22 @@
+-- V0015: reap_events in bounded batches (issue 23).
+--
+-- Function changes (applied by afterAll):
+--   reap_events(interval, integer) (50_events.sql): new, at most max_rows
+--     events per call and transaction, oldest first (events_xid). The horizon
+--     (event_horizon.reaped_tick) moves to the cut before the cut's events are
+--     deleted, so a resume from inside a partly reaped batch gets resume_gap
+--     instead of a silent hole; reaped_through stays "the highest id deleted".
+--   maintenance(integer, interval, interval, interval, interval)
+--     (80_status.sql): new, the sweep with every backlog reaper bounded by
+--     max_rows; this release's handler sweeps again while a count comes back
+--     full (events included).
+--   claim_due_task, claim_due_tasks (20_scheduler.sql, 25_batch_claim.sql):
+--     same signatures and results, now SET enable_seqscan = off: a cached
+--     generic plan re-made against empty-queue statistics chose sequential
+--     scans of task_runs for every claim (2.5-3x PostgreSQL CPU per job after
+--     the queue was analyzed empty; see the comment above claim_due_task).
+-- Kept for the previous release (rolling update): reap_events(interval)
+-- (unbounded, as in 0.2.0) and maintenance(interval x 4), which the 0.2.0
+-- handler calls by name and which does not loop on events.
+-- No table changes.
+SELECT 1;
