@@ -5,7 +5,7 @@ client IP for rate limiting is decided by SWITCHBOARD_TRUSTED_PROXIES alone,
 so the server's own proxy-header handling is disabled. The access log is
 ours (it never records the ticket in /ws?ticket=…). permessage-deflate follows
 SWITCHBOARD_WS_COMPRESSION (off by default), the event loop and HTTP parser
-SWITCHBOARD_UVLOOP (uvloop + httptools by default), and the connection limits follow
+SWITCHBOARD_UVLOOP (asyncio + h11 by default), and the connection limits follow
 config.server_limits(), as with uvicorn alone.
 """
 
@@ -16,7 +16,7 @@ from .config import server_io, server_limits, uvloop_enabled, ws_compression_ena
 
 class Worker(UvicornWorker):  # type: ignore[misc]  # uvicorn-worker ships no types (no py.typed)
     CONFIG_KWARGS = {
-        **server_io(uvloop_enabled()),   # uvloop + httptools unless SWITCHBOARD_UVLOOP=off
+        **server_io(uvloop_enabled()),   # asyncio + h11 unless SWITCHBOARD_UVLOOP=on
         "lifespan": "on",
         "proxy_headers": False,
         "forwarded_allow_ips": "",

@@ -1,4 +1,4 @@
-"""SWITCHBOARD_UVLOOP: uvloop + httptools by default, asyncio + h11 when off or when
+"""SWITCHBOARD_UVLOOP: asyncio + h11 by default, uvloop + httptools when on and
 either is not importable; `serve` and the gunicorn worker take the same settings."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 
-@pytest.mark.parametrize(("raw", "want"), [(None, True), ("on", True), ("1", True), ("off", False),
+@pytest.mark.parametrize(("raw", "want"), [(None, False), ("on", True), ("1", True), ("off", False),
                                            ("OFF", False), ("no", False), (" false ", False)])
 def test_uvloop_switch(monkeypatch: pytest.MonkeyPatch, raw: str | None, want: bool) -> None:
     from switchboard.config import uvloop_enabled
