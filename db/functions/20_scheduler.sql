@@ -437,11 +437,20 @@ REVOKE ALL ON FUNCTION switchboard._tasks_broken() FROM PUBLIC;
 -- PostgreSQL CPU per job in bench/profile_jobs.py (queue-head UPDATE 0.16 ->
 -- 2.4 ms per claim; off: as with fresh statistics). An index always exists
 -- for these reads, so the setting only removes the wrong choice.
+-- enable_bitmapscan = off (V0015): the paused-handler filter "handler <> ALL
+-- (...)" is estimated from the handler column's statistics; when the backlog is
+-- one handler (the common case: n_distinct = 1), "<>" looks like it keeps no
+-- row, the planner expects one row and picks a bitmap scan of every due queued
+-- run plus a sort over them instead of the ordered, LIMITed index walk: 55 ms
+-- per claim at 150,000 queued runs (bench/sql.py figure 3a fell from 0.65x to
+-- 0.01x of plain SQL). Without bitmap scans the only index path left is that
+-- walk, which reads one entry (0.07 ms).
 CREATE OR REPLACE FUNCTION switchboard.claim_due_task(worker text, lease interval DEFAULT '60 seconds')
 RETURNS SETOF switchboard.task_runs
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET enable_bitmapscan = off
 AS $$
 #variable_conflict use_column
 DECLARE

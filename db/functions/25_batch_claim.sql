@@ -11,7 +11,7 @@
 -- the same run. finish_runs() records successes only; a failure goes through
 -- finish_run(), which schedules its retry. Both stay fenced on
 -- (run, worker, running).
--- enable_seqscan = off (V0015): as claim_due_task (20_scheduler.sql), whose
+-- enable_seqscan = off, enable_bitmapscan = off (V0015): as claim_due_task (20_scheduler.sql), whose
 -- comment says why; the batch's head read is the same kind of statement.
 CREATE OR REPLACE FUNCTION switchboard.claim_due_tasks(
     worker text, lease interval DEFAULT '60 seconds', max_runs integer DEFAULT 1)
@@ -19,6 +19,7 @@ RETURNS SETOF switchboard.task_runs
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET enable_bitmapscan = off
 AS $$
 DECLARE
     v_first switchboard.task_runs;
