@@ -41,10 +41,11 @@ frame arrived (or 10 s after the last publication):
 - COMMIT -> frame p50 / p99 (the publisher's time.time() after COMMIT, the
   receiver's when the frame is read; same host, same clock).
 
---gaps G[,G2]: notify mode also runs with the read coalescing proposed in
-BENCHMARKS.md ("Many replicas"; at most one event read per G ms per replica),
-patched into the replicas by bench/read_gap/sitecustomize.py (relay.py is not
-changed), alternating base, gap, base, gap per replica count.
+--gaps G[,G2]: notify mode also runs with SWITCHBOARD_RELAY_READ_GAP = G ms (at
+most one event read per G ms per replica; BENCHMARKS.md "Many replicas"),
+alternating base (gap 0: reads back to back, as before the gap shipped), gap,
+base, gap per replica count. Without --gaps the replicas run the product's
+default gap.
 
 Raw results: bench/results/replicas.json; a markdown table on stdout.
 """
@@ -67,7 +68,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ (common puts 
 
 import psycopg
 from common import (
-    BENCH,
     RESULTS,
     Cluster,
     Proc,
@@ -315,10 +315,10 @@ def step(cluster: Cluster, db: str, rcv: Receiver, targets: list[str], roles: li
 
 
 def run_n(cluster: Cluster, n_rep: int, mode: str, rates: list[float], seconds: float,
-          gap_ms: float = 0) -> dict[str, Any]:
-    """gap_ms > 0: the replicas run with bench/read_gap/sitecustomize.py, the proposed
-    time-based coalescing (an event read at most every gap_ms), patched in for the bench."""
-    db = cluster.new_db(f"sb_rep{n_rep}_{mode}_{int(gap_ms * 10)}")
+          gap_ms: float | None = None) -> dict[str, Any]:
+    """gap_ms: SWITCHBOARD_RELAY_READ_GAP in ms (an event read at most every gap_ms; 0 reads
+    back to back); None: the product's default."""
+    db = cluster.new_db(f"sb_rep{n_rep}_{mode}_{'d' if gap_ms is None else int(gap_ms * 10)}")
     url = cluster.url(db)
     roles = [role(i) for i in range(n_rep)]
     if mode == "ticker":
@@ -331,9 +331,8 @@ def run_n(cluster: Cluster, n_rep: int, mode: str, rates: list[float], seconds: 
     def make(i: int) -> Proc:
         p = replica(cluster, db, f"rep{n_rep}-{mode}-{i}", env=REPLICA_ENV)
         p.env["DATABASE_URL"] = cluster.url(db, role(i))
-        if gap_ms:
-            p.env["PYTHONPATH"] = os.pathsep.join([str(BENCH / "read_gap"), p.env["PYTHONPATH"]])
-            p.env["SWITCHBOARD_BENCH_READ_GAP"] = str(gap_ms / 1000)
+        if gap_ms is not None:
+            p.env["SWITCHBOARD_RELAY_READ_GAP"] = str(gap_ms / 1000)
         return p
 
     procs = [make(i) for i in range(n_rep)]
