@@ -24,14 +24,17 @@ def test_dev_from_a_fresh_clone(tmp_path) -> None:  # type: ignore[no-untyped-de
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "SWITCHBOARD_"))}
     env["PYTHONPATH"] = str(clone / "server")
-    port = free_port()
-    while port + 1 == free_port():  # need two consecutive free ports; retry on the rare clash
+    for attempt in range(3):
+        # Free when picked, but other lanes start servers on free ports too: one may take
+        # ours before dev's replicas bind. dev then refuses (exit 2, "is in use") instead
+        # of reporting a foreign server's readiness as its own, and we pick again.
         port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "switchboard.cli", "dev", "--port", str(port)],
-                            cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    out = []
-    try:
+        while port + 1 == free_port():  # need two consecutive free ports; retry on the rare clash
+            port = free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "switchboard.cli", "dev", "--port", str(port)],
+                                cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        out = []
         deadline = time.time() + 120
         while time.time() < deadline:
             line = proc.stdout.readline()
@@ -41,6 +44,11 @@ def test_dev_from_a_fresh_clone(tmp_path) -> None:  # type: ignore[no-untyped-de
             if line.startswith("Press Ctrl-C"):
                 break
         text = "".join(out)
+        if "is in use" in text and attempt < 2:
+            assert proc.wait(60) == 2, text
+            continue
+        break
+    try:
         assert "Switchboard dev is up" in text, text[-4000:]
         m = re.search(r"login\s+admin / (\S+)", text)
         assert m, text
@@ -109,3 +117,24 @@ def test_dev_without_the_dev_extra_says_how_to_install_it() -> None:
     p = subprocess.run([sys.executable, "-c", WITHOUT_DEV_EXTRA, "--imports"], env=env, capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 0, p.stderr
+
+
+def test_dev_refuses_a_port_in_use_instead_of_reporting_someone_elses_server(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Someone already serves on the second replica's port: dev must not wait for *a*
+    ready answer there (that server's) and print "up" for a replica that failed to bind."""
+    import socket
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "SWITCHBOARD_"))}
+    env["PYTHONPATH"] = str(ROOT / "server")
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "switchboard.cli", "dev", "--host", "127.0.0.1",
+                            "--port", str(taken - 1)], env=env, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out
+    assert re.search(rf"port ({taken}|{taken - 1}) is in use", out), out   # ours, or its neighbour was busy too
+    assert "Switchboard dev is up" not in out, out
+    assert "Traceback" not in out and "switchboard dev: stopped" in out, out

@@ -167,6 +167,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
         url = pg.url("switchboard")
     procs: list[subprocess.Popen[bytes]] = []
     stopping = False
+    failed = False
 
     def _stop(signum: int, frame: Any) -> None:
         nonlocal stopping
@@ -191,13 +192,23 @@ def cmd_dev(args: argparse.Namespace) -> int:
         if not verbose:
             env["SWITCHBOARD_LOG_LEVEL"] = "WARNING"
         ports = [args.port + i for i in range(args.replicas)]
+        # Checked here, just before the replicas bind: a port someone else serves on would
+        # otherwise answer the readiness check below for a replica that failed to bind.
+        busy = [port for port in ports if not _port_free(args.host, port)]
+        if busy:
+            print(f"switchboard dev: port {busy[0]} is in use on {args.host or '0.0.0.0'}; the replicas take "
+                  f"--port, --port+1, ...: choose free ones (e.g. --port {args.port + 100})", file=sys.stderr)
+            return 2
         print(f"switchboard dev: starting {len(ports)} replicas ...", flush=True)
         for port in ports:
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "switchboard.cli", "serve", "--host", args.host, "--port", str(port),
                  "--no-migrate"], env=env, start_new_session=True))
-        _wait_ready(ports, args.host, procs, lambda: stopping)
-        if not stopping:
+        ready = _wait_ready(ports, args.host, procs, lambda: stopping)
+        if not ready and not stopping:
+            print("switchboard dev: a replica did not become ready (its log is above); stopping", file=sys.stderr)
+            failed = True
+        elif not stopping:
             shown = "127.0.0.1" if args.host in ("0.0.0.0", "") else args.host
             print("\nSwitchboard dev is up:")
             for port in ports:
@@ -205,9 +216,10 @@ def cmd_dev(args: argparse.Namespace) -> int:
             print(f"  login    admin / {password}")
             print(f"  database {url}")
             print("Press Ctrl-C to stop.\n", flush=True)
-        while not stopping:
+        while not stopping and not failed:
             if any(p.poll() is not None for p in procs):
                 print("switchboard dev: a replica exited; stopping", file=sys.stderr)
+                failed = True
                 break
             time.sleep(0.2)
     finally:
@@ -224,10 +236,26 @@ def cmd_dev(args: argparse.Namespace) -> int:
         if pg is not None:  # only now: the replicas needed it to drain
             pg.stop()
         print("switchboard dev: stopped", flush=True)
-    return 0
+    return 1 if failed else 0
 
 
-def _wait_ready(ports: list[int], host: str, procs: list[subprocess.Popen[bytes]], stop: Any) -> None:
+def _port_free(host: str, port: int) -> bool:
+    """Whether a replica could bind host:port now (SO_REUSEADDR, as uvicorn binds)."""
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host or "0.0.0.0", port))
+        except OSError as exc:        # anything but "in use" is the replica's to report
+            return exc.errno != errno.EADDRINUSE
+    return True
+
+
+def _wait_ready(ports: list[int], host: str, procs: list[subprocess.Popen[bytes]], stop: Any) -> bool:
+    """True once every replica answers ready; False if one exited or 60 s passed."""
     import urllib.request
 
     h = "127.0.0.1" if host in ("0.0.0.0", "") else host
@@ -242,8 +270,9 @@ def _wait_ready(ports: list[int], host: str, procs: list[subprocess.Popen[bytes]
             except Exception:
                 pass
         if any(p.poll() is not None for p in procs):
-            return
+            return False
         time.sleep(0.2)
+    return not pending and all(p.poll() is None for p in procs)
 
 
 # -- the admin chores: user, task, runs, handlers, status ------------------------------------
