@@ -4,6 +4,7 @@ row, no NOTIFY delivered, no pgtap extension."""
 
 from __future__ import annotations
 
+import pathlib
 import re
 from collections.abc import Iterator
 
@@ -76,3 +77,10 @@ def test_pg_prove_passes_and_leaves_nothing(db: str, listener: psycopg.Connectio
         if n.channel == "switchboard_events":
             break
     assert "switchboard_events" in got
+
+
+def test_readme_states_the_planned_count() -> None:
+    """The README quotes the pgTAP total twice; it drifted (228, 280) while files were added."""
+    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+    stated = re.findall(r"`db/tests/\*\.sql` \((\d+)", readme) + re.findall(r"`pg_prove` \((\d+) pgTAP tests\)", readme)
+    assert len(stated) == 2 and set(map(int, stated)) == {_planned()}, stated
