@@ -71,6 +71,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .app import create_app
     from .handlers import HandlerLoadError
+    from .http import protocol
+
+    protocol.install()   # uvicorn's own 400/503 answers as problem+json (http/protocol.py)
 
     try:
         app = create_app(config)

@@ -101,10 +101,10 @@ def uvloop_enabled() -> bool:
     loop and h11, set explicitly, so installing uvloop changes nothing by itself.
     WebSocket framing is the websockets library either way. Opt-in, not the
     default: it costs ~40 % less CPU per HTTP request (BENCHMARKS.md "uvloop and
-    httptools"), but httptools answers a request with malformed header bytes with a
-    text/plain 400 before the app sees it (the API's errors are JSON), and in one CI
-    run two replicas serving with uvloop exited without a word right after a
-    PostgreSQL failover (not reproduced, not explained)."""
+    httptools"), but httptools does not apply SWITCHBOARD_MAX_HEADER_BYTES, and in
+    one CI run two replicas serving with uvloop exited without a word right after a
+    PostgreSQL failover (not reproduced, not explained). (Its refusals of malformed
+    header bytes are problem+json now, as h11's are: http/protocol.py.)"""
     raw = os.environ.get("SWITCHBOARD_UVLOOP", "off").strip().lower()
     if raw in ("1", "on", "true", "yes"):
         return True
@@ -148,8 +148,12 @@ def server_limits() -> ServerLimits:
       it uvicorn answers 503 at once instead of queueing without bound. Size it
       above the sockets one replica holds (see BENCHMARKS.md) plus headroom.
     * ``h11_max_incomplete_event_size`` (SWITCHBOARD_MAX_HEADER_BYTES, default
-      16 KiB): the request line and headers of one request; more is refused 400
-      (431-like) before any of it reaches the application.
+      16 KiB): what h11 holds of a request line and headers still arriving; past it
+      the request is refused 400 before any of it reaches the application. (A
+      complete header block that arrives in one read is parsed whole; httptools,
+      with SWITCHBOARD_UVLOOP=on, does not apply this cap.)
+    uvicorn's own 400 and 503 bodies are problem+json like every other error
+    (http/protocol.py).
     uvicorn has no header or body *read* timeout: a slow client holds a connection
     slot (bounded by limit_concurrency). Put a proxy with client header/body
     timeouts in front on the open Internet (docs/operations.md)."""

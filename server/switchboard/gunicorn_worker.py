@@ -12,6 +12,9 @@ config.server_limits(), as with uvicorn alone.
 from uvicorn_worker import UvicornWorker
 
 from .config import server_io, server_limits, uvloop_enabled, ws_compression_enabled
+from .http import protocol
+
+protocol.install()   # uvicorn's own 400/503 answers as problem+json (http/protocol.py)
 
 
 class Worker(UvicornWorker):  # type: ignore[misc]  # uvicorn-worker ships no types (no py.typed)
