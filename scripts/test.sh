@@ -150,7 +150,8 @@ else
   # carry the pid, so the lanes share nothing. Lanes 2 and 3 print after lane 1.
   lane2=(tests/image tests/pgha tests/faults)
   lane3=(tests/test_sessions.py tests/test_js_client.py tests/test_sqitch.py tests/browser
-         tests/test_trust_boundary.py tests/test_event_bus_proof.py tests/test_wheel_install.py)
+         tests/test_trust_boundary.py tests/test_event_bus_proof.py tests/test_wheel_install.py
+         tests/test_server_limits.py)
   lane2_log=$(mktemp /tmp/switchboard-lane2.XXXXXX)
   lane3_log=$(mktemp /tmp/switchboard-lane3.XXXXXX)
   python3 -m pytest -p no:cacheprovider "${lane2[@]}" >"$lane2_log" 2>&1 &
