@@ -124,15 +124,27 @@ declare function showLogin(reason?: string): void;
 """
 
 
-@pytest.mark.parametrize(("heading", "lang"), [("## Example", "ts"), ("## React", "tsx")])
-def test_the_examples_in_the_frontend_docs_compile(built: dict[str, str], tmp_path: Path, heading: str,
+# What the README's "Frontend" example leaves to the reader's app.
+README_PRELUDE = EXAMPLE_PRELUDE + """declare function render(e: unknown): void;
+declare function showTyping(room: string | undefined, from: string | undefined): void;
+declare function warn(message: string): void;
+declare function backToLogin(reason?: string): void;
+declare function ask(message: unknown): Promise<boolean>;
+"""
+
+
+@pytest.mark.parametrize(("doc", "heading", "lang"), [("docs/frontend.md", "## Example", "ts"),
+                                                      ("docs/frontend.md", "## React", "tsx"),
+                                                      ("README.md", "## Frontend", "ts")])
+def test_the_examples_in_the_frontend_docs_compile(built: dict[str, str], tmp_path: Path, doc: str, heading: str,
                                                    lang: str) -> None:
-    """docs/frontend.md's examples, type-checked with the package's own TypeScript
-    (strict) against the client's sources and, for React, a minimal ambient react
-    (test/docs-check/react.d.ts): no npm dependency, and a doc that drifts from
+    """docs/frontend.md's examples and the README's, type-checked with the package's own
+    TypeScript (strict) against the client's sources and, for React, a minimal ambient
+    react (test/docs-check/react.d.ts): no npm dependency, and a doc that drifts from
     the client's API fails here."""
-    (tmp_path / "example.tsx").write_text(
-        (EXAMPLE_PRELUDE if lang == "ts" else "") + _docs_block(ROOT / "docs" / "frontend.md", heading, lang))
+    prelude = {"README.md": README_PRELUDE, "docs/frontend.md": EXAMPLE_PRELUDE if lang == "ts" else ""}[doc]
+    # A module (top-level await in the README's example): export nothing.
+    (tmp_path / "example.tsx").write_text(prelude + _docs_block(ROOT / doc, heading, lang) + "\nexport {};\n")
     (tmp_path / "tsconfig.json").write_text(json.dumps({
         "compilerOptions": {
             "target": "ES2022", "module": "ES2022", "moduleResolution": "bundler", "lib": ["ES2022", "DOM"],
