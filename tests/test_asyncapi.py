@@ -198,3 +198,20 @@ def test_generated_frame_types_are_current() -> None:
     assert out.returncode == 0, out.stderr
     assert (js / "src" / "frames.ts").read_text() == before, "frames.ts was stale: commit the regenerated file"
     assert Path(js / "src" / "frames.ts").exists()
+
+
+def test_document_validates_against_the_official_asyncapi_3_0_schema() -> None:
+    """The JSON Schema of AsyncAPI 3.0.0 as the AsyncAPI initiative publishes it
+    (@asyncapi/specs, a pinned devDependency of clients/js, installed by npm ci):
+    the shape checks above are ours; this is the spec's own."""
+    doc = load_doc()
+    assert doc["asyncapi"] == "3.0.0"
+    spec = json.loads((ROOT / "clients" / "js" / "node_modules" / "@asyncapi" / "specs" / "schemas"
+                       / "3.0.0-without-$id.json").read_text())
+    v = jsonschema.validators.validator_for(spec)(spec)
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message[:200]}" for e in v.iter_errors(doc)]
+    assert not errors, errors[:10]
+    # The validator really checks: 2.x's operation verbs are not 3.0.
+    bad = json.loads(json.dumps(doc))
+    bad["operations"][next(iter(bad["operations"]))]["action"] = "publish"
+    assert any(True for _ in v.iter_errors(bad))
