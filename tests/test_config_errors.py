@@ -35,6 +35,8 @@ def serve(env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
     ("SWITCHBOARD_POOL_SIZE", "ten", "expected an integer in [1, 1000]"),
     ("SWITCHBOARD_POOL_TIMEOUT", "nan", "expected a number in [0.1, 300]"),
     ("SWITCHBOARD_LEASE_SECONDS", "1\n2", "expected a number in [1, 86400]"),
+    ("SWITCHBOARD_HEADER_TIMEOUT", "0", "expected a number in [0.5, 3600]"),
+    ("SWITCHBOARD_BODY_TIMEOUT", "forever", "expected a number in [0.5, 3600]"),
 ])
 def test_a_bad_number_is_one_line_naming_the_variable_and_exit_2(name: str, value: str, expected: str) -> None:
     p = serve({name: value})

@@ -100,3 +100,65 @@ def test_parser_refusals_are_400_problem_json(server_factory, db: str, what: str
         data = b"GET /healthz/live HTTP/1.1 extra\r\nHost: x\r\n\r\n"
     assert_problem(*raw(s.port, data), 400)
     assert httpx.get(s.base + "/healthz/ready", timeout=10).status_code == 200
+
+
+def read_until_closed(sock: socket.socket, limit: float) -> tuple[bytes, float]:
+    t0 = time.monotonic()
+    sock.settimeout(limit)
+    out = b""
+    while chunk := sock.recv(65536):
+        out += chunk
+    return out, time.monotonic() - t0
+
+
+def parse(out: bytes) -> tuple[int, dict[str, str], dict]:
+    head, _, body = out.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    return int(lines[0].split()[1]), headers, json.loads(body)
+
+
+def test_slow_headers_and_bodies_time_out_with_408(server_factory, db: str) -> None:  # type: ignore[no-untyped-def]
+    """A slowloris client cannot hold a connection slot for ever: a request head not
+    complete within SWITCHBOARD_HEADER_TIMEOUT (first request, and the next one on a
+    keep-alive connection) and a JSON body not within SWITCHBOARD_BODY_TIMEOUT are
+    answered 408 problem+json and the connection closes; a connection that sends
+    nothing is closed without an answer. (Generous read limits: the product promises
+    the close, not its exact moment.)"""
+    s = server_factory(env={**ENV, "SWITCHBOARD_HEADER_TIMEOUT": "1", "SWITCHBOARD_BODY_TIMEOUT": "1",
+                            "SWITCHBOARD_KEEPALIVE_TIMEOUT": "30"})
+    trickle = b"GET /healthz/live HTTP/1.1\r\nHost: x\r\nX-Slow: "
+    with socket.create_connection(("127.0.0.1", s.port), timeout=10) as sock:
+        sock.sendall(trickle)
+        out, took = read_until_closed(sock, 30)
+    assert_problem(*parse(out), 408)
+    assert took < 25, took
+
+    # Keep-alive: one complete request, then a head that never completes.
+    with socket.create_connection(("127.0.0.1", s.port), timeout=10) as sock:
+        sock.sendall(b"GET /healthz/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = b""
+        while b"\r\n\r\n" not in first or not first.rstrip().endswith(b"}"):
+            first += sock.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200"), first
+        sock.sendall(trickle)
+        out, _ = read_until_closed(sock, 30)
+    assert_problem(*parse(out), 408)
+
+    # Nothing at all: closed, no answer (a browser's spare connection is not an error).
+    with socket.create_connection(("127.0.0.1", s.port), timeout=10) as sock:
+        out, _ = read_until_closed(sock, 30)
+    assert out == b""
+
+    # A body announced and trickled: 408 from the app, as problem+json.
+    with socket.create_connection(("127.0.0.1", s.port), timeout=10) as sock:
+        sock.sendall(b"POST /auth/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"username\":")
+        out, _ = read_until_closed(sock, 30)
+    status, headers, body = parse(out)
+    assert_problem(status, headers, body, 408)
+    assert "SWITCHBOARD_BODY_TIMEOUT" in body["detail"], body
+    assert httpx.get(s.base + "/healthz/ready", timeout=10).status_code == 200
+    text = httpx.get(s.base + "/metrics", timeout=10).text
+    assert 'switchboard_bad_input_total{reason="too_slow",source="http"} 1.0' in text, \
+        [ln for ln in text.splitlines() if "bad_input" in ln]

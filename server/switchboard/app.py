@@ -97,7 +97,7 @@ def create_app(config: Config) -> SwitchboardApp:
     body = cfg.max_body_bytes
 
     app = SwitchboardApp(middleware=[Lifecycle(svc), *cors_middleware(cfg.allowed_origins),
-                                     AccessLog(svc.metrics, body)], cors_enable=False)
+                                     AccessLog(svc.metrics, body, cfg.body_timeout)], cors_enable=False)
     app.ws_options.max_receive_queue = 8
     json_handler = falcon.media.JSONHandler(dumps=partial(json.dumps, default=str, ensure_ascii=False),
                                             loads=json.loads)

@@ -145,7 +145,7 @@ def _short(text: str) -> str:
 # source that is not listed is counted as "other", so no input can add a series.
 SOURCES = ("http", "ws", "handshake", "job", "other")
 REASONS = ("too_large", "too_deep", "malformed", "bad_number", "out_of_range", "bad_type",
-           "bad_content_type", "bad_text", "other")
+           "bad_content_type", "bad_text", "too_slow", "other")
 
 
 class Rejections:

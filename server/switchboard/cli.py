@@ -55,12 +55,13 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 # -- serve ----------------------------------------------------------------------------
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .config import Config, ConfigError, server_io, server_limits
+    from .config import Config, ConfigError, header_timeout, server_limits
 
     dev = os.environ.get("SWITCHBOARD_DEV") == "1"
     try:
         config = Config.from_env(dev=dev)
         limits = server_limits()    # read here too: a bad value is a usage error, not a traceback
+        header_timeout()
     except ConfigError as exc:
         _die(str(exc))
     if not args.no_migrate:
@@ -73,7 +74,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .handlers import HandlerLoadError
     from .http import protocol
 
-    protocol.install()   # uvicorn's own 400/503 answers as problem+json (http/protocol.py)
+    # uvicorn's own 400/503 answers as problem+json, and h11 with a header read timeout
+    io = protocol.uvicorn_io(config.uvloop, header_timeout())
 
     try:
         app = create_app(config)
@@ -82,7 +84,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     uconf = uvicorn.Config(
         app, host=args.host, port=args.port, lifespan="on", proxy_headers=False,
         forwarded_allow_ips="", access_log=False, ws_max_size=2 * 1024 * 1024,
-        ws_per_message_deflate=config.ws_compression, **server_io(config.uvloop),
+        ws_per_message_deflate=config.ws_compression, **io,
         timeout_graceful_shutdown=max(1, int(config.shutdown_grace) + 5),
         log_level=config.log_level.lower(), server_header=False, **limits,
     )

@@ -154,14 +154,23 @@ def server_limits() -> ServerLimits:
       with SWITCHBOARD_UVLOOP=on, does not apply this cap.)
     uvicorn's own 400 and 503 bodies are problem+json like every other error
     (http/protocol.py).
-    uvicorn has no header or body *read* timeout: a slow client holds a connection
-    slot (bounded by limit_concurrency). Put a proxy with client header/body
-    timeouts in front on the open Internet (docs/operations.md)."""
+    uvicorn has no header or body *read* timeout of its own; Switchboard adds both:
+    header_timeout() (http/protocol.py) and Config.body_timeout (http/common.py)."""
     return {
         "timeout_keep_alive": _int("SWITCHBOARD_KEEPALIVE_TIMEOUT", 5, 1, 3600),
         "limit_concurrency": _int("SWITCHBOARD_LIMIT_CONCURRENCY", 4096, 16, 1_000_000),
         "h11_max_incomplete_event_size": _int("SWITCHBOARD_MAX_HEADER_BYTES", 16 * 1024, 1024, 1024 * 1024),
     }
+
+
+def header_timeout() -> float:
+    """SWITCHBOARD_HEADER_TIMEOUT (default 10 s): how long a connection may take to
+    send a complete request line and headers -- from its first byte or from the end
+    of its previous response -- before it is answered 408 and closed (a slow-header
+    client would otherwise hold a connection slot for ever). h11 only (the default);
+    with SWITCHBOARD_UVLOOP=on httptools' protocol has no such timer. Idle
+    keep-alive connections are closed sooner, by SWITCHBOARD_KEEPALIVE_TIMEOUT."""
+    return _float("SWITCHBOARD_HEADER_TIMEOUT", 10.0, 0.5, 3600)
 
 
 @dataclass
@@ -216,6 +225,7 @@ class Config:
     sql_allow_no_timeout: bool = False
     sql_kill_grace_seconds: float = 5.0
     max_body_bytes: int = 2 * 1024 * 1024
+    body_timeout: float = 30.0
     handler_modules: list[str] = field(default_factory=list)
     log_level: str = "INFO"
     dev: bool = False
@@ -275,6 +285,7 @@ class Config:
             ws_compression=ws_compression_enabled(),
             uvloop=uvloop_enabled(),
             ws_ticket_rate=_float("SWITCHBOARD_WS_TICKET_RATE", 1.0, 0.0001, 1e6),
+            body_timeout=_float("SWITCHBOARD_BODY_TIMEOUT", 30.0, 0.5, 3600),
             ws_ticket_burst=_int("SWITCHBOARD_WS_TICKET_BURST", 30, 1, 1_000_000),
             login_ip_rate=_float("SWITCHBOARD_LOGIN_IP_RATE", 10 / 60, 0.0001, 1e6),
             login_ip_burst=_int("SWITCHBOARD_LOGIN_IP_BURST", 10, 1, 1_000_000),

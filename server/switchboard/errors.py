@@ -62,7 +62,8 @@ PROBLEM_CONTENT_TYPE = "application/problem+json"
 # The type of an error nobody gave a more specific one: one slug per status.
 DEFAULT_SLUGS = {
     400: "bad-request", 401: "unauthorized", 403: "forbidden", 404: "not-found",
-    405: "method-not-allowed", 409: "conflict", 413: "content-too-large", 415: "unsupported-media-type",
+    405: "method-not-allowed", 408: "request-timeout", 409: "conflict", 413: "content-too-large",
+    415: "unsupported-media-type",
     422: "unprocessable", 429: "rate-limited", 500: "internal", 503: "unavailable", 504: "timeout",
 }
 # Members of falcon's to_dict() that are not extensions.

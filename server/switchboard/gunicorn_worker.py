@@ -11,15 +11,15 @@ config.server_limits(), as with uvicorn alone.
 
 from uvicorn_worker import UvicornWorker
 
-from .config import server_io, server_limits, uvloop_enabled, ws_compression_enabled
+from .config import header_timeout, server_limits, uvloop_enabled, ws_compression_enabled
 from .http import protocol
-
-protocol.install()   # uvicorn's own 400/503 answers as problem+json (http/protocol.py)
 
 
 class Worker(UvicornWorker):  # type: ignore[misc]  # uvicorn-worker ships no types (no py.typed)
     CONFIG_KWARGS = {
-        **server_io(uvloop_enabled()),   # asyncio + h11 unless SWITCHBOARD_UVLOOP=on
+        # asyncio + h11 unless SWITCHBOARD_UVLOOP=on; uvicorn's own 400/503 answers as
+        # problem+json and h11 with a header read timeout (http/protocol.py)
+        **protocol.uvicorn_io(uvloop_enabled(), header_timeout()),
         "lifespan": "on",
         "proxy_headers": False,
         "forwarded_allow_ips": "",

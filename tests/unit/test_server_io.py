@@ -55,6 +55,8 @@ def test_server_io_falls_back_unless_both_are_importable(monkeypatch: pytest.Mon
 def test_gunicorn_worker_uses_the_same_settings() -> None:
     from switchboard.config import server_io, uvloop_enabled
     from switchboard.gunicorn_worker import Worker
+    from switchboard.http.protocol import H11Protocol
 
     io = server_io(uvloop_enabled())
-    assert {k: Worker.CONFIG_KWARGS[k] for k in ("loop", "http")} == io
+    want = {"loop": io["loop"], "http": H11Protocol if io["http"] == "h11" else io["http"]}
+    assert {k: Worker.CONFIG_KWARGS[k] for k in ("loop", "http")} == want

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import uuid
 from typing import Any, Literal, overload
@@ -10,6 +11,9 @@ import falcon
 
 from .. import bounded
 from ..auth import AuthState, Principal
+
+
+DEFAULT_BODY_TIMEOUT = 30.0  # Config.body_timeout; AccessLog puts the configured one on req.context
 
 
 def _too_large(req: falcon.Request, limit: int) -> falcon.HTTPError:
@@ -27,7 +31,7 @@ def is_json_media_type(content_type: str | None) -> bool:
 async def read_json(req: falcon.asgi.Request, limit: int) -> dict[str, Any]:
     """The request body as a JSON object, within bounds: at most ``limit`` bytes
     (413), declared as JSON (415: a form post from another origin cannot
-    become a JSON request), nested at most bounded.DEFAULT_MAX_DEPTH deep, no
+    become a JSON request), received within the body timeout (408), nested at most bounded.DEFAULT_MAX_DEPTH deep, no
     NaN/Infinity (400). A refusal is noted on ``req.context.bad_input`` so the
     access middleware counts it (switchboard_bad_input_total) and logs it at
     most once per interval."""
@@ -38,7 +42,17 @@ async def read_json(req: falcon.asgi.Request, limit: int) -> dict[str, Any]:
         raise falcon.HTTPUnsupportedMediaType(
             title="Unsupported Media Type",
             description="send the body as JSON with 'Content-Type: application/json'")
-    raw = await req.stream.read(limit + 1)
+    timeout = getattr(req.context, "body_timeout", DEFAULT_BODY_TIMEOUT)
+    try:
+        raw = await asyncio.wait_for(req.stream.read(limit + 1), timeout)
+    except TimeoutError:
+        # A client that trickles its body would hold a connection slot and a task for
+        # as long as it likes (uvicorn has no body read timeout): 408, and the
+        # connection closes (falcon answers before the body was read in full).
+        req.context.bad_input = ("too_slow", f"body not received within {timeout:g} s")
+        raise falcon.HTTPError(falcon.HTTP_408, title="Request Timeout",
+                               description=f"the request body did not arrive within {timeout:g} s "
+                                           "(SWITCHBOARD_BODY_TIMEOUT)") from None
     if len(raw) > limit:
         raise _too_large(req, limit)
     if not raw:

@@ -123,14 +123,16 @@ install_log_redaction = install_log_hygiene
 
 
 class AccessLog:
-    def __init__(self, metrics: Metrics, max_body: int) -> None:
+    def __init__(self, metrics: Metrics, max_body: int, body_timeout: float = 30.0) -> None:
         self.metrics = metrics
         self.max_body = max_body
+        self.body_timeout = body_timeout
         self.rejections = bounded.Rejections(
             lambda source, reason: metrics.inc("switchboard_bad_input_total", source=source, reason=reason), LOG)
 
     async def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
         req.context.t0 = time.perf_counter()
+        req.context.body_timeout = self.body_timeout   # read_json's deadline (http/common.py)
         if req.content_length is not None and req.content_length > self.max_body:
             req.context.bad_input = ("too_large", f"Content-Length {req.content_length}")
             raise falcon.HTTPContentTooLarge(
