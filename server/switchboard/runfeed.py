@@ -192,6 +192,9 @@ class RunFeed:
             if len(self._sent) > self.SENT_MAX:
                 self._sent.popitem(last=False)
             runs.append(r)
+        if len(runs) > self.MAX_RUNS:       # four parts of up to MAX_RUNS each: a frame holds MAX_RUNS
+            runs = runs[: self.MAX_RUNS]    # newest first (by id): keep the newest
+            truncated = True
         if not runs and not truncated:
             return
         while True:

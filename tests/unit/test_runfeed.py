@@ -131,6 +131,13 @@ def test_frames_are_bounded_and_say_when_runs_were_left_out() -> None:
         assert f["payload"]["truncated"] is True        # the finished part hit its limit after the last poll
         assert len(f["payload"]["runs"]) <= feed.MAX_RUNS
         assert len(json.dumps(f)) <= feed.MAX_FRAME_BYTES
+        # The four parts together can find more runs than a frame holds: the newest go, truncated.
+        many = [run(i, "queued") for i in range(2000, 2000 - 3 * feed.MAX_RUNS, -1)]
+        db.answer = db.row(many, now=T0 + timedelta(seconds=1.5), max_id=2000)
+        await feed.poll_once()
+        (f,) = frames(a)
+        assert f["payload"]["truncated"] is True
+        assert [r["id"] for r in f["payload"]["runs"]] == list(range(2000, 2000 - feed.MAX_RUNS, -1))
         # A limit hit only by rows older than the previous poll is the look-back: not a gap.
         db.answer = db.row([run(900, "queued")], now=T0 + timedelta(seconds=2), max_id=900,
                            finished_n=feed.MAX_RUNS, finished_min=T0 + timedelta(seconds=0.2))
