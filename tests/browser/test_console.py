@@ -287,6 +287,14 @@ def test_console_views_and_run_actions_on_real_data(page: Any, server_factory: A
         expect(room.locator("td").nth(1)).to_have_text("1")
         expect(room.locator("td").nth(2)).to_have_text("1")
         shot(page, "4-live")
+
+        # A reload keeps the session (the client's POST /auth/refresh with the HttpOnly
+        # cookie; the access token was in memory only) and reconnects the socket.
+        page.reload()
+        expect(page.locator("#who")).to_have_text("admin", timeout=WAIT)
+        expect(page.locator("#tab-live")).to_have_attribute("aria-selected", "true")
+        expect(page.locator("#conn")).to_contain_text("live via", timeout=WAIT)
+        assert page.evaluate("window.notReloaded") is None
         assert page.js_errors == []
     finally:
         alice_ws.close()
