@@ -9,8 +9,8 @@ at most once per ``interval`` (1 s), and sends what it found as one
 ``run.updated`` frame (id null, not stored, not replayable) to those sockets
 only. A replica with no subscriber runs no query at all.
 
-What one poll reads (one statement on a pooled connection; each part an index
-range bounded by LIMIT ``MAX_RUNS``, see EXPLAIN in docs/operations.md §14):
+What one poll reads (FEED_SQL, one statement on a pooled connection; each part an
+index range bounded by LIMIT ``MAX_RUNS``; docs/operations.md §14 has its plan):
   * new runs: ``id >`` the highest id seen ``LOOKBACK`` s ago (primary key);
   * claims: running runs with ``started_at`` after the previous poll's
     ``now()`` minus ``LOOKBACK`` (task_runs_running: the running rows only);
@@ -19,10 +19,13 @@ range bounded by LIMIT ``MAX_RUNS``, see EXPLAIN in docs/operations.md §14):
   * releases (a run handed back to the queue by a stopping replica): queued
     runs whose ``run_at`` is in that window and due (task_runs_queued).
 ``started_at``/``finished_at`` are the claiming/finishing transaction's
-``now()``, not its commit time, so each window reaches ``LOOKBACK`` s back and a
-state already sent is not sent again (a bounded memory of (id, status,
-started_at, finished_at)). Indexes are the existing ones: no index and no write
-was added to task_runs, so claims and finishes cost what they cost before.
+``now()``, not its commit time, so each window reaches ``LOOKBACK`` s back; the
+statement returns only ids and row versions (``xmin``: every claim, finish,
+cancel or release writes a new one), and a version already sent is not sent
+again (a bounded memory). Only when there are new versions does a second
+statement (ROWS_SQL) read those runs, at most ``MAX_RUNS``, by primary key.
+Indexes are the existing ones: no index and no write was added to task_runs, so
+claims and finishes cost what they cost before.
 
 Bounds: at most ``MAX_RUNS`` runs per part and per frame, the error text cut to
 ``ERROR_CHARS``, the frame kept under ``MAX_FRAME_BYTES``; when a part hit its
@@ -52,28 +55,30 @@ LOG = logging.getLogger("switchboard.runfeed")
 
 FEEDS = ("runs",)
 
+# Step 1, every poll: which run versions are in the windows. Only ids and row versions
+# (xmin: every claim, finish, cancel or release writes a new one), no formatting.
 FEED_SQL = """
 WITH p AS (
     SELECT coalesce(%(since)s::timestamptz, now() - %(lookback)s::interval) AS since
 ), fresh AS (
-    SELECT id FROM switchboard.task_runs
+    SELECT id, xmin::text::bigint AS v, NULL::timestamptz AS at FROM switchboard.task_runs
      WHERE id > coalesce(%(floor)s::bigint, (SELECT max(id) FROM switchboard.task_runs))
      ORDER BY id DESC LIMIT %(n)s
 ), claimed AS (
-    SELECT id, started_at AS at FROM switchboard.task_runs
+    SELECT id, xmin::text::bigint AS v, started_at AS at FROM switchboard.task_runs
      WHERE status = 'running' AND lease_expires_at IS NOT NULL AND started_at > (SELECT since FROM p)
      ORDER BY started_at DESC LIMIT %(n)s
 ), finished AS (
-    SELECT id, finished_at AS at FROM switchboard.task_runs
+    SELECT id, xmin::text::bigint AS v, finished_at AS at FROM switchboard.task_runs
      WHERE status IN ('succeeded', 'failed', 'abandoned', 'cancelled') AND finished_at > (SELECT since FROM p)
      ORDER BY finished_at DESC LIMIT %(n)s
 ), released AS (
-    SELECT id, run_at AS at FROM switchboard.task_runs
+    SELECT id, xmin::text::bigint AS v, run_at AS at FROM switchboard.task_runs
      WHERE status = 'queued' AND run_at > (SELECT since FROM p) AND run_at <= now()
      ORDER BY run_at DESC LIMIT %(n)s
 ), hit AS (
-    SELECT id FROM fresh UNION SELECT id FROM claimed UNION SELECT id FROM finished
-    UNION SELECT id FROM released
+    SELECT id, v FROM fresh UNION SELECT id, v FROM claimed UNION SELECT id, v FROM finished
+    UNION SELECT id, v FROM released
 )
 SELECT now() AS now,
        (SELECT max(id) FROM switchboard.task_runs) AS max_id,
@@ -81,9 +86,19 @@ SELECT now() AS now,
        (SELECT count(*) FROM claimed) AS claimed_n, (SELECT min(at) FROM claimed) AS claimed_min,
        (SELECT count(*) FROM finished) AS finished_n, (SELECT min(at) FROM finished) AS finished_min,
        (SELECT count(*) FROM released) AS released_n, (SELECT min(at) FROM released) AS released_min,
-       coalesce((SELECT jsonb_agg(to_jsonb(v) - 'args' - 'result' - 'duration'
-                                  || jsonb_build_object('error', left(v.error, %(err)s)) ORDER BY v.id DESC)
-                   FROM switchboard.runs v WHERE v.id IN (SELECT id FROM hit)), '[]'::jsonb) AS runs
+       coalesce((SELECT array_agg(id ORDER BY id DESC, v) FROM hit), '{}') AS ids,
+       coalesce((SELECT array_agg(v ORDER BY id DESC, v) FROM hit), '{}') AS versions
+"""
+
+# Step 2, only when step 1 found versions not sent yet: those runs (at most MAX_RUNS, by
+# primary key), as the stored run.updated event shows a run.
+ROWS_SQL = """
+SELECT coalesce(jsonb_agg(x.run ORDER BY x.id DESC), '[]'::jsonb) AS runs
+  FROM unnest(%(ids)s::bigint[]) AS i(id)
+ CROSS JOIN LATERAL (
+       SELECT v.id, to_jsonb(v) - 'args' - 'result' - 'duration'
+                    || jsonb_build_object('error', left(v.error, %(err)s)) AS run
+         FROM switchboard.runs v WHERE v.id = i.id) x
 """
 
 
@@ -91,7 +106,7 @@ class RunFeed:
     """Per replica: the admin sockets subscribed to the runs feed, and the poller."""
 
     MAX_RUNS = 100             # rows per part of a poll, and runs per frame
-    LOOKBACK = 3.0             # s: how far before the previous poll each window reaches
+    LOOKBACK = 1.5             # s: how far before the previous poll each window reaches
     ERROR_CHARS = 300
     MAX_FRAME_BYTES = 96 * 1024
     SENT_MAX = 5000
@@ -100,7 +115,7 @@ class RunFeed:
         self.db = db
         self.interval = interval
         self.subscribers: set[Client] = set()
-        self.polls = 0             # statements run (tests, /metrics-free introspection)
+        self.polls = 0             # statements run (tests)
         self._task: asyncio.Task[None] | None = None
         self._reset()
 
@@ -183,18 +198,24 @@ class RunFeed:
             truncated = (row["fresh_n"] >= n and prev_max is not None and row["fresh_min"] > prev_max) or any(
                 row[f"{p}_n"] >= n and prev_now is not None and row[f"{p}_min"] > prev_now
                 for p in ("claimed", "finished", "released"))
-        runs = []
-        for r in row["runs"]:
-            key = (r.get("id"), r.get("status"), r.get("started_at"), r.get("finished_at"))
+        new: list[int] = []
+        for rid, ver in zip(row["ids"], row["versions"]):
+            key = (rid, ver)
             if key in self._sent:
                 continue
             self._sent[key] = None
             if len(self._sent) > self.SENT_MAX:
                 self._sent.popitem(last=False)
-            runs.append(r)
-        if len(runs) > self.MAX_RUNS:       # four parts of up to MAX_RUNS each: a frame holds MAX_RUNS
-            runs = runs[: self.MAX_RUNS]    # newest first (by id): keep the newest
+            if not new or new[-1] != rid:
+                new.append(rid)
+        if len(new) > self.MAX_RUNS:        # four parts of up to MAX_RUNS each: a frame holds MAX_RUNS
+            new = new[: self.MAX_RUNS]      # newest first (by id): keep the newest
             truncated = True
+        runs: list[dict[str, Any]] = []
+        if new:
+            got = await self.db.fetchone(ROWS_SQL, {"ids": new, "err": self.ERROR_CHARS})
+            self.polls += 1
+            runs = list(got["runs"]) if got is not None else []
         if not runs and not truncated:
             return
         while True:

@@ -17,15 +17,20 @@ T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 class FakeDb:
-    """Answers FEED_SQL with whatever the test put in ``self.answer``."""
+    """Answers FEED_SQL (step 1: ids and row versions) with what the test put in
+    ``self.answer``, and ROWS_SQL (step 2) with those runs."""
 
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
+        self.table: dict[int, dict] = {}
         self.answer: dict[str, Any] = self.row([])
 
-    @staticmethod
-    def row(runs: list[dict], now: datetime = T0, max_id: int = 0, **counts: Any) -> dict[str, Any]:
-        r: dict[str, Any] = {"now": now, "max_id": max_id, "runs": runs}
+    def row(self, runs: list[dict], now: datetime = T0, max_id: int = 0, **counts: Any) -> dict[str, Any]:
+        self.table = {r["id"]: r for r in runs}
+        ordered = sorted(runs, key=lambda r: -r["id"])
+        r: dict[str, Any] = {"now": now, "max_id": max_id, "ids": [x["id"] for x in ordered],
+                             # a row version per state, as xmin is
+                             "versions": [hash((x["status"], x["started_at"], x["finished_at"])) for x in ordered]}
         for p in ("fresh", "claimed", "finished", "released"):
             r[f"{p}_n"] = counts.get(f"{p}_n", 0)
             r[f"{p}_min"] = counts.get(f"{p}_min")
@@ -33,6 +38,9 @@ class FakeDb:
 
     async def fetchone(self, sql: str, params: Any = None, timeout: float | None = None) -> dict[str, Any]:
         self.calls.append(params)
+        if "unnest" in sql:
+            assert len(params["ids"]) <= RunFeed.MAX_RUNS
+            return {"runs": [self.table[i] for i in params["ids"]]}
         return self.answer
 
 
@@ -110,8 +118,11 @@ def test_each_state_is_sent_once_and_members_never_get_frames() -> None:
                    for f in got)
         assert frames(m) == []
         # Windows reach LOOKBACK s before the previous poll's now().
-        assert db.calls[-1]["since"] == T0 + timedelta(seconds=1) - timedelta(seconds=feed.LOOKBACK)
-        assert db.calls[0]["floor"] is None and db.calls[1]["floor"] == 1
+        polls = [c for c in db.calls if "since" in c]
+        assert polls[-1]["since"] == T0 + timedelta(seconds=1) - timedelta(seconds=feed.LOOKBACK)
+        assert polls[0]["floor"] is None and polls[1]["floor"] == 1
+        # Full rows are read only for versions not sent yet: 3 polls, 2 new states, 2 reads.
+        assert len([c for c in db.calls if "ids" in c]) == 2
         await feed.stop()
     asyncio.run(main())
 
