@@ -4,7 +4,7 @@ The JS client's frame types are generated from this document, so it must say
 what the server really sends. One real replica; a scenario that makes it send
 every server message the document lists (hello, events to a user and a room,
 joined, left, left-removed, typing, tool.call, pong, resumed, resume_gap,
-error); every frame received is validated against the
+error, and the admin run feed's run.updated and subscribed); every frame received is validated against the
 document's ServerFrame schema (exactly one message matches), every frame sent
 against ClientFrame, and each listed message must have been seen at least once
 (a message nobody sends is a lie in the contract too).
@@ -72,7 +72,8 @@ def test_document_shape_and_refs() -> None:
     for f in ({"action": "join", "room": "ops"}, {"action": "leave", "room": "ops"}, {"action": "resume", "after": 12},
               {"action": "resume", "cursor": "abc.DEF_1-~"}, {"action": "ping"},
               {"action": "publish", "event": "typing", "room": "ops", "payload": {}},
-              {"action": "publish", "event": "tool.result.6f1c1f0e-4b9e-4c1a-9d6a-1b2c3d4e5f60", "payload": {"x": 1}}):
+              {"action": "publish", "event": "tool.result.6f1c1f0e-4b9e-4c1a-9d6a-1b2c3d4e5f60", "payload": {"x": 1}},
+              {"action": "subscribe", "feed": "runs"}, {"action": "unsubscribe", "feed": "runs"}):
         message_of(doc, f, "sendActions")
     with pytest.raises(AssertionError):
         message_of(doc, {"action": "publish", "event": "order.shipped", "payload": {}}, "sendActions")
@@ -171,6 +172,20 @@ def test_real_frames_match_the_document(server_factory, db) -> None:  # type: ig
         b.close()
     except Exception:
         pass
+
+    # The admin run feed: subscribed in the handshake, a run claimed and finished by the
+    # scheduler arrives as run.updated (id null); unsubscribe / subscribe answer subscribed.
+    ad = connect(admin, "&feeds=runs")
+    r = httpx.post(srv.base + "/tasks", headers=auth(admin), timeout=30, json={"name": "feed", "handler": "noop"})
+    assert r.status_code == 201, r.text
+    assert httpx.post(f"{srv.base}/tasks/{r.json()['id']}/trigger", headers=auth(admin), timeout=30).status_code == 202
+    ad.recv_until(lambda f: f["event"] == "run.updated"
+                  and any(x["status"] == "succeeded" for x in f["payload"]["runs"]), timeout=30)
+    ad.send({"action": "unsubscribe", "feed": "runs"})
+    ad.recv_until(lambda f: f["event"] == "subscribed")
+    ad.send({"action": "subscribe", "feed": "runs"})
+    ad.recv_until(lambda f: f["event"] == "subscribed" and f["payload"]["feeds"] == ["runs"])
+    ad.close()
 
     seen_received = {message_of(doc, f, "receiveFrames") for f in received}
     seen_sent = {message_of(doc, f, "sendActions") for f in sent}

@@ -69,3 +69,83 @@ def test_live_lists_sockets_users_per_replica_and_rooms(db: str, server_factory)
         assert live["rooms"] == [{"name": "ops", "members": 1, "online": 1}]
     finally:
         ws.close()
+
+
+def test_run_feed_pushes_claims_and_finishes_to_admin_sockets_only(db: str, server_factory) -> None:  # type: ignore[no-untyped-def]
+    """The admin run feed (runfeed.py): a claim and a finish made by ANOTHER replica's
+    scheduler reach an admin socket subscribed with feeds=runs as run.updated frames
+    (id null, not stored); a member asking for the feed is refused, in the handshake
+    and with the subscribe action, and receives none of them."""
+    from websockets.sync.client import connect
+
+    from harness import WS
+
+    make_user(db, "admin", role="admin")
+    make_user(db, "mallory")
+    watcher = server_factory(name="feed-watch", env={"SWITCHBOARD_SCHEDULER": "off"})  # claims nothing
+    worker = server_factory(name="feed-work")                                          # claims it all
+    admin = watcher.login("admin")
+    member = watcher.login("mallory")
+
+    def ws(token: str, query: str) -> WS:
+        return WS(connect(f"{watcher.ws_base}/ws?ticket={watcher.ticket(token)}{query}", open_timeout=10))
+
+    a = ws(admin, "&feeds=runs")
+    m = ws(member, "&feeds=runs")
+    plain = ws(admin, "")          # an admin socket that did not ask: no feed frames either
+    try:
+        assert a.hello["payload"]["feeds"] == ["runs"]
+        assert m.hello["payload"]["feeds"] == []
+        refused = m.recv_until(lambda f: f["event"] == "error")
+        assert refused["payload"]["code"] == "forbidden" and refused["payload"]["action"] == "subscribe"
+        m.send({"action": "subscribe", "feed": "runs"})
+        again = m.recv_until(lambda f: f["event"] == "error")
+        assert again["payload"]["code"] == "forbidden"
+        m.send({"action": "subscribe", "feed": "nope"})
+        assert m.recv_until(lambda f: f["event"] == "error")["payload"]["code"] == "bad_feed"
+
+        r = httpx.post(f"{watcher.base}/tasks", headers=auth(admin), timeout=10,
+                       json={"name": "feed-sleep", "handler": "sleep", "args": {"seconds": 2.5}})
+        assert r.status_code == 201, r.text
+        task_id = r.json()["id"]
+        assert httpx.post(f"{watcher.base}/tasks/{task_id}/trigger", headers=auth(admin),
+                          timeout=10).status_code == 202
+
+        states: dict[str, dict] = {}
+
+        def saw(status: str):  # type: ignore[no-untyped-def]
+            def pred(f: dict) -> bool:
+                if f["event"] != "run.updated":
+                    return False
+                assert f["id"] is None and f["room"] is None, f     # not a stored event
+                assert f["payload"]["feed"] == "runs" and len(f["payload"]["runs"]) <= 100, f
+                for run in f["payload"]["runs"]:
+                    if run["task_id"] == task_id:
+                        states[run["status"]] = run
+                return status in states
+            return pred
+
+        a.recv_until(saw("running"), timeout=30)
+        a.recv_until(saw("succeeded"), timeout=30)
+        worker_id = httpx.get(worker.base + "/me", headers=auth(admin), timeout=10).json()["replica"]
+        assert states["running"]["worker"] == worker_id          # the other replica claimed it
+        assert states["succeeded"]["id"] == states["running"]["id"]
+        assert "args" not in states["succeeded"] and "result" not in states["succeeded"]
+
+        # The member and the admin socket that did not subscribe heard nothing of it.
+        for other in (m, plain):
+            frames = other.drain(quiet=1.5)
+            assert [f for f in frames if f["event"] == "run.updated"] == [], frames
+
+        # Unsubscribing stops the frames; the answer lists the socket's feeds.
+        a.send({"action": "unsubscribe", "feed": "runs"})
+        assert a.recv_until(lambda f: f["event"] == "subscribed")["payload"] == {"feeds": []}
+        a.drain(quiet=1.5)
+        assert httpx.post(f"{watcher.base}/tasks/{task_id}/trigger", headers=auth(admin),
+                          timeout=10).status_code == 202
+        assert [f for f in a.drain(quiet=3) if f["event"] == "run.updated"] == []
+        a.send({"action": "subscribe", "feed": "runs"})
+        assert a.recv_until(lambda f: f["event"] == "subscribed")["payload"] == {"feeds": ["runs"]}
+    finally:
+        for w in (a, m, plain):
+            w.close()

@@ -189,7 +189,7 @@ LAYERS = [
     {"switchboard.http", "switchboard.ws", "switchboard.errors", "switchboard.openapi"},
     {"switchboard.relay", "switchboard.resume", "switchboard.scheduler", "switchboard.heartbeat",
      "switchboard.catalog", "switchboard.tools", "switchboard.ratelimit", "switchboard.builtin_handlers",
-     "switchboard.failover", "switchboard.sessions"},
+     "switchboard.failover", "switchboard.sessions", "switchboard.runfeed"},
     {"switchboard.handlers"},
     {"switchboard", "switchboard.db", "switchboard.auth", "switchboard.metrics", "switchboard.replica",
      "switchboard.sockets", "switchboard.hints", "switchboard.bounded", "switchboard.cursor",

@@ -79,6 +79,7 @@ class Lifecycle:
         for c in svc.registry.clients():
             svc.relay.close_client(c, 1012, "server restarting")
         await svc.sessions.stop()
+        await svc.feed.stop()
         await svc.heartbeat.stop()
         await svc.sampler.stop()
         await svc.relay.stop()
@@ -113,7 +114,8 @@ def create_app(config: Config) -> SwitchboardApp:
     app.add_route("/auth/logout", auth.Logout(db, au, cfg))
     app.add_route("/me", auth.Me(au, svc.replica.replica_id))
     app.add_route("/ws/ticket", auth.Ticket(db, au, cfg.ticket_ttl, svc.limiter, cfg))
-    app.add_route("/ws", WebSocketResource(db, svc.relay, svc.registry, cfg, svc.replica, svc.sessions))
+    app.add_route("/ws", WebSocketResource(db, svc.relay, svc.registry, cfg, svc.replica, svc.sessions,
+                                               svc.feed))
     app.add_route("/tasks", tasks.Tasks(db, au, body, svc.catalog))
     app.add_route("/tasks/{task_id:uuid}", tasks.Task(db, au, body, svc.catalog))
     app.add_route("/tasks/{task_id:uuid}/trigger", tasks.Trigger(db, au))

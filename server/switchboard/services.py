@@ -16,6 +16,8 @@ and nothing is patched in afterwards:
            -> sampler(metrics, gauges read from the components, db.metrics_snapshot)
            -> failover watch(db, metrics, on reset: tools.database_reset, heartbeat.beat),
               called by the relay on every (re)connect
+           -> run feed(db): run state changes for the admin sockets that subscribed
+              (runfeed.py; polls only while one is subscribed)
 
 Only app.py (create_app) imports this module; components never do.
 """
@@ -41,6 +43,7 @@ from .ratelimit import RateLimiter
 from .relay import Relay
 from .sockets import Registry
 from .replica import ReplicaState
+from .runfeed import RunFeed
 from .scheduler import Scheduler
 from .sessions import SessionWatch
 from .tools import ToolBridge
@@ -64,6 +67,7 @@ class Services:
     sampler: GaugeSampler
     failover: FailoverWatch
     sessions: SessionWatch
+    feed: RunFeed
 
 
 def build_services(config: Config) -> Services:
@@ -118,4 +122,5 @@ def build_services(config: Config) -> Services:
     )
     return Services(config=config, db=db, metrics=metrics, auth=auth, registry=registry, replica=replica,
                     handlers=handlers, catalog=catalog, tools=tools, limiter=limiter, scheduler=scheduler, relay=relay,
-                    heartbeat=heartbeat, sampler=sampler, failover=failover, sessions=sessions)
+                    heartbeat=heartbeat, sampler=sampler, failover=failover, sessions=sessions,
+                    feed=RunFeed(db))

@@ -29,6 +29,7 @@ from .http.cors import origin_allowed
 from .relay import Relay
 from .replica import ReplicaState
 from .resume import resume
+from .runfeed import FEEDS, RunFeed
 from .sessions import SessionWatch
 from .sockets import Client, Registry, encode, frame
 
@@ -41,6 +42,7 @@ ROOM_MAX = 128
 TOOL_RESULT_RE = re.compile(r"^tool\.result\.([0-9a-fA-F-]{36})$")
 TICKET_RE = re.compile(r"[0-9A-Fa-f]{1,64}")   # issue_ticket's 32 hex digits; more is never a ticket
 HANDSHAKE_ROOMS_MAX = 50
+FEED_MAX = 32                                   # a feed name's length bound (FEEDS lists the real ones)
 
 
 class _FrameBucket:
@@ -63,8 +65,9 @@ class _FrameBucket:
 
 class WebSocketResource:
     def __init__(self, db: Database, relay: Relay, registry: Registry, config: Config,
-                 replica: ReplicaState, sessions: SessionWatch) -> None:
+                 replica: ReplicaState, sessions: SessionWatch, feed: RunFeed | None = None) -> None:
         self.db = db
+        self.feed = feed                # the admin run feed (runfeed.py); None: no feeds
         self.sessions = sessions
         self.relay = relay
         self.registry = registry
@@ -128,6 +131,11 @@ class WebSocketResource:
                 raise BadInput("too_large", f"more than {HANDSHAKE_ROOMS_MAX} rooms")
             for r in wanted:
                 bounded.text(r, name="room", max_len=ROOM_MAX)
+            feeds_wanted = [f for f in (req.get_param("feeds") or "").split(",") if f]
+            if len(feeds_wanted) > len(FEEDS) + 4:
+                raise BadInput("too_large", "too many feeds")
+            for f in feeds_wanted:
+                bounded.text(f, name="feed", max_len=FEED_MAX)
         except BadInput as exc:   # refused before accept: the client sees HTTP 403
             self.rejections.record("handshake", exc.reason, str(exc))
             await ws.close(1008)
@@ -167,15 +175,20 @@ class WebSocketResource:
             relay.close_client(client, 1008, "user disabled" if known[1] else "session revoked")
         elif grant["session_id"] is not None and grant["session_id"] in relay.auth.ended_sessions:
             relay.close_client(client, 1008, "session ended")
+        # feeds=runs: subscribed in the same step (no await: no feed frame can precede hello).
+        feed_errors = [e for e in (self._subscribe(client, f) for f in dict.fromkeys(feeds_wanted)) if e]
         start = cursor.encode(client.position)
         client.queue.put_nowait(encode(frame(
             "hello", {"replica": self.replica.replica_id, "user_id": str(user_id), "username": user["username"],
                       "role": user["role"], "last_id": relay.last_seen_id,
-                      "cursor": start, "rooms": sorted(rooms)}, cursor=start)))
+                      "cursor": start, "rooms": sorted(rooms),
+                      "feeds": self.feed.feeds_of(client) if self.feed else []}, cursor=start)))
         for r in refused:
             client.queue.put_nowait(encode(frame(
                 "error", {"code": "forbidden", "message": f"not a member of room {r}", "action": "join",
                           "room": r})))
+        for err in feed_errors:
+            client.queue.put_nowait(encode(err))
         sender = asyncio.create_task(self._sender(ws, client))
         try:
             if after is not None:
@@ -191,6 +204,8 @@ class WebSocketResource:
             if client.close_task is not None:  # the close code we chose goes out, not 1000
                 await asyncio.gather(client.close_task, return_exceptions=True)
             left = registry.remove(client)
+            if self.feed is not None:
+                self.feed.unsubscribe(client)
             client.queue.put_nowait(None) if not client.queue.full() else None
             sender.cancel()
             try:
@@ -295,9 +310,37 @@ class WebSocketResource:
             await resume(self.db, client, after, self.cfg.ws_replay_stall_seconds)
         elif action == "publish":
             await self._publish(client, msg)
+        elif action in ("subscribe", "unsubscribe"):
+            feed = msg.get("feed")
+            if not isinstance(feed, str) or not 0 < len(feed) <= FEED_MAX:
+                self._error(client, "bad_feed", "feed must be a feed name", action=action, allowed=list(FEEDS))
+            elif action == "subscribe":
+                err = self._subscribe(client, feed)
+                if err is not None:
+                    client.offer(err)
+                else:
+                    self._subscribed(client)
+            else:
+                if self.feed is not None:
+                    self.feed.unsubscribe(client)
+                self._subscribed(client)
         else:
             self._error(client, "unknown_action", f"unknown action {str(action)[:50]!r}",
-                        allowed=["join", "leave", "resume", "publish", "ping"])
+                        allowed=["join", "leave", "resume", "publish", "ping", "subscribe", "unsubscribe"])
+
+    def _subscribe(self, client: Client, feed: str) -> dict[str, Any] | None:
+        """Subscribe to a feed: admins only (the runs feed shows every run). The error
+        frame to send, or None."""
+        if feed not in FEEDS or self.feed is None:
+            return frame("error", {"code": "bad_feed", "message": f"no feed {feed[:FEED_MAX]!r}",
+                                   "action": "subscribe", "allowed": list(FEEDS)})
+        if not self.feed.subscribe(client):
+            return frame("error", {"code": "forbidden", "message": f"the {feed} feed is for admins",
+                                   "action": "subscribe"})
+        return None
+
+    def _subscribed(self, client: Client) -> None:
+        client.offer(frame("subscribed", {"feeds": self.feed.feeds_of(client) if self.feed else []}))
 
     async def _publish(self, client: Client, msg: dict[str, Any]) -> None:
         event = msg.get("event")

@@ -1,6 +1,8 @@
 """/console in a real browser (Debian's Chromium driven by Playwright), on real data.
 
-Two real `switchboard serve` processes share one PostgreSQL. The data is made
+Two real `switchboard serve` processes share one PostgreSQL: c1 serves the
+console with its scheduler off, c2 claims and runs everything, so every claim
+and finish the page shows happened on the other replica. The data is made
 through the public HTTP API: a scheduled task (Europe/Paris), a run that failed
 (handler `fail`, one attempt), a run that is running (handler `sleep`), a
 member with a socket in a room. The console, served by one replica, is driven
@@ -12,11 +14,13 @@ mostly from the keyboard:
   next 5 fires (GET /console/cron-next) changes as the schedule is typed and
   shows SQL's refusal for a bad one; saving PATCHes the task;
 - runs: Retry on the failed run and Cancel on the running one are clicked
-  with the page's periodic refresh switched off, so what changes came from the
-  actions' responses; a retry and a cancel made by another operator on the
-  other replica appear through the WebSocket's `run.updated` frames alone; the
-  scheduler's own transitions (the retry failing) appear on refresh ("r"),
-  since e20s does not push those; the page then agrees with GET /runs;
+  with the page's periodic refresh switched off and never reloaded, so what
+  changes came from the actions' responses or the WebSocket; a retry and a
+  cancel made by another operator on the other replica appear through stored
+  `run.updated` events; the scheduler's own transitions on the other replica
+  (the retry claimed and failing; a triggered run claimed, then succeeding)
+  appear through the admin run feed's `run.updated` frames; the page then
+  agrees with GET /runs;
 - live: sockets and users online per replica, the room with its member online.
 
 A screenshot of every view is saved under test-artifacts/console/.
@@ -112,7 +116,8 @@ def test_console_views_and_run_actions_on_real_data(page: Any, server_factory: A
 
     make_user(db, "admin", role="admin")
     alice = make_user(db, "alice")
-    r1, r2 = server_factory(name="c1"), server_factory(name="c2")
+    r1 = server_factory(name="c1", env={"SWITCHBOARD_SCHEDULER": "off"})  # the console's replica claims nothing
+    r2 = server_factory(name="c2")
     admin = r1.login("admin")
 
     # -- the data, through the API -------------------------------------------------------
@@ -124,6 +129,7 @@ def test_console_views_and_run_actions_on_real_data(page: Any, server_factory: A
     create("nightly-report", "noop", schedule="0 3 * * *", timezone="Europe/Paris")
     flaky = create("flaky-import", "fail", args={"message": "upstream said 503"}, max_attempts=1)
     long = create("long-export", "sleep", args={"seconds": 300})
+    short = create("short-job", "sleep", args={"seconds": 3})
     for tid in (flaky, long):
         assert api(r1, admin, "POST", f"/tasks/{tid}/trigger").status_code == 202
     failed = task_run(r1, admin, flaky, "failed")
@@ -205,7 +211,7 @@ def test_console_views_and_run_actions_on_real_data(page: Any, server_factory: A
         shot(page, "3-runs")
         # From here on the page refreshes only when told ("r"): what changes before
         # that came from the actions' responses or from run.updated frames.
-        page.evaluate("clearInterval(window.switchboardConsole.state.timer)")
+        page.evaluate("clearInterval(window.switchboardConsole.state.timer); window.notReloaded = true")
 
         failed_row.get_by_role("button", name=f"Retry run {failed['id']}").click()
         retry_row = page.locator("#runs tbody tr", has_text=f"retry of {failed['id']}")
@@ -230,12 +236,21 @@ def test_console_views_and_run_actions_on_real_data(page: Any, server_factory: A
         # A run whose retry is listed offers no second Retry (the API would say 409).
         expect(running_row.get_by_role("button", name=f"Retry run {running['id']}")).to_have_count(0)
 
-        # Scheduler transitions are not pushed (e20s keeps the claim/finish path
-        # free of the event lock): the retried run's failure shows on refresh.
-        wait_for(lambda: api(r1, admin, "GET", f"/runs/{retry_id}").json()["run"]["status"] == "failed",
-                 "the retry to fail")
-        page.keyboard.press("r")
+        # The scheduler's transitions on the other replica arrive over the admin run
+        # feed: the retry, claimed by c2, fails there, and the row follows without a
+        # refresh. A run triggered through c2 shows up, then is claimed (running, on
+        # c2), then succeeds -- all without a reload.
+        r2_replica = api(r2, admin, "GET", "/me").json()["replica"]
         expect(retry_row).to_have_attribute("data-status", "failed", timeout=WAIT)
+        expect(retry_row).to_contain_text(r2_replica)
+        assert api(r1, admin, "GET", f"/runs/{retry_id}").json()["run"]["status"] == "failed"
+        assert api(r2, admin, "POST", f"/tasks/{short}/trigger").status_code == 202
+        short_row = page.locator("#runs tbody tr", has_text="short-job")
+        expect(short_row).to_have_attribute("data-status", "running", timeout=WAIT)
+        expect(short_row).to_contain_text(r2_replica)
+        shot(page, "3-runs-claim-live")
+        expect(short_row).to_have_attribute("data-status", "succeeded", timeout=WAIT)
+        assert page.evaluate("window.notReloaded === true")   # same document: nothing reloaded
         shot(page, "3-runs-after-retry-and-cancel")
 
         # The API agrees with what the page shows.
@@ -272,6 +287,14 @@ def test_console_views_and_run_actions_on_real_data(page: Any, server_factory: A
         expect(room.locator("td").nth(1)).to_have_text("1")
         expect(room.locator("td").nth(2)).to_have_text("1")
         shot(page, "4-live")
+
+        # A reload keeps the session (the client's POST /auth/refresh with the HttpOnly
+        # cookie; the access token was in memory only) and reconnects the socket.
+        page.reload()
+        expect(page.locator("#who")).to_have_text("admin", timeout=WAIT)
+        expect(page.locator("#tab-live")).to_have_attribute("aria-selected", "true")
+        expect(page.locator("#conn")).to_contain_text("live via", timeout=WAIT)
+        assert page.evaluate("window.notReloaded") is None
         assert page.js_errors == []
     finally:
         alice_ws.close()

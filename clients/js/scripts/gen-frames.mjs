@@ -18,7 +18,7 @@ const doc = JSON.parse(readFileSync(SOURCE, "utf8"));
 if (doc.asyncapi !== "3.0.0") throw new Error(`expected an AsyncAPI 3.0.0 document, got ${doc.asyncapi}`);
 const schemas = doc.components.schemas;
 const KNOWN = new Set(["type", "properties", "required", "additionalProperties", "const", "enum", "oneOf",
-  "items", "$ref", "description", "format", "pattern", "minimum", "maxLength", "minLength", "title", "deprecated"]);
+  "items", "maxItems", "$ref", "description", "format", "pattern", "minimum", "maxLength", "minLength", "title", "deprecated"]);
 
 const lit = (v) => JSON.stringify(v);
 const prim = { string: "string", integer: "number", number: "number", boolean: "boolean", null: "null" };

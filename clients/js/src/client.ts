@@ -6,7 +6,8 @@
 //           any --disconnect() | 1008 | session over--> closed
 // Every transition is emitted as "state" (and as the new state's own name).
 import type {
-  ErrorFrame, EventFrame, HelloFrame, ResumeGapFrame, ResumedFrame, ServerFrame, ToolCallFrame, TypingFrame,
+  ErrorFrame, EventFrame, HelloFrame, ResumeGapFrame, ResumedFrame, RunUpdatedFrame, ServerFrame, SubscribedFrame,
+  ToolCallFrame, TypingFrame,
 } from "./frames.js";
 import { HttpError, request, type FetchLike, type LoginResponse } from "./http.js";
 import { buildPath, type Answer, type ApiArgs, type Method, type Operation, type PathsWith } from "./api.js";
@@ -69,6 +70,10 @@ export interface ClientEvents {
   error: ErrorFrame["payload"];
   toolcall: ToolCallInfo;
   toolresult: ToolResultInfo;
+  /** A feed frame (not stored, id null): run.updated of the admin runs feed (see subscribe()). */
+  feed: RunUpdatedFrame;
+  /** The feeds this socket receives, after a subscribe or unsubscribe. */
+  subscribed: SubscribedFrame["payload"];
   /** Every frame as received, before any processing (debugging, custom frames). */
   frame: ServerFrame;
 }
@@ -118,6 +123,8 @@ export interface ClientOptions {
   storageKey?: string;
   /** Rooms to join on the first connection. */
   rooms?: string[];
+  /** Feeds to receive on every connection (the handshake's feeds=), e.g. ["runs"] (admins only). */
+  feeds?: string[];
   backoff?: BackoffOptions;
   /** A ping goes out after this long without a frame (ms). Default 20000. */
   pingIntervalMs?: number;
@@ -196,6 +203,7 @@ export class SwitchboardClient {
   private storedUser: string | undefined;
 
   private readonly rooms = new Map<string, "joining" | "joined">();
+  private readonly feeds = new Set<string>();
   private readonly toolFns = new Map<string, ToolFn>();
   private readonly answered = new Set<string>();
   private outbox: string[] = [];
@@ -223,6 +231,7 @@ export class SwitchboardClient {
         stableMs: b.stableMs ?? 5_000 },
     };
     for (const r of options.rooms ?? []) this.rooms.set(r, "joining");
+    for (const f of options.feeds ?? []) this.feeds.add(f);
     this.restore();
   }
 
@@ -444,6 +453,7 @@ export class SwitchboardClient {
     if (this.lastId !== undefined) q.set("after", String(this.lastId));
     const rooms = [...this.rooms.keys()].slice(0, ROOMS_IN_HANDSHAKE);
     if (rooms.length) q.set("rooms", rooms.join(","));
+    if (this.feeds.size) q.set("feeds", [...this.feeds].join(","));
     u.search = q.toString().replace(/%2C/g, ",");
     return u.href;
   }
@@ -615,6 +625,8 @@ export class SwitchboardClient {
       case "pong": return;
       case "error": this.onServerError((f as ErrorFrame).payload); return;
       case "typing": this.emit("typing", f as TypingFrame); return;
+      case "run.updated": this.emit("feed", f as RunUpdatedFrame); return;
+      case "subscribed": this.emit("subscribed", (f as SubscribedFrame).payload); return;
     }
     if (typeof f.event === "string" && f.event.startsWith(TOOL_CALL_PREFIX)) {
       void this.onToolCall(f as ToolCallFrame);
@@ -700,6 +712,22 @@ export class SwitchboardClient {
     this.send({ action: "leave", room });
     this.emit("room", { room, state: "left" });
   }
+
+  /** Receive a feed (the server's run feed: "runs", admins only) now and on every reconnect
+   *  (in the handshake), until unsubscribe(). Its frames arrive as "feed" events. */
+  subscribe(feed: string): void {
+    if (this.feeds.has(feed)) return;
+    this.feeds.add(feed);
+    this.send({ action: "subscribe", feed });
+  }
+
+  unsubscribe(feed: string): void {
+    if (!this.feeds.delete(feed)) return;
+    this.send({ action: "unsubscribe", feed });
+  }
+
+  /** The feeds this client asks for. */
+  feedNames(): string[] { return [...this.feeds]; }
 
   /** The rooms this client wants, with their state. */
   roomStates(): Map<string, "joining" | "joined"> { return new Map(this.rooms); }

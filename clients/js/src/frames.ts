@@ -23,6 +23,8 @@ export type HelloFrame = {
     cursor?: Cursor;
     /** Rooms joined in the handshake (rooms=). */
     rooms: Array<Room>;
+    /** Feeds subscribed in the handshake (feeds=); empty when none (servers from 0.3.0). */
+    feeds?: Array<string>;
     [key: string]: unknown;
   };
   /** Server time (database clock), milliseconds since the Unix epoch. */
@@ -112,7 +114,7 @@ export type ErrorFrame = {
   event: "error";
   room: null;
   payload: {
-    /** Machine-readable: bad_json, bad_frame, bad_room, forbidden, bad_resume, unknown_action, rate_limited, refused, unavailable, bad_event, unknown_call, forbidden_event, ... */
+    /** Machine-readable: bad_json, bad_frame, bad_room, forbidden, bad_resume, unknown_action, rate_limited, refused, unavailable, bad_event, unknown_call, forbidden_event, bad_feed, ... */
     code: string;
     message: string;
     action?: string;
@@ -200,13 +202,78 @@ export type PingAction = {
   action: "ping";
 };
 
+/** A run as the runs view (switchboard.runs) shows it, without args, result and duration; timestamps are ISO 8601 text. The same object as in the stored run.updated event sent after a cancel or a retry. */
+export type Run = {
+  id: number;
+  task_id?: string | null;
+  task_name?: string | null;
+  handler: string;
+  status: "queued" | "running" | "succeeded" | "failed" | "abandoned" | "cancelled";
+  trigger?: string;
+  attempt: number;
+  max_attempts?: number;
+  /** The replica that claimed it. */
+  worker?: string | null;
+  created_at?: string;
+  run_at?: string | null;
+  started_at?: string | null;
+  finished_at?: string | null;
+  duration_ms?: number | null;
+  /** Why it failed, was abandoned or cancelled; cut to 300 characters. */
+  error?: string | null;
+  retry_of?: number | null;
+  lease_expires_at?: string | null;
+  scheduled_for?: string | null;
+  queueing_lock?: string | null;
+  [key: string]: unknown;
+};
+
+/** The admin run feed (feeds=runs, or the subscribe action; admins only): runs whose state changed (queued, claimed, finished, cancelled, retried) since the replica's previous look, at most one frame per second per socket. Not stored, not replayable (id null): after a reconnect, re-read GET /runs. truncated: more runs changed than one frame holds; re-read GET /runs. */
+export type RunUpdatedFrame = {
+  id: null;
+  event: "run.updated";
+  room: null;
+  payload: {
+    feed: "runs";
+    /** Newest run first; each run at most once per state. */
+    runs: Array<Run>;
+    truncated: boolean;
+  };
+  /** Server time (database clock), milliseconds since the Unix epoch. */
+  ts: number;
+};
+
+/** Answer to subscribe and unsubscribe: the feeds this socket now receives. */
+export type SubscribedFrame = {
+  id: null;
+  event: "subscribed";
+  room: null;
+  payload: {
+    feeds: Array<string>;
+  };
+  /** Server time (database clock), milliseconds since the Unix epoch. */
+  ts: number;
+};
+
+/** Receive a feed's frames on this socket (admins only for runs; a member gets error forbidden). */
+export type SubscribeAction = {
+  action: "subscribe";
+  feed: "runs";
+};
+
+/** Stop a feed on this socket. */
+export type UnsubscribeAction = {
+  action: "unsubscribe";
+  feed: "runs";
+};
+
 /** Any server-to-client frame. */
-export type ServerFrame = HelloFrame | JoinedFrame | LeftFrame | ResumedFrame | ResumeGapFrame | PongFrame | ErrorFrame | EventFrame | TypingFrame | ToolCallFrame;
+export type ServerFrame = HelloFrame | JoinedFrame | LeftFrame | ResumedFrame | ResumeGapFrame | PongFrame | ErrorFrame | EventFrame | TypingFrame | ToolCallFrame | RunUpdatedFrame | SubscribedFrame;
 
 /** Any client-to-server frame. */
-export type ClientFrame = JoinAction | LeaveAction | ResumeAction | TypingAction | ToolResultAction | PingAction;
+export type ClientFrame = JoinAction | LeaveAction | ResumeAction | TypingAction | ToolResultAction | PingAction | SubscribeAction | UnsubscribeAction;
 
 /** Message names the server sends (AsyncAPI operation receiveFrames). */
-export const SERVER_MESSAGES = ["hello","joined","left","resumed","resumeGap","pong","error","event","typing","toolCall"] as const;
+export const SERVER_MESSAGES = ["hello","joined","left","resumed","resumeGap","pong","error","event","typing","toolCall","runUpdated","subscribed"] as const;
 /** Message names a client may send (AsyncAPI operation sendActions). */
-export const CLIENT_MESSAGES = ["joinAction","leaveAction","resumeAction","typingAction","toolResultAction","pingAction"] as const;
+export const CLIENT_MESSAGES = ["joinAction","leaveAction","resumeAction","typingAction","toolResultAction","pingAction","subscribeAction","unsubscribeAction"] as const;

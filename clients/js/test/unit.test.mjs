@@ -348,3 +348,35 @@ test("while connected, the session is refreshed before the access token expires"
   await sleep(1500);
   assert.equal(refreshes, after, "no refreshing once nobody wants the socket");
 });
+
+test("feeds: in every handshake, subscribe/unsubscribe actions while connected, feed frames as events", async () => {
+  const { c } = setup({ feeds: ["runs"] });
+  const feed = [], subscribed = [], events = [];
+  c.on("feed", (f) => feed.push(f));
+  c.on("subscribed", (p) => subscribed.push(p.feeds));
+  c.on("event", (f) => events.push(f.event));
+  c.connect();
+  const ws0 = await socket(0);
+  assert.equal(ws0.url.searchParams.get("feeds"), "runs");
+  ws0.hello({ feeds: ["runs"] });
+  const run = { id: 7, handler: "sleep", status: "running", attempt: 1 };
+  ws0.frame({ id: null, event: "run.updated", payload: { feed: "runs", runs: [run], truncated: false } });
+  ws0.frame({ id: 21, event: "run.updated", payload: { run } });    // the stored event (cancel, retry)
+  assert.deepEqual(feed.map((f) => f.payload.runs[0].id), [7]);
+  assert.deepEqual(events, ["run.updated"], "a stored run.updated is an event, not a feed frame");
+  c.unsubscribe("runs");
+  assert.deepEqual(ws0.sent.at(-1), { action: "unsubscribe", feed: "runs" });
+  ws0.frame({ id: null, event: "subscribed", payload: { feeds: [] } });
+  assert.deepEqual(subscribed, [[]]);
+  ws0.drop(1006);
+  const ws1 = await socket(1);
+  assert.equal(ws1.url.searchParams.get("feeds"), null, "an unsubscribed feed is not asked for again");
+  ws1.hello();
+  c.subscribe("runs");
+  assert.deepEqual(ws1.sent.at(-1), { action: "subscribe", feed: "runs" });
+  assert.deepEqual(c.feedNames(), ["runs"]);
+  ws1.drop(1006);
+  const ws2 = await socket(2);
+  assert.equal(ws2.url.searchParams.get("feeds"), "runs");
+  c.disconnect();
+});

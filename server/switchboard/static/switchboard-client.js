@@ -104,6 +104,7 @@ var SwitchboardClient = class {
     this.seen = /* @__PURE__ */ new Set();
     this.floor = 0;
     this.rooms = /* @__PURE__ */ new Map();
+    this.feeds = /* @__PURE__ */ new Set();
     this.toolFns = /* @__PURE__ */ new Map();
     this.answered = /* @__PURE__ */ new Set();
     this.outbox = [];
@@ -148,6 +149,7 @@ var SwitchboardClient = class {
       }
     };
     for (const r of options.rooms ?? []) this.rooms.set(r, "joining");
+    for (const f2 of options.feeds ?? []) this.feeds.add(f2);
     this.restore();
   }
   // ---- events ---------------------------------------------------------------------------
@@ -348,6 +350,7 @@ var SwitchboardClient = class {
     if (this.lastId !== void 0) q.set("after", String(this.lastId));
     const rooms = [...this.rooms.keys()].slice(0, ROOMS_IN_HANDSHAKE);
     if (rooms.length) q.set("rooms", rooms.join(","));
+    if (this.feeds.size) q.set("feeds", [...this.feeds].join(","));
     u.search = q.toString().replace(/%2C/g, ",");
     return u.href;
   }
@@ -519,6 +522,12 @@ var SwitchboardClient = class {
       case "typing":
         this.emit("typing", f);
         return;
+      case "run.updated":
+        this.emit("feed", f);
+        return;
+      case "subscribed":
+        this.emit("subscribed", f.payload);
+        return;
     }
     if (typeof f.event === "string" && f.event.startsWith(TOOL_CALL_PREFIX)) {
       void this.onToolCall(f);
@@ -605,6 +614,21 @@ var SwitchboardClient = class {
     this.persist();
     this.send({ action: "leave", room });
     this.emit("room", { room, state: "left" });
+  }
+  /** Receive a feed (the server's run feed: "runs", admins only) now and on every reconnect
+   *  (in the handshake), until unsubscribe(). Its frames arrive as "feed" events. */
+  subscribe(feed) {
+    if (this.feeds.has(feed)) return;
+    this.feeds.add(feed);
+    this.send({ action: "subscribe", feed });
+  }
+  unsubscribe(feed) {
+    if (!this.feeds.delete(feed)) return;
+    this.send({ action: "unsubscribe", feed });
+  }
+  /** The feeds this client asks for. */
+  feedNames() {
+    return [...this.feeds];
   }
   /** The rooms this client wants, with their state. */
   roomStates() {
@@ -708,8 +732,8 @@ var SwitchboardClient = class {
 };
 
 // src/frames.ts
-var SERVER_MESSAGES = ["hello", "joined", "left", "resumed", "resumeGap", "pong", "error", "event", "typing", "toolCall"];
-var CLIENT_MESSAGES = ["joinAction", "leaveAction", "resumeAction", "typingAction", "toolResultAction", "pingAction"];
+var SERVER_MESSAGES = ["hello", "joined", "left", "resumed", "resumeGap", "pong", "error", "event", "typing", "toolCall", "runUpdated", "subscribed"];
+var CLIENT_MESSAGES = ["joinAction", "leaveAction", "resumeAction", "typingAction", "toolResultAction", "pingAction", "subscribeAction", "unsubscribeAction"];
 export {
   CLIENT_MESSAGES,
   HttpError,
