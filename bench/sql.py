@@ -16,9 +16,17 @@ and reports the median of the runs:
   partial index (target >= 0.7x). After every run the table is checked: every
   pgbench transaction finished exactly one distinct job (a job claimed twice
   would leave succeeded < transactions) and nothing is left running.
+  In the same alternating runs, two floor rows: the baseline's two UPDATEs in
+  SECURITY DEFINER PL/pgSQL functions with claim_due_task's SET clauses on
+  switchboard.task_runs (what no function on that table can beat), and the two
+  plain UPDATEs on switchboard.task_runs; with ``--before REV`` also the
+  functions of an earlier commit. Then the statement-level floor: backend CPU
+  per cycle of each FLOOR_VARIANTS entry, one client (see claims_floor).
 
 Usage: python bench/sql.py [--duration 10] [--runs 3] [--only rate|tickets|claims]
-                           [--strict] [--diagnose]
+                           [--before REV] [--strict] [--diagnose]
+       python bench/sql.py --floor [--floor-variants a,b] [--floor-rounds 21]
+                           [--floor-calls 600] [--before REV] [--diagnose]
 Writes bench/results/sql.json. Besides tps, every run reports the server CPU
 time per transaction (all PostgreSQL processes, from /proc), which moves far
 less than tps when other work shares the machine. --diagnose loads
@@ -96,6 +104,39 @@ CREATE INDEX bench_jobs_idx_running ON bench_jobs_idx (lease_expires_at)
 CREATE INDEX bench_jobs_idx_handler ON bench_jobs_idx (handler, id DESC);
 CREATE INDEX bench_jobs_idx_finished ON bench_jobs_idx (finished_at)
     WHERE status IN ('succeeded', 'failed', 'abandoned', 'cancelled');
+
+-- Copies of switchboard.task_runs (its nine indexes and two CHECK constraints, no
+-- foreign key) for the --floor profile's attribution: as is; without the CHECK
+-- constraints (PostgreSQL 15 re-reads each CHECK from its stored text, stringToNode,
+-- and plans it again in every INSERT/UPDATE statement: the 6-element status list is
+-- ~100 bytes of array constant); and with the status CHECK as a call of an IMMUTABLE
+-- PL/pgSQL function (a small stored expression; the function stays compiled per session).
+CREATE TABLE bench_runs_copy (LIKE switchboard.task_runs INCLUDING ALL);
+CREATE TABLE bench_runs_nocheck (LIKE switchboard.task_runs INCLUDING ALL);
+ALTER TABLE bench_runs_nocheck DROP CONSTRAINT task_runs_status_check,
+                               DROP CONSTRAINT task_runs_attempt_check;
+CREATE TABLE bench_runs_statuscheck (LIKE switchboard.task_runs INCLUDING ALL);
+ALTER TABLE bench_runs_statuscheck DROP CONSTRAINT task_runs_attempt_check;
+CREATE TABLE bench_runs_onecheck (LIKE switchboard.task_runs INCLUDING ALL);
+ALTER TABLE bench_runs_onecheck DROP CONSTRAINT task_runs_attempt_check, DROP CONSTRAINT task_runs_status_check,
+    ADD CONSTRAINT bench_runs_onecheck_check CHECK (
+        status IN ('queued', 'running', 'succeeded', 'failed', 'abandoned', 'cancelled')
+        AND attempt >= 1 AND max_attempts >= 1);
+CREATE FUNCTION bench_run_status_ok(s text) RETURNS boolean LANGUAGE plpgsql IMMUTABLE
+    SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN s IN ('queued', 'running', 'succeeded', 'failed', 'abandoned', 'cancelled');
+END $$;
+CREATE TABLE bench_runs_fcheck (LIKE switchboard.task_runs INCLUDING ALL);
+ALTER TABLE bench_runs_fcheck DROP CONSTRAINT task_runs_status_check,
+    ADD CONSTRAINT bench_runs_fcheck_status_check CHECK (bench_run_status_ok(status));
+-- ... and with the status rule as a domain: a domain's CHECK is parsed and planned once
+-- per session (the type cache), then only compiled per statement.
+CREATE DOMAIN bench_run_status AS text
+    CHECK (VALUE IN ('queued', 'running', 'succeeded', 'failed', 'abandoned', 'cancelled'));
+CREATE TABLE bench_runs_domain (LIKE switchboard.task_runs INCLUDING ALL);
+ALTER TABLE bench_runs_domain DROP CONSTRAINT task_runs_status_check;
+ALTER TABLE bench_runs_domain ALTER COLUMN status TYPE bench_run_status;
 """
 
 
@@ -137,6 +178,7 @@ FLOOR_FUNCS = [  # (tag, table, SET clauses)
     ("set1", "public.bench_jobs", SETS_PATH),
     ("set0", "public.bench_jobs", ""),
     ("tr_set3", "switchboard.task_runs", SETS_ALL),
+    ("dom_set3", "public.bench_runs_domain", SETS_ALL),
 ]
 RAW_CLAIM = """UPDATE {table}
    SET status = 'running', worker = %s, lease_expires_at = now() + interval '60 seconds', started_at = now()
@@ -155,6 +197,27 @@ FLOOR_VARIANTS: dict[str, tuple[str, str, str]] = {
     "plain_sql_3_more_indexes": (
         RAW_CLAIM.format(table="bench_jobs_idx"), RAW_FINISH.format(table="bench_jobs_idx"),
         "the baseline on bench_jobs_idx: bench_jobs plus task_runs' running, by_handler and finished indexes"),
+    "plain_sql_on_task_runs_copy": (
+        RAW_CLAIM.format(table="bench_runs_copy"), RAW_FINISH.format(table="bench_runs_copy"),
+        "the same on a copy of task_runs (LIKE ... INCLUDING ALL: 9 indexes, 2 CHECKs, no foreign key)"),
+    "plain_sql_on_task_runs_copy_no_checks": (
+        RAW_CLAIM.format(table="bench_runs_nocheck"), RAW_FINISH.format(table="bench_runs_nocheck"),
+        "the copy without its two CHECK constraints"),
+    "plain_sql_on_task_runs_copy_status_check_only": (
+        RAW_CLAIM.format(table="bench_runs_statuscheck"), RAW_FINISH.format(table="bench_runs_statuscheck"),
+        "the copy with the status CHECK only (attempt CHECK dropped)"),
+    "plain_sql_on_task_runs_copy_one_check": (
+        RAW_CLAIM.format(table="bench_runs_onecheck"), RAW_FINISH.format(table="bench_runs_onecheck"),
+        "the copy with its two CHECKs merged into one (the same rule)"),
+    "plain_sql_on_task_runs_copy_function_check": (
+        RAW_CLAIM.format(table="bench_runs_fcheck"), RAW_FINISH.format(table="bench_runs_fcheck"),
+        "the copy with the status CHECK as an IMMUTABLE PL/pgSQL function call"),
+    "plain_sql_on_task_runs_copy_domain": (
+        RAW_CLAIM.format(table="bench_runs_domain"), RAW_FINISH.format(table="bench_runs_domain"),
+        "the copy with the status CHECK as a domain (attempt CHECK kept)"),
+    "definer_3_sets_on_task_runs_copy_domain": (
+        "SELECT id FROM bench_claim_dom_set3(%s)", "SELECT bench_finish_dom_set3(%s, %s, true)",
+        "the 3-SET definer functions on that domain copy"),
     "plain_sql_on_task_runs": (
         RAW_CLAIM.format(table="switchboard.task_runs"), RAW_FINISH.format(table="switchboard.task_runs"),
         "the same two UPDATEs on switchboard.task_runs (9 indexes)"),
@@ -197,6 +260,27 @@ def server_cpu_seconds(postmaster: int) -> float:
             if ppid == postmaster:
                 total += child_own
     return total / os.sysconf("SC_CLK_TCK")
+
+
+# What the claims figure's floor profile runs by default (--floor alone runs them all).
+FLOOR_DEFAULT = ["claim_due_task+finish_run", "before_v0017", "plain_sql", "plain_sql_on_task_runs",
+                 "plain_sql_on_task_runs_copy_no_checks", "definer_3_sets", "definer_no_set",
+                 "definer_3_sets_on_task_runs", "select_1_twice"]
+
+
+def floor_table(variant: str) -> str | None:
+    """The queue a floor variant claims from, as a _fill() key (None: no queue)."""
+    text = " ".join(FLOOR_VARIANTS[variant][:2])
+    for tag, table, _ in FLOOR_FUNCS:
+        if f"bench_claim_{tag}(" in text:
+            text = table
+    if m := re.search(r"\b(bench_runs_\w+|bench_jobs_idx)\b", text):
+        return "raw_idx" if m.group(1) == "bench_jobs_idx" else m.group(1)
+    if "bench_jobs" in text:
+        return "raw"
+    if "switchboard" in text or "bench_before_" in text:
+        return "switchboard"
+    return None
 
 
 def before_ddl(rev: str) -> str:
@@ -340,13 +424,14 @@ class Bench:
 
     def _fill(self, table: str, rows: int = BACKLOG) -> None:
         with psycopg.connect(self.url, autocommit=True) as c:
-            if table == "switchboard":
-                c.execute("TRUNCATE switchboard.task_runs")
+            if table == "switchboard" or table.startswith("bench_runs"):
+                name = "switchboard.task_runs" if table == "switchboard" else table
+                c.execute(f"TRUNCATE {name}")
                 # the row enqueue() writes, in bulk (enqueue per row would take longer than a run)
-                c.execute("""INSERT INTO switchboard.task_runs (handler, args, status, trigger, max_attempts, run_at)
-                             SELECT 'bench', '{}', 'queued', 'enqueue', 3, now() - interval '1 minute'
-                               FROM generate_series(1, %s)""", (rows,))
-                c.execute("VACUUM ANALYZE switchboard.task_runs")
+                c.execute(f"""INSERT INTO {name} (handler, args, status, trigger, max_attempts, run_at)
+                              SELECT 'bench', '{{}}', 'queued', 'enqueue', 3, now() - interval '1 minute'
+                                FROM generate_series(1, %s)""", (rows,))
+                c.execute(f"VACUUM ANALYZE {name}")
             else:
                 name = "bench_jobs_idx" if table == "raw_idx" else "bench_jobs"
                 c.execute(f"TRUNCATE {name}")
@@ -405,8 +490,12 @@ class Bench:
         in every round (A B C ... A B C ...): the statement-level floor. The median over
         rounds. Every claim must return a run and every finish must report success."""
         names = variants or [n for n in FLOOR_VARIANTS if self.before or n != "before_v0017"]
-        for table in ("switchboard", "raw", "raw_idx"):
-            self._fill(table, max(BACKLOG, (calls * rounds + 100) * len(names)))
+        unknown = set(names) - set(FLOOR_VARIANTS)
+        if unknown:
+            raise SystemExit(f"unknown --floor-variants {sorted(unknown)}; known: {', '.join(FLOOR_VARIANTS)}")
+        tables = {floor_table(n) for n in names} - {None}
+        for table in sorted(t for t in tables if t):
+            self._fill(table, max(BACKLOG, (calls * rounds + 100) * sum(floor_table(n) == table for n in names)))
         out: dict[str, list[float]] = {n: [] for n in names}
         diag: dict[str, list] = {}
         with psycopg.connect(self.url, autocommit=True) as c:
@@ -536,7 +625,8 @@ def main() -> int:
             log("claim+finish vs plain SQL")
             figures += b.claims(args.runs)
             log("figure 3a statement-level floor: backend CPU per claim+finish cycle, one client")
-            floor = b.claims_floor(args.floor_calls, args.floor_rounds)
+            floor = b.claims_floor(args.floor_calls, args.floor_rounds,
+                                   [n for n in FLOOR_DEFAULT if args.before or n != "before_v0017"])
     finally:
         pg.stop()
 
