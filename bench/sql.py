@@ -475,10 +475,10 @@ class Bench:
             out.append(figure(f"claim_due_task+finish_run as of {self.before} (8 clients)", "plain SQL",
                               tps["before_claim_finish.sql"], raw, None, res["before_claim_finish.sql"], base))
         # The floor rows: what no function on task_runs can beat (see FLOOR_DDL).
-        out.append(figure("3a floor: the plain UPDATEs in SECURITY DEFINER functions on task_runs (8 clients)",
+        out.append(figure("claim+finish floor: the plain UPDATEs in SECURITY DEFINER functions on task_runs (8 clients)",
                           "plain SQL", tps["floor_claim_finish.sql"], raw, None,
                           res["floor_claim_finish.sql"], base))
-        out.append(figure("3a floor: the plain UPDATEs on task_runs, no function (8 clients)", "plain SQL",
+        out.append(figure("claim+finish floor: the plain UPDATEs on task_runs, no function (8 clients)", "plain SQL",
                           tps["raw_claim_finish_task_runs.sql"], raw, None,
                           res["raw_claim_finish_task_runs.sql"], base))
         return out
@@ -545,10 +545,10 @@ class Bench:
 
 def print_floor(floor: dict) -> None:
     med, ratio = floor["backend_cpu_us_per_cycle"], floor.get("cpu_ratio_plain_over", {})
-    print(f"\n{'variant':<30} {'backend CPU us/cycle':>20} {'plain/variant':>13}  runs"
+    print(f"\n{'variant':<44} {'backend CPU us/cycle':>20} {'plain/variant':>13}  runs"
           "  (median over rounds; plain/variant is the median of the per-round ratios)")
     for n, v in med.items():
-        print(f"{n:<30} {v:>20.1f} {ratio.get(n, float('nan')):>13.3f}  {floor['runs_us'][n]}")
+        print(f"{n:<44} {v:>20.1f} {ratio.get(n, float('nan')):>13.3f}  {floor['runs_us'][n]}")
     for n, rows in floor.get("statements", {}).items():
         print(f"\n  pg_stat_statements, {n} (last round): calls, mean us, query")
         for r in rows:
