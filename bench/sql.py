@@ -543,12 +543,31 @@ class Bench:
         return res
 
 
+def floor_row(floor: dict[str, Any]) -> str | None:
+    """Figure 3a's floor as one BENCHMARKS-style table row (like scale.py's rate_check floor)."""
+    med, ratio = floor["backend_cpu_us_per_cycle"], floor.get("cpu_ratio_plain_over", {})
+    need = ("claim_due_task+finish_run", "plain_sql", "definer_3_sets_on_task_runs", "plain_sql_on_task_runs")
+    if not all(n in med for n in need):
+        return None
+    one = f"; two SELECT 1 {med['select_1_twice']} µs" if "select_1_twice" in med else ""
+    sb, fl = ratio["claim_due_task+finish_run"], ratio["definer_3_sets_on_task_runs"]
+    return (f"| claim+finish statement-level floor: backend CPU per cycle, one client, prepared | "
+            f"claim_due_task+finish_run {med['claim_due_task+finish_run']} µs | plain SQL {med['plain_sql']} µs; "
+            f"the same UPDATEs on task_runs {med['plain_sql_on_task_runs']} µs; in SECURITY DEFINER PL/pgSQL "
+            f"with the 3 SET clauses on task_runs (the function floor) {med['definer_3_sets_on_task_runs']} µs{one} | "
+            f"plain/claim+finish {sb}, plain/function floor {fl}, plain/task_runs UPDATEs "
+            f"{ratio['plain_sql_on_task_runs']} | ≥ 0.7 | {'yes' if sb >= 0.7 else '**no**'} |")
+
+
 def print_floor(floor: dict) -> None:
     med, ratio = floor["backend_cpu_us_per_cycle"], floor.get("cpu_ratio_plain_over", {})
     print(f"\n{'variant':<44} {'backend CPU us/cycle':>20} {'plain/variant':>13}  runs"
           "  (median over rounds; plain/variant is the median of the per-round ratios)")
     for n, v in med.items():
         print(f"{n:<44} {v:>20.1f} {ratio.get(n, float('nan')):>13.3f}  {floor['runs_us'][n]}")
+    row = floor_row(floor)
+    if row:
+        print("\n" + row)
     for n, rows in floor.get("statements", {}).items():
         print(f"\n  pg_stat_statements, {n} (last round): calls, mean us, query")
         for r in rows:
