@@ -532,3 +532,44 @@ def test_hot_sql_helpers_are_inlined(conn: psycopg.Connection, call: str) -> Non
     name = call.split("(")[0].split(".")[1]
     assert name not in plan, plan
     assert "gen_random_uuid" in plan or "pg_notify" in plan, plan
+
+
+def test_a_due_job_is_claimed_and_finished_in_one_statement_each(db: str) -> None:
+    """V0017's hot path: with a queued run due, no due tick and no expired lease,
+    claim_due_task runs one statement (the gated UPDATE of the queue head) and a
+    successful finish_run one (its fenced UPDATE). The gate still sends a due tick
+    and an expired lease through the ordered rounds, and a paused handler's
+    queued run is still passed over on the hot path."""
+    with psycopg.connect(db, autocommit=True) as c:
+        pause_maintenance(c)
+        paused = c.execute("SELECT id FROM switchboard.enqueue('held', '{}', now() - interval '5 minutes')"
+                           ).fetchone()[0]
+        c.execute("SELECT switchboard.pause_handler('held')")
+        job = c.execute("SELECT id FROM switchboard.enqueue('a', '{}', now() - interval '4 minutes')").fetchone()[0]
+        later = c.execute("SELECT id FROM switchboard.enqueue('b', '{}', now() - interval '1 minute')").fetchone()[0]
+        plans = _nested_plans(c)
+
+        def nested(call: str) -> tuple[object, list[str]]:
+            plans.clear()
+            value = c.execute(call).fetchone()
+            inner = [p for p in plans if "claim_due_task(" not in p and "finish_run(" not in p]
+            return value, inner
+
+        run, inner = nested("SELECT id FROM switchboard.claim_due_task('w1')")
+        assert run == (job,), "the paused handler's older run was claimed"
+        assert len(inner) == 1 and "NOT EXISTS" in inner[0], inner
+        done, inner = nested(f"SELECT switchboard.finish_run({job}, 'w1', true)")
+        assert done == (True,) and len(inner) == 1, inner
+        # a fenced finish of somebody else's run changes nothing, still one statement
+        done, inner = nested(f"SELECT switchboard.finish_run({job}, 'w1', true)")
+        assert done == (False,) and len(inner) == 1, inner
+
+        # a due tick older than the queue head closes the gate: the ordered rounds take the tick
+        t = c.execute("SELECT id FROM switchboard.create_task('t', '@every 1 hour', 'c')").fetchone()[0]
+        c.execute("UPDATE switchboard.tasks SET next_run_at = now() - interval '2 minutes' WHERE id = %s", (t,))
+        run, inner = nested("SELECT task_id FROM switchboard.claim_due_task('w2')")
+        assert run == (t,) and len(inner) > 1, inner
+        assert c.execute("SELECT status FROM switchboard.task_runs WHERE id = %s", (later,)).fetchone() == ("queued",)
+        run, _ = nested("SELECT id FROM switchboard.claim_due_task('w3')")
+        assert run == (later,)
+        assert c.execute("SELECT status FROM switchboard.task_runs WHERE id = %s", (paused,)).fetchone() == ("queued",)

@@ -416,6 +416,9 @@ REVOKE ALL ON FUNCTION switchboard._tasks_broken() FROM PUBLIC;
 --   1. the due tick, if it is the oldest due work (_claim_tick);
 --   2. the queue head (the hot path: one UPDATE, no helper call);
 --   3. the due tick, if the queue head was older but locked by others.
+-- Before the rounds (V0017), the hot path: the queue head in one UPDATE gated
+-- by "no expired lease and no due tick", the common case of a job backlog;
+-- when the gate is closed or nothing is queued the rounds below decide.
 -- A paused handler's queued runs and due ticks are passed over: "handler <>
 -- ALL (ARRAY(SELECT ... FROM paused_handlers))" is an InitPlan, read once per
 -- statement, and a plain filter on the index scan that keeps the claim's
@@ -471,6 +474,31 @@ BEGIN
     END IF;
     IF v_lease IS NULL OR v_lease <= interval '0' OR v_lease > interval '1 day' THEN
         PERFORM switchboard._check_lease(v_lease);  -- raises (the test is inlined: hot path)
+    END IF;
+
+    -- The hot path (V0017): the queue head in one statement, taken only when
+    -- nothing else comes first: no lease to rescue and no due tick (a due tick
+    -- goes through the ordered rounds below, which compare it with the head).
+    -- The two NOT EXISTS are uncorrelated: a one-time filter evaluated before
+    -- the head is looked at, so a closed gate locks nothing. One statement
+    -- instead of the check below plus the UPDATE (bench/sql.py --floor, see
+    -- BENCHMARKS.md "c23").
+    UPDATE switchboard.task_runs
+       SET status = 'running', worker = v_worker, lease_expires_at = v_now + v_lease,
+           started_at = v_now
+     WHERE id = (SELECT q.id FROM switchboard.task_runs q
+                  WHERE q.status = 'queued' AND q.run_at <= v_now
+                    AND q.handler <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
+                  ORDER BY q.run_at, q.id LIMIT 1 FOR UPDATE OF q SKIP LOCKED)
+       AND NOT EXISTS (SELECT 1 FROM switchboard.task_runs e
+                        WHERE e.status = 'running' AND e.lease_expires_at < v_now)
+       AND NOT EXISTS (SELECT 1 FROM switchboard.tasks t
+                        WHERE t.is_active AND t.next_run_at <= v_now
+                          AND t.handler <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p)))
+    RETURNING * INTO v_run;
+    IF FOUND THEN
+        RETURN NEXT v_run;
+        RETURN;
     END IF;
 
     -- One statement answers both: is a lease to rescue, is a tick due?
@@ -667,6 +695,15 @@ DECLARE
 BEGIN
     IF finish_run.ok IS NULL THEN
         RAISE EXCEPTION 'ok must be true or false' USING ERRCODE = '22023';
+    END IF;
+    -- Success needs nothing back from the row (V0017): no RETURNING * into a
+    -- record, which only a retry (below) reads.
+    IF finish_run.ok THEN
+        UPDATE switchboard.task_runs
+           SET status = 'succeeded', finished_at = now(), lease_expires_at = NULL,
+               result = finish_run.result, error = left(finish_run.error, 10000)
+         WHERE id = finish_run.run_id AND worker = finish_run.worker AND status = 'running';
+        RETURN FOUND;
     END IF;
     UPDATE switchboard.task_runs
        SET status = CASE WHEN finish_run.ok THEN 'succeeded' ELSE 'failed' END,

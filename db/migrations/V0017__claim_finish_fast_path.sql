@@ -1,0 +1,16 @@
+-- V0017: claim_due_task + finish_run, fewer statements on the hot path (issue 23).
+--
+-- Function changes (applied by afterAll), same signatures and results:
+--   claim_due_task(text, interval) (20_scheduler.sql): the queue head is first
+--     tried in one UPDATE gated by "no lease to rescue and no due tick"
+--     (uncorrelated NOT EXISTS, a one-time filter: a closed gate locks
+--     nothing); only when that claims nothing does the call run the checks and
+--     the ordered rounds of before. One statement per claim instead of two
+--     when a queued run is due and nothing else is.
+--   finish_run(bigint, text, boolean, jsonb, text): on success the UPDATE no
+--     longer returns the whole row into a record (only a retry reads it).
+-- Pause, cancel and lease fencing are unchanged: the gated UPDATE carries the
+-- same paused-handler filter, SKIP LOCKED and lease as the round's UPDATE, and
+-- finish_run's UPDATE the same (id, worker, status = 'running') fence.
+-- The 0.2.0 server calls the same signatures. No table changes.
+SELECT 1;
