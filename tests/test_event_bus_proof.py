@@ -239,7 +239,10 @@ def test_a_publisher_open_30_seconds_holds_back_nobody(server_factory, db: str) 
     make_user(db, "boss", role="admin")
     s = server_factory()
     h = auth(s.login("boss"))
-    ws = connect(f"{s.ws_base}/ws?ticket={s.ticket(s.login('watcher'))}", open_timeout=10)
+    # No client keepalive: this test reads nothing for ~20 s while it publishes, and what
+    # it proves is delivery (recv's own timeouts catch a stall). In CI10, at load ~20,
+    # the websockets client's 20 s ping went unanswered and it closed the socket itself.
+    ws = connect(f"{s.ws_base}/ws?ticket={s.ticket(s.login('watcher'))}", open_timeout=10, ping_interval=None)
     assert json.loads(ws.recv(timeout=10))["event"] == "hello"
     slow = psycopg.connect(db)
     try:
