@@ -96,3 +96,65 @@ def test_a_one_handler_backlog_is_claimed_by_walking_the_index_head(db: str) -> 
             used = [_buffers(c.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM switchboard.{call}"
                                        ).fetchone()[0][0]) for _ in range(8)]
             assert max(used) < backlog_pages / 4, (call, used, backlog_pages)
+
+
+def _nested_claim_calls(c: psycopg.Connection, sql: str, params: tuple = ()) -> tuple[list[tuple], int]:
+    """Run one claim in a transaction of its own; the rows it returned and how many times
+    it called claim_due_task() (this transaction's function statistics)."""
+    c.execute("SET track_functions = 'pl'")
+    count = ("SELECT coalesce(pg_stat_get_xact_function_calls("
+             "'switchboard.claim_due_task(text, interval)'::regprocedure), 0)")
+    with c.transaction():
+        # the backend's pending counts (not yet flushed) span transactions: take the difference
+        before = c.execute(count).fetchone()[0]
+        rows = c.execute(sql, params).fetchall()
+        calls = c.execute(count).fetchone()[0] - before
+    return rows, calls
+
+
+def test_a_batch_with_nothing_else_due_is_one_statement_and_takes_the_oldest_in_order(db: str) -> None:
+    """V0018: no expired lease, no due tick -> the batch skips claim_due_task() and takes the
+    max_runs oldest due queued runs (run_at, id order), never a paused handler's, and still
+    fenced by SKIP LOCKED (the race test above runs this path)."""
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("UPDATE switchboard.tasks SET is_active = false")
+        ids = [r[0] for r in c.execute(
+            "SELECT (switchboard.enqueue('noop', '{}', now() - make_interval(secs => 100 - g))).id "
+            "FROM generate_series(1, 6) g").fetchall()]
+        c.execute("SELECT switchboard.enqueue('noop', '{}', now() + interval '1 hour')")   # not due
+        paused = c.execute("SELECT (switchboard.enqueue('held', '{}', now() - interval '1 hour')).id").fetchone()[0]
+        c.execute("SELECT switchboard.pause_handler('held')")
+        rows, calls = _nested_claim_calls(
+            c, "SELECT id, status, worker FROM switchboard.claim_due_tasks('w1', '60 seconds', 4)")
+        assert calls == 0
+        assert [r[0] for r in rows] == ids[:4] and {(r[1], r[2]) for r in rows} == {("running", "w1")}
+        rows, calls = _nested_claim_calls(c, "SELECT id FROM switchboard.claim_due_tasks('w2', '60 seconds', 10)")
+        assert calls == 0 and sorted(r[0] for r in rows) == ids[4:]
+        assert c.execute("SELECT status FROM switchboard.task_runs WHERE id = %s", (paused,)).fetchone()[0] == "queued"
+        rows, calls = _nested_claim_calls(c, "SELECT id FROM switchboard.claim_due_tasks('w2', '60 seconds', 10)")
+        assert rows == [] and calls == 0
+
+
+def test_an_expired_lease_or_a_due_tick_still_goes_through_claim_due_task(db: str) -> None:
+    """The one-statement batch is only for plain queue work: an expired lease is rescued and
+    a due tick claimed first, by claim_due_task() as before; bad arguments raise its errors."""
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("UPDATE switchboard.tasks SET is_active = false")
+        c.execute("SELECT switchboard.enqueue('noop') FROM generate_series(1, 3)")
+        stale = c.execute("SELECT id FROM switchboard.claim_due_tasks('gone', '60 seconds', 1)").fetchone()[0]
+        c.execute("UPDATE switchboard.task_runs SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
+                  (stale,))
+        rows, calls = _nested_claim_calls(c, "SELECT id FROM switchboard.claim_due_tasks('w1', '60 seconds', 10)")
+        assert calls == 1
+        # the rescued run is queued again (attempt 2) and claimed with the others
+        assert c.execute("SELECT count(*) FROM switchboard.task_runs WHERE worker = 'gone' AND status = 'running'"
+                         ).fetchone()[0] == 0
+        assert len(rows) >= 2
+        tid = c.execute("SELECT id FROM switchboard.create_task('tick', '@every 1 hour', 'noop')").fetchone()[0]
+        c.execute("UPDATE switchboard.tasks SET next_run_at = now() - interval '1 minute' WHERE id = %s", (tid,))
+        c.execute("SELECT switchboard.enqueue('noop')")
+        rows, calls = _nested_claim_calls(
+            c, "SELECT task_id, trigger FROM switchboard.claim_due_tasks('w1', '60 seconds', 10)")
+        assert calls == 1 and rows[0] == (tid, "schedule") and [r[1] for r in rows[1:]] == ["enqueue"]
+        throws_ok(c, "SELECT * FROM switchboard.claim_due_tasks('', '60 seconds', 5)", "22023", match="worker")
+        throws_ok(c, "SELECT * FROM switchboard.claim_due_tasks('w1', '0 seconds', 5)", "22023")

@@ -1,0 +1,13 @@
+-- V0018: the batch claim in one statement when nothing else is due (issue 23, figure 3b).
+--
+-- Function changes (applied by afterAll):
+--   claim_due_tasks(text, interval, integer) (25_batch_claim.sql): same
+--     signature and results. When no lease has expired and no task tick is due
+--     (claim_due_task's own two probes), the max_runs oldest due queued runs
+--     are claimed by one UPDATE ... FOR UPDATE SKIP LOCKED instead of a nested
+--     claim_due_task() call for the first and a second UPDATE for the rest:
+--     the same runs in the same order, one SECURITY DEFINER call and one
+--     statement fewer per batch. Otherwise (a rescue or a tick to take, or an
+--     invalid argument) the first unit still goes through claim_due_task().
+-- No table changes.
+SELECT 1;
