@@ -65,15 +65,8 @@ def main() -> None:
     ap.add_argument("--cprofile", action="store_true",
                     help="replica 0 under cProfile on process time (bench/cprofile_serve.py)")
     a = ap.parse_args()
-    if a.pgss:
-        import functools
-
-        import common
-
-        common.ThrowawayPostgres = functools.partial(  # type: ignore[misc]
-            common.ThrowawayPostgres, settings={"shared_preload_libraries": "pg_stat_statements",
-                                                "pg_stat_statements.track": "all"})
-    cluster = Cluster()
+    cluster = Cluster({"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all"}
+                      if a.pgss else None)
     db = cluster.new_db("prof_jobs")
     url = cluster.url(db)
     with psycopg.connect(url, autocommit=True) as c:
