@@ -107,3 +107,46 @@ COMMENT ON FUNCTION switchboard.finish_runs(text, bigint[], jsonb[]) IS
     'Record several successful runs of worker at once (results in the same order, or NULL). Returns the ids actually finished: a run the worker no longer owns is left untouched (fencing). Failures go through finish_run(), which schedules retries.';
 REVOKE ALL ON FUNCTION switchboard.finish_runs(text, bigint[], jsonb[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.finish_runs(text, bigint[], jsonb[]) TO switchboard_app;
+
+-- finish_and_claim (V0018): a replica's steady state is "k handlers just
+-- succeeded, k slots are free": finish_runs() and claim_due_tasks() in one
+-- round trip and one transaction instead of two. Per drained job that is half
+-- the statements, commits and client round trips of the finish/claim cycle
+-- (bench/profile_jobs.py, bench/jobs_ab.py). The finish is fenced exactly as
+-- finish_runs() (it is called); the claim is exactly claim_due_tasks() (it is
+-- called). Finished runs come back first as thin rows (only id, and status
+-- 'succeeded'), then the claimed runs, whole (status 'running'), so the caller
+-- tells them apart by status and decodes no columns it does not need.
+-- max_runs = 0 only finishes (a draining replica). A failure rolls back both:
+-- the runs stay running until their lease expires and are retried, as when
+-- finish_runs() fails.
+CREATE OR REPLACE FUNCTION switchboard.finish_and_claim(
+    worker text, run_ids bigint[], results jsonb[], lease interval, max_runs integer)
+RETURNS SETOF switchboard.task_runs
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_done switchboard.task_runs;
+    v_id bigint;
+BEGIN
+    IF max_runs IS NULL OR max_runs < 0 OR max_runs > 1000 THEN
+        RAISE EXCEPTION 'invalid max_runs %', max_runs USING ERRCODE = '22023',
+            HINT = 'max_runs is how many free slots the worker has: 0 (finish only) to 1000.';
+    END IF;
+    v_done.status := 'succeeded';
+    FOR v_id IN SELECT f FROM switchboard.finish_runs(finish_and_claim.worker, finish_and_claim.run_ids,
+                                                     finish_and_claim.results) AS f LOOP
+        v_done.id := v_id;
+        RETURN NEXT v_done;
+    END LOOP;
+    IF max_runs > 0 THEN
+        RETURN QUERY SELECT * FROM switchboard.claim_due_tasks(finish_and_claim.worker, finish_and_claim.lease,
+                                                               finish_and_claim.max_runs);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION switchboard.finish_and_claim(text, bigint[], jsonb[], interval, integer) IS
+    'finish_runs(worker, run_ids, results) then claim_due_tasks(worker, lease, max_runs) in one call and one transaction. Returns the runs actually finished as rows holding only id and status = ''succeeded'' (fenced: a run the worker no longer owns is absent), then the claimed runs (status ''running''). max_runs = 0 only finishes.';
+REVOKE ALL ON FUNCTION switchboard.finish_and_claim(text, bigint[], jsonb[], interval, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.finish_and_claim(text, bigint[], jsonb[], interval, integer) TO switchboard_app;

@@ -9,5 +9,9 @@
 --     the same runs in the same order, one SECURITY DEFINER call and one
 --     statement fewer per batch. Otherwise (a rescue or a tick to take, or an
 --     invalid argument) the first unit still goes through claim_due_task().
+--   finish_and_claim(text, bigint[], jsonb[], interval, integer) (25_batch_claim.sql):
+--     new, finish_runs() then claim_due_tasks() in one call and one
+--     transaction: the scheduler's finish of k successes refills k free slots
+--     in the same round trip. The 0.2.0 server does not call it (rolling update).
 -- No table changes.
 SELECT 1;

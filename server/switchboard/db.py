@@ -25,7 +25,7 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from .rows import Event, Run, Task
+from .rows import RUN_FIELDS, Event, Run, Task
 
 LOG = logging.getLogger("switchboard.db")
 
@@ -63,6 +63,8 @@ TASK_COLUMNS = (
     "skipped_ticks, last_error, last_error_at, created_by, created_at, updated_at"
 )
 _CLAIM_DUE_TASKS = f"SELECT {RUN_COLUMNS} FROM switchboard.claim_due_tasks(%s, %s, %s)"
+_FINISH_AND_CLAIM = (f"SELECT {RUN_COLUMNS} FROM switchboard.finish_and_claim(%s, %s::bigint[], %s::jsonb[], %s, %s)")
+_STATUS = RUN_FIELDS.index("status")   # RUN_COLUMNS is RUN_FIELDS in order (tests/unit/test_rows.py)
 # events_since_v2's columns, as rows.Event holds them
 EVENT_COLUMNS = "tick, id, room, event, payload, created_at"
 
@@ -366,6 +368,21 @@ class Database:
         rows = await self._tuples(
             "SELECT r FROM switchboard.finish_runs(%s, %s::bigint[], %s::jsonb[]) AS r", (worker, run_ids, res))
         return {row[0] for row in rows}
+
+    async def finish_and_claim(self, worker: str, run_ids: list[int], results: list[Any], lease: float,
+                               max_runs: int) -> tuple[set[int], list[Run]]:
+        """finish_runs() and claim_due_tasks() in one round trip (switchboard.finish_and_claim):
+        the ids actually finished (fenced), and the runs claimed."""
+        res = None if all(r is None for r in results) else [None if r is None else Jsonb(r) for r in results]
+        rows = await self._tuples(_FINISH_AND_CLAIM, (worker, run_ids, res, timedelta(seconds=lease), max_runs))
+        finished: set[int] = set()
+        runs: list[Run] = []
+        for r in rows:
+            if r[_STATUS] == "succeeded":    # a finished run's thin row (id and status only)
+                finished.add(r[0])
+            else:
+                runs.append(Run(*r))
+        return finished, runs
 
     async def heartbeat_run(self, run_id: int, worker: str, lease: float) -> bool:
         """One round trip, never two: the idle check is skipped (see UNCHECKED). A stale

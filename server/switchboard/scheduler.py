@@ -89,6 +89,7 @@ class Scheduler:
         self._done: list[tuple[int, Any, asyncio.Future[bool]]] = []
         self._flushing = False
         self._claims: set[asyncio.Future[list[Run]]] = set()   # claim round trips in flight
+        self._reserved = 0      # free slots asked for by claims in flight (loop and finish_and_claim)
         self._lease_until: dict[int, float] = {}    # run id -> local time its lease is proven until
         self._lost: set[int] = set()                # runs whose lease was lost (handler cancelled)
         self._handbacks: set[asyncio.Task[None]] = set()   # release_run() after a lost lease, retried
@@ -155,7 +156,7 @@ class Scheduler:
     async def _claim_available(self) -> None:
         """Claim as many runs as there are free slots, in one round trip per batch."""
         while not self._stopping and not self.replica.draining:
-            free = self.cfg.scheduler_concurrency - len(self._running)
+            free = self.cfg.scheduler_concurrency - len(self._running) - self._reserved
             if free <= 0:
                 return
             sent = time.time()
@@ -163,6 +164,7 @@ class Scheduler:
             # and stop() hands back what it got (see the module docstring).
             claim = asyncio.ensure_future(self.db.claim_due_tasks(self.worker, self.cfg.lease_seconds, free))
             self._claims.add(claim)
+            self._reserved += free
             try:
                 runs = await asyncio.shield(claim)
             except asyncio.CancelledError:
@@ -170,24 +172,40 @@ class Scheduler:
             except Exception:
                 self._claims.discard(claim)
                 raise
+            finally:
+                self._reserved -= free
             self._claims.discard(claim)
-            # Counted once per handler per batch, not per run: a labelled prometheus-client
-            # call is a few microseconds, a visible share of a no-op job's CPU.
-            claimed: dict[str, int] = {}
-            lease_until = sent + self.cfg.lease_seconds
-            for run in runs:
-                # a label from the registry (a closed set), whatever name a task or job carries
-                label = run.handler if self.handlers.get(run.handler) else "unknown"
-                claimed[label] = claimed.get(label, 0) + 1
-                self._lease_until[run.id] = lease_until
-                if run.started_at and run.run_at:  # both on the database clock
-                    self.metrics.observe("switchboard_claim_latency_seconds",
-                                         (run.started_at - run.run_at).total_seconds())
-                self._running[run.id] = asyncio.create_task(self._execute(run), name=f"run-{run.id}")
-            for label, n in claimed.items():
-                self.metrics.inc("switchboard_claims_total", n, handler=label)
+            self._start_runs(runs, sent)
             if len(runs) < free:
                 return  # nothing more is due right now
+
+    def _start_runs(self, runs: list[Run], sent: float) -> None:
+        """Start the handlers of runs claimed by a call sent at local time ``sent``."""
+        # Counted once per handler per batch, not per run: a labelled prometheus-client
+        # call is a few microseconds, a visible share of a no-op job's CPU.
+        claimed: dict[str, int] = {}
+        lease_until = sent + self.cfg.lease_seconds
+        for run in runs:
+            # a label from the registry (a closed set), whatever name a task or job carries
+            label = run.handler if self.handlers.get(run.handler) else "unknown"
+            claimed[label] = claimed.get(label, 0) + 1
+            self._lease_until[run.id] = lease_until
+            if run.started_at and run.run_at:  # both on the database clock
+                self.metrics.observe("switchboard_claim_latency_seconds",
+                                     (run.started_at - run.run_at).total_seconds())
+            self._running[run.id] = asyncio.create_task(self._execute(run), name=f"run-{run.id}")
+        for label, n in claimed.items():
+            self.metrics.inc("switchboard_claims_total", n, handler=label)
+
+    def _refill_slots(self, finishing: list[int]) -> int:
+        """How many runs a finish of ``finishing`` may claim in the same round trip: the
+        slots free once they are finished, less those that claims in flight asked for.
+        None while stopping or draining, nor before start() (the loop owns claiming)."""
+        if self._stopping or self.replica.draining or self._loop_task is None:
+            return 0
+        done = set(finishing)
+        busy = sum(1 for rid in self._running if rid not in done)
+        return max(0, self.cfg.scheduler_concurrency - busy - self._reserved)
 
     async def _execute(self, run: Run) -> None:
         run_id = run.id
@@ -348,18 +366,40 @@ class Scheduler:
         return await fut
 
     async def _flush(self) -> None:
+        """One finish_runs() per batch of successes; when slots will be free, the same round
+        trip claims work for them (finish_and_claim: one statement, one transaction, where
+        a finish and then a claim were two). The claimed runs start before the finished
+        ones are forgotten, so the loop (woken by each finish) sees no free slot and sends
+        no claim of its own unless this one came back short."""
         try:
             while self._done:
                 batch, self._done = self._done, []
+                ids = [b[0] for b in batch]
+                want = self._refill_slots(ids)
+                sent = time.time()
+                runs: list[Run] = []
+                self._reserved += want
                 try:
-                    finished = await self.db.finish_runs(self.worker, [b[0] for b in batch],
-                                                             [b[1] for b in batch])
+                    if want:
+                        finished, runs = await self.db.finish_and_claim(
+                            self.worker, ids, [b[1] for b in batch], self.cfg.lease_seconds, want)
+                    else:
+                        finished = await self.db.finish_runs(self.worker, ids, [b[1] for b in batch])
                 except Exception as exc:
                     for _, _, fut in batch:
                         if not fut.done():
                             fut.set_exception(exc)
                     continue
+                finally:
+                    self._reserved -= want
                 self.metrics.inc("switchboard_runs_finished_total", len(batch), outcome="ok")
+                if runs:
+                    if self._stopping or self.replica.draining:
+                        # stop() began while the call was in flight: never start them; hand them
+                        # back before the finished runs' tasks end (stop() waits for those).
+                        await self._release_claimed(runs, "claimed with a finish while stopping")
+                    else:
+                        self._start_runs(runs, sent)
                 for run_id, _, fut in batch:
                     if not fut.done():
                         fut.set_result(run_id in finished)
@@ -450,12 +490,16 @@ class Scheduler:
                 continue
             finally:
                 self._claims.discard(claim)
-            for run in runs:
-                try:
-                    if await self.db.release_run(run.id, self.worker):
-                        LOG.info("run %s (claimed while stopping) handed back", run.id)
-                except Exception as exc:
-                    LOG.warning("run %s: hand-back failed (%s); its lease will expire", run.id, exc)
+            await self._release_claimed(runs, "claimed while stopping")
+
+    async def _release_claimed(self, runs: list[Run], why: str) -> None:
+        """Hand back runs that were claimed but never started here (fenced: release_run)."""
+        for run in runs:
+            try:
+                if await self.db.release_run(run.id, self.worker):
+                    LOG.info("run %s (%s) handed back", run.id, why)
+            except Exception as exc:
+                LOG.warning("run %s: hand-back failed (%s); its lease will expire", run.id, exc)
 
 
 def _jsonable(v: Any) -> Any:
