@@ -29,7 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psycopg
-from common import BENCH, RESULTS, ROOT, Cluster, log, loadavg, median, replica, stop_all
+from common import BENCH, RESULTS, ROOT, Cluster, log, median, replica, stop_all
 from e2e import _procrastinate_run, _sb_jobs_run, _start
 from switchboard.migrate import migrate
 
