@@ -158,3 +158,33 @@ def test_an_expired_lease_or_a_due_tick_still_goes_through_claim_due_task(db: st
         assert calls == 1 and rows[0] == (tid, "schedule") and [r[1] for r in rows[1:]] == ["enqueue"]
         throws_ok(c, "SELECT * FROM switchboard.claim_due_tasks('', '60 seconds', 5)", "22023", match="worker")
         throws_ok(c, "SELECT * FROM switchboard.claim_due_tasks('w1', '0 seconds', 5)", "22023")
+
+
+def test_finish_and_claim_finishes_fenced_then_claims_in_one_transaction(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("UPDATE switchboard.tasks SET is_active = false")
+        c.execute("SELECT switchboard.enqueue('noop') FROM generate_series(1, 5)")
+        mine = [r[0] for r in c.execute("SELECT id FROM switchboard.claim_due_tasks('w1', '60 seconds', 2)")]
+        theirs = c.execute("SELECT id FROM switchboard.claim_due_tasks('w2', '60 seconds', 1)").fetchone()[0]
+        rows = c.execute("SELECT id, status, handler, args, worker FROM switchboard.finish_and_claim("
+                         "'w1', %s, ARRAY[%s, NULL, NULL]::jsonb[], '60 seconds', 2)",
+                         (mine + [theirs], Jsonb({"n": 1}))).fetchall()
+        # w1's two runs are finished (thin rows: id and status only); w2's is fenced out
+        assert sorted(r[0] for r in rows if r[1] == "succeeded") == sorted(mine)
+        assert all(r[2] is None and r[3] is None for r in rows if r[1] == "succeeded")
+        claimed = [r for r in rows if r[1] != "succeeded"]
+        assert len(claimed) == 2 and {(r[1], r[2], r[4]) for r in claimed} == {("running", "noop", "w1")}
+        assert c.execute("SELECT result FROM switchboard.task_runs WHERE id = %s", (mine[0],)).fetchone()[0] == {"n": 1}
+        assert c.execute("SELECT status, worker FROM switchboard.task_runs WHERE id = %s", (theirs,)).fetchone() == (
+            "running", "w2")
+        # max_runs 0 only finishes
+        ids = [r[0] for r in claimed]
+        rows = c.execute("SELECT id, status FROM switchboard.finish_and_claim('w1', %s, NULL, '60 seconds', 0)",
+                         (ids[:1],)).fetchall()
+        assert rows == [(ids[0], "succeeded")]
+        # a claim that fails rolls the finish back: the run stays running, leased to w1
+        throws_ok(c, "SELECT * FROM switchboard.finish_and_claim('w1', %s, NULL, '0 seconds', 1)", "22023",
+                  params=(ids[1:],))
+        assert c.execute("SELECT status FROM switchboard.task_runs WHERE id = %s", (ids[1],)).fetchone()[0] == "running"
+        throws_ok(c, "SELECT * FROM switchboard.finish_and_claim('w1', %s, NULL, '60 seconds', 1001)", "22023",
+                  params=(ids[1:],), match="max_runs")
