@@ -135,6 +135,29 @@ def test_a_batch_with_nothing_else_due_is_one_statement_and_takes_the_oldest_in_
         assert rows == [] and calls == 0
 
 
+def test_a_tick_due_behind_the_queue_head_waits_in_the_fast_path(db: str) -> None:
+    """Oldest due first, as claim_due_task: a tick that fell due after the queued runs were
+    due does not take the batch off the one-statement path; it is claimed once no older
+    queued run is left -- or at once, through claim_due_task, when the older ones are all
+    locked by other workers."""
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("UPDATE switchboard.tasks SET is_active = false")
+        older = [r[0] for r in c.execute(
+            "SELECT (switchboard.enqueue('noop', '{}', now() - interval '10 minutes')).id "
+            "FROM generate_series(1, 5)").fetchall()]
+        tid = c.execute("SELECT id FROM switchboard.create_task('tick', '@every 1 hour', 'noop')").fetchone()[0]
+        c.execute("UPDATE switchboard.tasks SET next_run_at = now() - interval '1 minute' WHERE id = %s", (tid,))
+        rows, calls = _nested_claim_calls(
+            c, "SELECT id, task_id FROM switchboard.claim_due_tasks('w1', '60 seconds', 3)")
+        assert calls == 0 and [r[0] for r in rows] == older[:3] and all(r[1] is None for r in rows)
+        # the two older runs left are locked by another worker: the tick is taken now
+        with psycopg.connect(db) as other:
+            other.execute("SELECT id FROM switchboard.task_runs WHERE id = ANY(%s) FOR UPDATE", (older[3:],))
+            rows, calls = _nested_claim_calls(
+                c, "SELECT task_id, trigger FROM switchboard.claim_due_tasks('w1', '60 seconds', 3)")
+            assert calls == 1 and rows == [(tid, "schedule")]
+
+
 def test_an_expired_lease_or_a_due_tick_still_goes_through_claim_due_task(db: str) -> None:
     """The one-statement batch is only for plain queue work: an expired lease is rescued and
     a due tick claimed first, by claim_due_task() as before; bad arguments raise its errors."""

@@ -3,7 +3,7 @@
 -- Function changes (applied by afterAll):
 --   claim_due_tasks(text, interval, integer) (25_batch_claim.sql): same
 --     signature and results. When no lease has expired and no task tick is due
---     (claim_due_task's own two probes), the max_runs oldest due queued runs
+--     before the queue's head (claim_due_task's own probes and rule), the max_runs oldest due queued runs
 --     are claimed by one UPDATE ... FOR UPDATE SKIP LOCKED instead of a nested
 --     claim_due_task() call for the first and a second UPDATE for the rest:
 --     the same runs in the same order, one SECURITY DEFINER call and one
