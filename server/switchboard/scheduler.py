@@ -79,7 +79,8 @@ class Scheduler:
         self.replica = replica
         self.worker = replica.replica_id
         self._contexts: dict[int, HandlerContext] = {}
-        self._htasks: dict[int, asyncio.Task[Any]] = {}   # run id -> its handler's task
+        # run id -> the task running its handler, while the handler runs (and only then)
+        self._htasks: dict[int, asyncio.Task[Any]] = {}
         self._wake = asyncio.Event()
         self._fence_wake = asyncio.Event()
         self._fence_task: asyncio.Task[Any] | None = None
@@ -123,7 +124,7 @@ class Scheduler:
         for row in await self.db.lost_runs(self.worker, ids):
             ctx = self._contexts.get(row["run_id"])
             htask = self._htasks.get(row["run_id"])
-            if ctx is None or htask is None or htask.done():
+            if ctx is None or htask is None:
                 continue        # the handler is done: its outcome is being recorded (or fenced)
             if row["status"] == "cancelled":
                 ctx.cancelled.set()
@@ -214,9 +215,14 @@ class Scheduler:
         self._lease_until.setdefault(run_id, time.time() + self.cfg.lease_seconds)
         ok, result, error = False, None, None
         handler = self.handlers.get(run.handler)
+        # The handler runs in this task, not in one of its own: a second task per run (and
+        # its scheduling and done callbacks) was the largest part of the event loop's work
+        # per short job (bench/profile_jobs.py --cprofile). Cancelling "the handler" is
+        # cancelling this task while it is in the handler (_cancel_handler checks that).
         htask: asyncio.Task[Any] | None = None
         if handler is not None:
-            htask = asyncio.create_task(handler(ctx), name=f"handler-{run_id}")
+            htask = asyncio.current_task()
+            assert htask is not None
             self._htasks[run_id] = htask
         # The lease guards (heartbeat, lease watch) start when the first heartbeat is
         # due (lease/3 after the claim was sent), not with the run: until then neither
@@ -241,20 +247,23 @@ class Scheduler:
                 g.cancel()
 
         try:
-            if htask is None:
+            if handler is None or htask is None:
                 error = f"unknown handler {run.handler!r} (registered: {', '.join(self.handlers.names())})"
             else:
                 try:
-                    result = await htask
+                    result = await handler(ctx)
                     ok = True
                 except asyncio.CancelledError:
                     if run_id not in self._lost:
                         raise                       # this run is being cancelled (shutdown)
+                    htask.uncancel()                # the lease-loss cancel, consumed here
                 except HandlerError as exc:
                     error = str(exc)
                 except Exception as exc:
                     error = f"{type(exc).__name__}: {exc}"
                     LOG.warning("run %s (%s) failed:\n%s", run_id, run.handler, traceback.format_exc())
+                finally:
+                    self._htasks.pop(run_id, None)  # out of the handler: nothing left to cancel
         except asyncio.CancelledError:
             stop_guards()
             self._forget(run_id)
@@ -299,12 +308,17 @@ class Scheduler:
             self.metrics.inc("switchboard_leases_lost_total")
         self._lost.add(ctx.run_id)
         ctx.lease_lost.set()
-        if htask is not None and not htask.done():
+        if htask is not None and self._htasks.get(ctx.run_id) is htask:
             # A handler that watches ctx.lease_lost gets half the margin to stop by itself
             # (and, say, tell its user); then it is cancelled -- still before the lease can
             # expire in the database.
             asyncio.get_running_loop().call_later(self._margin() / 2 if grace is None else grace,
-                                                  htask.cancel)
+                                                  self._cancel_handler, ctx.run_id, htask)
+
+    def _cancel_handler(self, run_id: int, htask: asyncio.Task[Any]) -> None:
+        """Cancel a run's handler if it is still in it (its task then records nothing)."""
+        if self._htasks.get(run_id) is htask:
+            htask.cancel()
 
     def _margin(self) -> float:
         return min(max(self.cfg.lease_seconds * 0.2, 0.2), 5.0)
@@ -313,7 +327,7 @@ class Scheduler:
         """Cancel the handler once its lease can no longer be proven (see the module docstring)."""
         lease = self.cfg.lease_seconds
         margin = self._margin()
-        while not htask.done():
+        while self._htasks.get(ctx.run_id) is htask:
             left = self._lease_until.get(ctx.run_id, 0.0) - margin - time.time()
             if left <= 0:
                 self._lose_lease(ctx, htask, f"no heartbeat acknowledged for {lease - margin:.1f} s")
