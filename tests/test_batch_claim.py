@@ -211,3 +211,33 @@ def test_finish_and_claim_finishes_fenced_then_claims_in_one_transaction(db: str
         assert c.execute("SELECT status FROM switchboard.task_runs WHERE id = %s", (ids[1],)).fetchone()[0] == "running"
         throws_ok(c, "SELECT * FROM switchboard.finish_and_claim('w1', %s, NULL, '60 seconds', 1001)", "22023",
                   params=(ids[1:],), match="max_runs")
+
+
+def test_plans_made_on_an_empty_queue_do_not_scan_a_later_burst(db: str) -> None:
+    """An idle replica's polls make the cached plans while the queue is empty, where every
+    path costs the same; the burst after must still be claimed and finished through the
+    primary key and the queue index (V0018: force_custom_plan). Without it the finish was
+    a sequential scan under a hash join and the claim a walk of task_runs_by_handler:
+    the whole table or index per call. Counted in buffers, so it holds on any machine."""
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("UPDATE switchboard.tasks SET is_active = false")
+        c.execute("TRUNCATE switchboard.task_runs")
+        c.execute("VACUUM ANALYZE switchboard.task_runs")
+        for _ in range(12):        # past the five custom plans after which a generic one is cached
+            c.execute("SELECT * FROM switchboard.finish_and_claim('w', '{1,2,3,4,5,6,7,8}', NULL, '60 seconds', 8)")
+        c.execute("SELECT switchboard.enqueue('noop') FROM generate_series(1, 150000)")
+        pages = c.execute("SELECT pg_relation_size('switchboard.task_runs') / current_setting('block_size')::int"
+                          ).fetchone()[0]
+        assert pages > 1500
+        ids = [r[0] for r in c.execute(
+            "SELECT id FROM switchboard.finish_and_claim('w', '{}', NULL, '60 seconds', 8)").fetchall()]
+        used = []
+        for _ in range(4):
+            plan = c.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM "
+                             "switchboard.finish_and_claim('w', %s, NULL, '60 seconds', 8)", (ids,)).fetchone()[0][0]
+            used.append(_buffers(plan))
+            ids = [r[0] for r in c.execute("SELECT id FROM switchboard.task_runs WHERE worker = 'w' "
+                                           "AND status = 'running'").fetchall()]
+            assert len(ids) == 8
+        # a healthy call (8 finished, 8 claimed, their index entries) reads ~250 buffers
+        assert max(used) < pages / 3, (used, pages)

@@ -38,6 +38,7 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 SET enable_bitmapscan = off
+SET plan_cache_mode = force_custom_plan
 AS $$
 DECLARE
     v_first switchboard.task_runs;
@@ -108,10 +109,23 @@ COMMENT ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) IS
 REVOKE ALL ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) TO switchboard_app;
 
+-- plan_cache_mode = force_custom_plan (V0018), here and on claim_due_tasks: an idle
+-- replica polls, so the cached generic plans of both are often made while the
+-- queue is empty, where every path costs the same. A burst then ran on them:
+-- finish_runs as a sequential scan of task_runs under a hash join (2.9 ms for
+-- 8 runs at 20,000 rows), the batch claim's outer UPDATE through
+-- task_runs_by_handler (handler, id DESC) with id = ANY(...) as a qual on its
+-- second column, a walk of the whole index (9.5 ms per claim; 934 us of
+-- PostgreSQL time per job in one bench/profile_jobs.py run). A custom plan is
+-- made for the table as it is at each call (its current size, even with
+-- empty-table statistics) and takes the primary key; planning is a few tens of
+-- microseconds per call, once per batch. Tested by buffers in
+-- tests/test_batch_claim.py.
 CREATE OR REPLACE FUNCTION switchboard.finish_runs(worker text, run_ids bigint[], results jsonb[] DEFAULT NULL)
 RETURNS SETOF bigint
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan
 AS $$
 BEGIN
     IF run_ids IS NULL OR (results IS NOT NULL AND cardinality(results) <> cardinality(run_ids)) THEN
