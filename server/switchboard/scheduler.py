@@ -12,6 +12,12 @@ stops claiming, caps every running handler's deadline at the end of the grace
 period, lets them finish within it and hands the rest back with release_run()
 so another replica takes them at once.
 
+Batches. Claims take as many runs as there are free slots in one call
+(claim_due_tasks); successes are recorded in group commits (finish_runs), and
+when that frees slots the same round trip claims work for them
+(finish_and_claim), so a busy replica makes one statement per batch of runs.
+A run's handler runs inside the run's own task.
+
 Lease loss. The lease is only as good as the last heartbeat that reached
 Postgres: a heartbeat sent at local time t (and acknowledged) moved the
 lease to at least t + lease, since the database's now() was later than t.
