@@ -216,7 +216,7 @@ def test_finish_and_claim_finishes_fenced_then_claims_in_one_transaction(db: str
 def test_plans_made_on_an_empty_queue_do_not_scan_a_later_burst(db: str) -> None:
     """An idle replica's polls make the cached plans while the queue is empty, where every
     path costs the same; the burst after must still be claimed and finished through the
-    primary key and the queue index (V0018: force_custom_plan). Without it the finish was
+    primary key and the queue index (V0018: those UPDATEs are planned at each call). Without it the finish was
     a sequential scan under a hash join and the claim a walk of task_runs_by_handler:
     the whole table or index per call. Counted in buffers, so it holds on any machine."""
     with psycopg.connect(db, autocommit=True) as c:

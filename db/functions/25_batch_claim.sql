@@ -38,7 +38,6 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 SET enable_bitmapscan = off
-SET plan_cache_mode = force_custom_plan
 AS $$
 DECLARE
     v_first switchboard.task_runs;
@@ -46,6 +45,16 @@ DECLARE
     v_task_at timestamptz;
     v_queued_at timestamptz;
     v_fast boolean := false;
+    -- Dynamic, so planned at each call (see the comment above finish_runs): the oldest
+    -- $4 due queued runs of unpaused handlers, leased to $1 from $2 for $3.
+    v_take constant text := 'UPDATE switchboard.task_runs r
+           SET status = ''running'', worker = $1, lease_expires_at = $2 + $3, started_at = $2
+         WHERE r.id = ANY (ARRAY(SELECT q.id FROM switchboard.task_runs q
+                                  WHERE q.status = ''queued'' AND q.run_at <= $2
+                                    AND q.handler <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
+                                  ORDER BY q.run_at, q.id
+                                  LIMIT $4 FOR UPDATE OF q SKIP LOCKED))
+        RETURNING r.*';
 BEGIN
     IF max_runs IS NULL OR max_runs < 1 OR max_runs > 1000 THEN
         RAISE EXCEPTION 'invalid max_runs %', max_runs USING ERRCODE = '22023',
@@ -69,16 +78,7 @@ BEGIN
         END IF;
     END IF;
     IF v_fast AND (v_task_at IS NULL OR v_queued_at < v_task_at) THEN
-        RETURN QUERY
-        UPDATE switchboard.task_runs r
-           SET status = 'running', worker = claim_due_tasks.worker,
-               lease_expires_at = v_now + claim_due_tasks.lease, started_at = v_now
-         WHERE r.id = ANY (ARRAY(SELECT q.id FROM switchboard.task_runs q
-                                  WHERE q.status = 'queued' AND q.run_at <= v_now
-                                    AND q.handler <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
-                                  ORDER BY q.run_at, q.id
-                                  LIMIT max_runs FOR UPDATE OF q SKIP LOCKED))
-        RETURNING r.*;
+        RETURN QUERY EXECUTE v_take USING claim_due_tasks.worker, v_now, claim_due_tasks.lease, max_runs;
         -- With a due tick behind the queue head, claim_due_task takes the tick when every
         -- older queued run is locked by other workers: so does the slow path below.
         IF FOUND OR v_task_at IS NULL THEN
@@ -91,16 +91,7 @@ BEGIN
     END IF;
     RETURN NEXT v_first;
     IF max_runs > 1 THEN
-        RETURN QUERY
-        UPDATE switchboard.task_runs r
-           SET status = 'running', worker = claim_due_tasks.worker,
-               lease_expires_at = v_now + claim_due_tasks.lease, started_at = v_now
-         WHERE r.id = ANY (ARRAY(SELECT q.id FROM switchboard.task_runs q
-                                  WHERE q.status = 'queued' AND q.run_at <= v_now
-                                    AND q.handler <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
-                                  ORDER BY q.run_at, q.id
-                                  LIMIT max_runs - 1 FOR UPDATE OF q SKIP LOCKED))
-        RETURNING r.*;
+        RETURN QUERY EXECUTE v_take USING claim_due_tasks.worker, v_now, claim_due_tasks.lease, max_runs - 1;
     END IF;
 END
 $$;
@@ -109,9 +100,9 @@ COMMENT ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) IS
 REVOKE ALL ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) TO switchboard_app;
 
--- plan_cache_mode = force_custom_plan (V0018), here and on claim_due_tasks: an idle
--- replica polls, so the cached generic plans of both are often made while the
--- queue is empty, where every path costs the same. A burst then ran on them:
+-- Planned at each call (V0018: EXECUTE, a one-shot plan), here and in
+-- claim_due_tasks' UPDATE: an idle replica polls, so cached generic plans of
+-- both were often made while the queue was empty, where every path costs the same. A burst then ran on them:
 -- finish_runs as a sequential scan of task_runs under a hash join (2.9 ms for
 -- 8 runs at 20,000 rows), the batch claim's outer UPDATE through
 -- task_runs_by_handler (handler, id DESC) with id = ANY(...) as a qual on its
@@ -119,25 +110,27 @@ GRANT EXECUTE ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) T
 -- PostgreSQL time per job in one bench/profile_jobs.py run). A custom plan is
 -- made for the table as it is at each call (its current size, even with
 -- empty-table statistics) and takes the primary key; planning is a few tens of
--- microseconds per call, once per batch. Tested by buffers in
+-- microseconds per call, once per batch. (plan_cache_mode = force_custom_plan on
+-- the functions did the same but also re-planned every PL/pgSQL expression:
+-- claim_due_tasks' own time per job doubled.) Tested by buffers in
 -- tests/test_batch_claim.py.
 CREATE OR REPLACE FUNCTION switchboard.finish_runs(worker text, run_ids bigint[], results jsonb[] DEFAULT NULL)
 RETURNS SETOF bigint
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_custom_plan
 AS $$
 BEGIN
     IF run_ids IS NULL OR (results IS NOT NULL AND cardinality(results) <> cardinality(run_ids)) THEN
         RAISE EXCEPTION 'run_ids and results differ in length' USING ERRCODE = '22023',
             HINT = 'Pass one result per run id, or NULL for none.';
     END IF;
-    RETURN QUERY
-    UPDATE switchboard.task_runs r
-       SET status = 'succeeded', finished_at = now(), lease_expires_at = NULL, result = x.res
-      FROM unnest(run_ids, coalesce(results, array_fill(NULL::jsonb, ARRAY[cardinality(run_ids)]))) AS x(id, res)
-     WHERE r.id = x.id AND r.worker = finish_runs.worker AND r.status = 'running'
-    RETURNING r.id;
+    RETURN QUERY EXECUTE
+    'UPDATE switchboard.task_runs r
+        SET status = ''succeeded'', finished_at = now(), lease_expires_at = NULL, result = x.res
+       FROM unnest($2, coalesce($3, array_fill(NULL::jsonb, ARRAY[cardinality($2)]))) AS x(id, res)
+      WHERE r.id = x.id AND r.worker = $1 AND r.status = ''running''
+     RETURNING r.id'
+    USING finish_runs.worker, run_ids, results;
 END
 $$;
 COMMENT ON FUNCTION switchboard.finish_runs(text, bigint[], jsonb[]) IS

@@ -14,7 +14,8 @@
 --     transaction: the scheduler's finish of k successes refills k free slots
 --     in the same round trip. The 0.2.0 server does not call it (rolling update).
 --   claim_due_tasks, finish_runs (25_batch_claim.sql): same signatures and
---     results, now SET plan_cache_mode = force_custom_plan. Generic plans made
+--     results; their run-table UPDATEs are now dynamic (EXECUTE), so planned
+--     at each call for the table as it is. Generic plans made
 --     while the queue was empty (an idle replica polls) ran a later burst as a
 --     sequential scan under a hash join (finish_runs, 2.9 ms for 8 runs at
 --     20,000 rows) and as a walk of task_runs_by_handler for id = ANY(...)
