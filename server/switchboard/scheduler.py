@@ -207,7 +207,7 @@ class Scheduler:
     def _refill_slots(self, finishing: list[int]) -> int:
         """How many runs a finish of ``finishing`` may claim in the same round trip: the
         slots free once they are finished, less those that claims in flight asked for.
-        None while stopping or draining, nor before start() (the loop owns claiming)."""
+        Zero while stopping or draining, and before start() (the loop owns claiming)."""
         if self._stopping or self.replica.draining or self._loop_task is None:
             return 0
         done = set(finishing)
