@@ -13,6 +13,24 @@
 -- (run, worker, running).
 -- enable_seqscan = off, enable_bitmapscan = off (V0015): as claim_due_task (20_scheduler.sql), whose
 -- comment says why; the batch's head read is the same kind of statement.
+--
+-- V0018, the common case in one statement: when no lease has expired and no
+-- task tick is due before the queue's head, claim_due_task() would only take
+-- the queue's head, and the fill below the next max_runs - 1 runs of the same
+-- ordered walk; one UPDATE ... LIMIT max_runs takes the same runs. That skips a
+-- nested SECURITY DEFINER call (its SET clauses, its checks, its own UPDATE)
+-- per batch: ~39 of ~170 us of PostgreSQL CPU per drained job
+-- (bench/profile_jobs.py --pgss, pg_stat_user_functions). The probes are
+-- claim_due_task's own (expired lease: status = 'running' AND lease_expires_at
+-- < now; oldest due tick: active, next_run_at <= now, handler not paused; the
+-- queue head's run_at, read only when a tick is due) and so is the rule: the
+-- queue goes first when its head is strictly older than the tick. A tick due
+-- during a long drain is thus no reason to leave the fast path while older
+-- queued runs remain (a third of a 20,000-job drain's claims did, behind the
+-- 10-second maintenance tick). An expired lease, a tick due first, an invalid
+-- argument (claim_due_task raises its own error), or a tick behind a queue
+-- whose due runs are all locked: the first unit goes through claim_due_task()
+-- exactly as before.
 CREATE OR REPLACE FUNCTION switchboard.claim_due_tasks(
     worker text, lease interval DEFAULT '60 seconds', max_runs integer DEFAULT 1)
 RETURNS SETOF switchboard.task_runs
@@ -24,10 +42,48 @@ AS $$
 DECLARE
     v_first switchboard.task_runs;
     v_now timestamptz := now();
+    v_task_at timestamptz;
+    v_queued_at timestamptz;
+    v_fast boolean := false;
+    -- Dynamic, so planned at each call (see the comment above finish_runs): the oldest
+    -- $4 due queued runs of unpaused handlers, leased to $1 from $2 for $3.
+    v_take constant text := 'UPDATE switchboard.task_runs r
+           SET status = ''running'', worker = $1, lease_expires_at = $2 + $3, started_at = $2
+         WHERE r.id = ANY (ARRAY(SELECT q.id FROM switchboard.task_runs q
+                                  WHERE q.status = ''queued'' AND q.run_at <= $2
+                                    AND q.handler <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
+                                  ORDER BY q.run_at, q.id
+                                  LIMIT $4 FOR UPDATE OF q SKIP LOCKED))
+        RETURNING r.*';
 BEGIN
     IF max_runs IS NULL OR max_runs < 1 OR max_runs > 1000 THEN
         RAISE EXCEPTION 'invalid max_runs %', max_runs USING ERRCODE = '22023',
             HINT = 'max_runs is how many free slots the worker has: 1 to 1000.';
+    END IF;
+    IF claim_due_tasks.worker IS NOT NULL AND length(claim_due_tasks.worker) BETWEEN 1 AND 200
+       AND claim_due_tasks.lease > interval '0' AND claim_due_tasks.lease <= interval '1 day'
+       AND NOT EXISTS (SELECT 1 FROM switchboard.task_runs e
+                        WHERE e.status = 'running' AND e.lease_expires_at < v_now)
+    THEN
+        v_fast := true;
+        SELECT t.next_run_at INTO v_task_at FROM switchboard.tasks t
+         WHERE t.is_active AND t.next_run_at <= v_now
+           AND t.handler <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
+         ORDER BY t.next_run_at LIMIT 1;
+        IF v_task_at IS NOT NULL THEN
+            SELECT q.run_at INTO v_queued_at FROM switchboard.task_runs q
+             WHERE q.status = 'queued' AND q.run_at <= v_now
+               AND q.handler <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
+             ORDER BY q.run_at, q.id LIMIT 1;
+        END IF;
+    END IF;
+    IF v_fast AND (v_task_at IS NULL OR v_queued_at < v_task_at) THEN
+        RETURN QUERY EXECUTE v_take USING claim_due_tasks.worker, v_now, claim_due_tasks.lease, max_runs;
+        -- With a due tick behind the queue head, claim_due_task takes the tick when every
+        -- older queued run is locked by other workers: so does the slow path below.
+        IF FOUND OR v_task_at IS NULL THEN
+            RETURN;
+        END IF;
     END IF;
     SELECT * INTO v_first FROM switchboard.claim_due_task(claim_due_tasks.worker, claim_due_tasks.lease);
     IF NOT FOUND OR v_first.id IS NULL THEN
@@ -35,24 +91,29 @@ BEGIN
     END IF;
     RETURN NEXT v_first;
     IF max_runs > 1 THEN
-        RETURN QUERY
-        UPDATE switchboard.task_runs r
-           SET status = 'running', worker = claim_due_tasks.worker,
-               lease_expires_at = v_now + claim_due_tasks.lease, started_at = v_now
-         WHERE r.id = ANY (ARRAY(SELECT q.id FROM switchboard.task_runs q
-                                  WHERE q.status = 'queued' AND q.run_at <= v_now
-                                    AND q.handler <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
-                                  ORDER BY q.run_at, q.id
-                                  LIMIT max_runs - 1 FOR UPDATE OF q SKIP LOCKED))
-        RETURNING r.*;
+        RETURN QUERY EXECUTE v_take USING claim_due_tasks.worker, v_now, claim_due_tasks.lease, max_runs - 1;
     END IF;
 END
 $$;
 COMMENT ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) IS
-    'Claim up to max_runs units of work in one call: the first exactly as claim_due_task() (oldest due first, ticks included), the rest from the queued runs (FOR UPDATE SKIP LOCKED). Paused handlers (pause_handler()) are skipped. No row when nothing is due.';
+    'Claim up to max_runs units of work in one call: the first exactly as claim_due_task() (oldest due first, ticks included, expired leases rescued), the rest from the queued runs (FOR UPDATE SKIP LOCKED). When no lease has expired and no tick is due, all of them are the oldest due queued runs, taken in one statement. Paused handlers (pause_handler()) are skipped. No row when nothing is due.';
 REVOKE ALL ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) TO switchboard_app;
 
+-- Planned at each call (V0018: EXECUTE, a one-shot plan), here and in
+-- claim_due_tasks' UPDATE: an idle replica polls, so cached generic plans of
+-- both were often made while the queue was empty, where every path costs the same. A burst then ran on them:
+-- finish_runs as a sequential scan of task_runs under a hash join (2.9 ms for
+-- 8 runs at 20,000 rows), the batch claim's outer UPDATE through
+-- task_runs_by_handler (handler, id DESC) with id = ANY(...) as a qual on its
+-- second column, a walk of the whole index (9.5 ms per claim; 934 us of
+-- PostgreSQL time per job in one bench/profile_jobs.py run). A custom plan is
+-- made for the table as it is at each call (its current size, even with
+-- empty-table statistics) and takes the primary key; planning is a few tens of
+-- microseconds per call, once per batch. (plan_cache_mode = force_custom_plan on
+-- the functions did the same but also re-planned every PL/pgSQL expression:
+-- claim_due_tasks' own time per job doubled.) Tested by buffers in
+-- tests/test_batch_claim.py.
 CREATE OR REPLACE FUNCTION switchboard.finish_runs(worker text, run_ids bigint[], results jsonb[] DEFAULT NULL)
 RETURNS SETOF bigint
 LANGUAGE plpgsql SECURITY DEFINER
@@ -63,15 +124,59 @@ BEGIN
         RAISE EXCEPTION 'run_ids and results differ in length' USING ERRCODE = '22023',
             HINT = 'Pass one result per run id, or NULL for none.';
     END IF;
-    RETURN QUERY
-    UPDATE switchboard.task_runs r
-       SET status = 'succeeded', finished_at = now(), lease_expires_at = NULL, result = x.res
-      FROM unnest(run_ids, coalesce(results, array_fill(NULL::jsonb, ARRAY[cardinality(run_ids)]))) AS x(id, res)
-     WHERE r.id = x.id AND r.worker = finish_runs.worker AND r.status = 'running'
-    RETURNING r.id;
+    RETURN QUERY EXECUTE
+    'UPDATE switchboard.task_runs r
+        SET status = ''succeeded'', finished_at = now(), lease_expires_at = NULL, result = x.res
+       FROM unnest($2, coalesce($3, array_fill(NULL::jsonb, ARRAY[cardinality($2)]))) AS x(id, res)
+      WHERE r.id = x.id AND r.worker = $1 AND r.status = ''running''
+     RETURNING r.id'
+    USING finish_runs.worker, run_ids, results;
 END
 $$;
 COMMENT ON FUNCTION switchboard.finish_runs(text, bigint[], jsonb[]) IS
     'Record several successful runs of worker at once (results in the same order, or NULL). Returns the ids actually finished: a run the worker no longer owns is left untouched (fencing). Failures go through finish_run(), which schedules retries.';
 REVOKE ALL ON FUNCTION switchboard.finish_runs(text, bigint[], jsonb[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.finish_runs(text, bigint[], jsonb[]) TO switchboard_app;
+
+-- finish_and_claim (V0018): a replica's steady state is "k handlers just
+-- succeeded, k slots are free": finish_runs() and claim_due_tasks() in one
+-- round trip and one transaction instead of two. Per drained job that is half
+-- the statements, commits and client round trips of the finish/claim cycle
+-- (bench/profile_jobs.py, bench/jobs_ab.py). The finish is fenced exactly as
+-- finish_runs() (it is called); the claim is exactly claim_due_tasks() (it is
+-- called). Finished runs come back first as thin rows (only id, and status
+-- 'succeeded'), then the claimed runs, whole (status 'running'), so the caller
+-- tells them apart by status and decodes no columns it does not need.
+-- max_runs = 0 only finishes (a draining replica). A failure rolls back both:
+-- the runs stay running until their lease expires and are retried, as when
+-- finish_runs() fails.
+CREATE OR REPLACE FUNCTION switchboard.finish_and_claim(
+    worker text, run_ids bigint[], results jsonb[], lease interval, max_runs integer)
+RETURNS SETOF switchboard.task_runs
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_done switchboard.task_runs;
+    v_id bigint;
+BEGIN
+    IF max_runs IS NULL OR max_runs < 0 OR max_runs > 1000 THEN
+        RAISE EXCEPTION 'invalid max_runs %', max_runs USING ERRCODE = '22023',
+            HINT = 'max_runs is how many free slots the worker has: 0 (finish only) to 1000.';
+    END IF;
+    v_done.status := 'succeeded';
+    FOR v_id IN SELECT f FROM switchboard.finish_runs(finish_and_claim.worker, finish_and_claim.run_ids,
+                                                     finish_and_claim.results) AS f LOOP
+        v_done.id := v_id;
+        RETURN NEXT v_done;
+    END LOOP;
+    IF max_runs > 0 THEN
+        RETURN QUERY SELECT * FROM switchboard.claim_due_tasks(finish_and_claim.worker, finish_and_claim.lease,
+                                                               finish_and_claim.max_runs);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION switchboard.finish_and_claim(text, bigint[], jsonb[], interval, integer) IS
+    'finish_runs(worker, run_ids, results) then claim_due_tasks(worker, lease, max_runs) in one call and one transaction. Returns the runs actually finished as rows holding only id and status = ''succeeded'' (fenced: a run the worker no longer owns is absent), then the claimed runs (status ''running''). max_runs = 0 only finishes.';
+REVOKE ALL ON FUNCTION switchboard.finish_and_claim(text, bigint[], jsonb[], interval, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.finish_and_claim(text, bigint[], jsonb[], interval, integer) TO switchboard_app;

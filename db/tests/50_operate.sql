@@ -9,7 +9,7 @@
 \pset pager off
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
-SELECT plan(64);
+SELECT plan(66);
 
 -- The API.
 SELECT has_function('switchboard', 'cancel_run', ARRAY['bigint']);
@@ -75,6 +75,12 @@ SELECT is(switchboard.heartbeat_run(:r1, 'pgtap-w1'), false, 'the worker''s hear
 SELECT is(switchboard.finish_run(:r1, 'pgtap-w1', true), false, 'the worker''s late finish is fenced');
 SELECT is_empty(format('SELECT switchboard.finish_runs(%L, ARRAY[%s]::bigint[])', 'pgtap-w1', :r1),
                 'a late batched finish is fenced too');
+SELECT is_empty(format('SELECT * FROM switchboard.finish_and_claim(%L, ARRAY[%s]::bigint[], NULL, %L, 0)',
+                       'pgtap-w1', :r1, '60 seconds'),
+                'and a late finish_and_claim (finish only: max_runs 0)');
+SELECT throws_ok(format('SELECT * FROM switchboard.finish_and_claim(%L, ARRAY[%s]::bigint[], NULL, %L, -1)',
+                        'pgtap-w1', :r1, '60 seconds'), '22023', 'invalid max_runs -1',
+                 'finish_and_claim refuses a negative max_runs, naming it');
 SELECT is(switchboard.release_run(:r1, 'pgtap-w1'), false, 'and so is a hand-back');
 SELECT is((SELECT status FROM switchboard.task_runs WHERE id = :r1), 'cancelled', 'the run stays cancelled');
 SELECT results_eq(format('SELECT run_id, status FROM switchboard.lost_runs(%L, ARRAY[%s, -5]::bigint[]) ORDER BY 1',

@@ -4,8 +4,8 @@ BEGIN;
 DO $verify$
 BEGIN
     -- exactly the functions the files define: no left-over overload of an older release
-    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 127) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected exactly 127 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
+    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 128) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected exactly 128 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.cron_next(text, timestamptz, text)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.cron_next(text, timestamptz, text)' USING ERRCODE = 'P0004';
@@ -240,6 +240,15 @@ BEGIN
     END IF;
     IF (has_function_privilege('switchboard_app', 'switchboard.finish_runs(text, bigint[], jsonb[])', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.finish_runs(text, bigint[], jsonb[])' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard.finish_and_claim(text, bigint[], jsonb[], interval, integer)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.finish_and_claim(text, bigint[], jsonb[], interval, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.finish_and_claim(text, bigint[], jsonb[], interval, integer)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.finish_and_claim(text, bigint[], jsonb[], interval, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard.finish_and_claim(text, bigint[], jsonb[], interval, integer)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.finish_and_claim(text, bigint[], jsonb[], interval, integer)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard._check_run_status(text)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard._check_run_status(text)' USING ERRCODE = 'P0004';
@@ -1113,6 +1122,9 @@ BEGIN
     END IF;
     IF (obj_description(to_regprocedure('switchboard.finish_runs(text, bigint[], jsonb[])'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.finish_runs(text, bigint[], jsonb[])' USING ERRCODE = 'P0004';
+    END IF;
+    IF (obj_description(to_regprocedure('switchboard.finish_and_claim(text, bigint[], jsonb[], interval, integer)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.finish_and_claim(text, bigint[], jsonb[], interval, integer)' USING ERRCODE = 'P0004';
     END IF;
     IF (obj_description(to_regprocedure('switchboard.list_runs(text, text, text, timestamptz, integer, bigint)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.list_runs(text, text, text, timestamptz, integer, bigint)' USING ERRCODE = 'P0004';

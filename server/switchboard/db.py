@@ -21,11 +21,11 @@ from uuid import UUID
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from .rows import Event, Run, Task
+from .rows import RUN_FIELDS, Event, Run, Task
 
 LOG = logging.getLogger("switchboard.db")
 
@@ -62,6 +62,9 @@ TASK_COLUMNS = (
     f"id, name, schedule, timezone, handler, args, is_active, max_attempts, {_ts('next_run_at')}, "
     "skipped_ticks, last_error, last_error_at, created_by, created_at, updated_at"
 )
+_CLAIM_DUE_TASKS = f"SELECT {RUN_COLUMNS} FROM switchboard.claim_due_tasks(%s, %s, %s)"
+_FINISH_AND_CLAIM = (f"SELECT {RUN_COLUMNS} FROM switchboard.finish_and_claim(%s, %s::bigint[], %s::jsonb[], %s, %s)")
+_STATUS = RUN_FIELDS.index("status")   # RUN_COLUMNS is RUN_FIELDS in order (tests/unit/test_rows.py)
 # events_since_v2's columns, as rows.Event holds them
 EVENT_COLUMNS = "tick, id, room, event, payload, created_at"
 
@@ -337,16 +340,49 @@ class Database:
 
     # -- scheduler --------------------------------------------------------------
 
+    async def _tuples(self, query: str, params: Any) -> list[tuple[Any, ...]]:
+        """fetchall() for the job hot path (one claim and one finish per batch of runs):
+        tuple rows instead of a dict per row, and no ``cursor.description`` (psycopg builds
+        one Column object per column each time it is read: 19 per claim). Only for
+        statements that always return a result set (a SELECT)."""
+        for attempt in (1, 2):
+            try:
+                async with self.connection() as conn:
+                    cur = conn.cursor(row_factory=tuple_row)
+                    await cur.execute(query, params)
+                    return await cur.fetchall()
+            except psycopg.Error as exc:
+                if attempt == 2 or not self._prepared_statements_broken(exc):
+                    raise
+        raise AssertionError("unreachable")
+
     async def claim_due_tasks(self, worker: str, lease: float, max_runs: int) -> list[Run]:
-        rows = await self.fetchall(f"SELECT {RUN_COLUMNS} FROM switchboard.claim_due_tasks(%s, %s, %s)",
-                                   (worker, timedelta(seconds=lease), max_runs))
-        return [Run.from_row(r) for r in rows]
+        # RUN_COLUMNS is Run's fields in order (tests/unit/test_rows.py), so a tuple row is Run(*row)
+        rows = await self._tuples(_CLAIM_DUE_TASKS, (worker, timedelta(seconds=lease), max_runs))
+        return [Run(*r) for r in rows]
 
     async def finish_runs(self, worker: str, run_ids: list[int], results: list[Any]) -> set[int]:
-        rows = await self.fetchall(
-            "SELECT r AS id FROM switchboard.finish_runs(%s, %s::bigint[], %s::jsonb[]) AS r",
-            (worker, run_ids, [None if r is None else Jsonb(r) for r in results]))
-        return {row["id"] for row in rows}
+        # All results None (a handler that returns nothing, the common case): pass NULL,
+        # which finish_runs() reads as "no result" for every run, instead of an array of NULLs.
+        res = None if all(r is None for r in results) else [None if r is None else Jsonb(r) for r in results]
+        rows = await self._tuples(
+            "SELECT r FROM switchboard.finish_runs(%s, %s::bigint[], %s::jsonb[]) AS r", (worker, run_ids, res))
+        return {row[0] for row in rows}
+
+    async def finish_and_claim(self, worker: str, run_ids: list[int], results: list[Any], lease: float,
+                               max_runs: int) -> tuple[set[int], list[Run]]:
+        """finish_runs() and claim_due_tasks() in one round trip (switchboard.finish_and_claim):
+        the ids actually finished (fenced), and the runs claimed."""
+        res = None if all(r is None for r in results) else [None if r is None else Jsonb(r) for r in results]
+        rows = await self._tuples(_FINISH_AND_CLAIM, (worker, run_ids, res, timedelta(seconds=lease), max_runs))
+        finished: set[int] = set()
+        runs: list[Run] = []
+        for r in rows:
+            if r[_STATUS] == "succeeded":    # a finished run's thin row (id and status only)
+                finished.add(r[0])
+            else:
+                runs.append(Run(*r))
+        return finished, runs
 
     async def heartbeat_run(self, run_id: int, worker: str, lease: float) -> bool:
         """One round trip, never two: the idle check is skipped (see UNCHECKED). A stale

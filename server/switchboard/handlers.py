@@ -93,7 +93,7 @@ class HandlerContext:
     """
 
     __slots__ = ("run_id", "attempt", "max_attempts", "args", "task_id", "handler", "trigger",
-                 "scheduled_for", "logger", "lease_lost", "cancelled", "_db", "_deadline")
+                 "scheduled_for", "_logger", "lease_lost", "cancelled", "_db", "_deadline")
 
     def __init__(self, run: Run | Mapping[str, Any], db: Database, *, lease_seconds: float,
                  lease_lost: asyncio.Event | None = None) -> None:
@@ -107,12 +107,20 @@ class HandlerContext:
         self.handler: str = run.handler
         self.trigger: str | None = run.trigger
         self.scheduled_for: datetime | None = run.scheduled_for
-        self.logger = logging.LoggerAdapter(logging.getLogger(f"switchboard.handler.{self.handler}"),
-                                            {"run_id": self.run_id})
+        self._logger: logging.LoggerAdapter[logging.Logger] | None = None
         self.lease_lost = lease_lost if lease_lost is not None else asyncio.Event()
         self.cancelled = asyncio.Event()
         self._db = db
         self._deadline = time.time() + lease_seconds
+
+    @property
+    def logger(self) -> logging.LoggerAdapter[logging.Logger]:
+        """Made on first use: most handlers never log, and getLogger() takes the logging
+        module's lock (a measurable part of a short job's CPU, bench/profile_jobs.py)."""
+        if self._logger is None:
+            self._logger = logging.LoggerAdapter(logging.getLogger(f"switchboard.handler.{self.handler}"),
+                                                 {"run_id": self.run_id})
+        return self._logger
 
     # -- time -------------------------------------------------------------------
     @property

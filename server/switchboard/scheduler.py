@@ -12,6 +12,12 @@ stops claiming, caps every running handler's deadline at the end of the grace
 period, lets them finish within it and hands the rest back with release_run()
 so another replica takes them at once.
 
+Batches. Claims take as many runs as there are free slots in one call
+(claim_due_tasks); successes are recorded in group commits (finish_runs), and
+when that frees slots the same round trip claims work for them
+(finish_and_claim), so a busy replica makes one statement per batch of runs.
+A run's handler runs inside the run's own task.
+
 Lease loss. The lease is only as good as the last heartbeat that reached
 Postgres: a heartbeat sent at local time t (and acknowledged) moved the
 lease to at least t + lease, since the database's now() was later than t.
@@ -79,7 +85,8 @@ class Scheduler:
         self.replica = replica
         self.worker = replica.replica_id
         self._contexts: dict[int, HandlerContext] = {}
-        self._htasks: dict[int, asyncio.Task[Any]] = {}   # run id -> its handler's task
+        # run id -> the task running its handler, while the handler runs (and only then)
+        self._htasks: dict[int, asyncio.Task[Any]] = {}
         self._wake = asyncio.Event()
         self._fence_wake = asyncio.Event()
         self._fence_task: asyncio.Task[Any] | None = None
@@ -89,6 +96,7 @@ class Scheduler:
         self._done: list[tuple[int, Any, asyncio.Future[bool]]] = []
         self._flushing = False
         self._claims: set[asyncio.Future[list[Run]]] = set()   # claim round trips in flight
+        self._reserved = 0      # free slots asked for by claims in flight (loop and finish_and_claim)
         self._lease_until: dict[int, float] = {}    # run id -> local time its lease is proven until
         self._lost: set[int] = set()                # runs whose lease was lost (handler cancelled)
         self._handbacks: set[asyncio.Task[None]] = set()   # release_run() after a lost lease, retried
@@ -122,7 +130,7 @@ class Scheduler:
         for row in await self.db.lost_runs(self.worker, ids):
             ctx = self._contexts.get(row["run_id"])
             htask = self._htasks.get(row["run_id"])
-            if ctx is None or htask is None or htask.done():
+            if ctx is None or htask is None:
                 continue        # the handler is done: its outcome is being recorded (or fenced)
             if row["status"] == "cancelled":
                 ctx.cancelled.set()
@@ -155,7 +163,7 @@ class Scheduler:
     async def _claim_available(self) -> None:
         """Claim as many runs as there are free slots, in one round trip per batch."""
         while not self._stopping and not self.replica.draining:
-            free = self.cfg.scheduler_concurrency - len(self._running)
+            free = self.cfg.scheduler_concurrency - len(self._running) - self._reserved
             if free <= 0:
                 return
             sent = time.time()
@@ -163,6 +171,7 @@ class Scheduler:
             # and stop() hands back what it got (see the module docstring).
             claim = asyncio.ensure_future(self.db.claim_due_tasks(self.worker, self.cfg.lease_seconds, free))
             self._claims.add(claim)
+            self._reserved += free
             try:
                 runs = await asyncio.shield(claim)
             except asyncio.CancelledError:
@@ -170,18 +179,40 @@ class Scheduler:
             except Exception:
                 self._claims.discard(claim)
                 raise
+            finally:
+                self._reserved -= free
             self._claims.discard(claim)
-            for run in runs:
-                # a label from the registry (a closed set), whatever name a task or job carries
-                self.metrics.inc("switchboard_claims_total",
-                                 handler=run.handler if self.handlers.get(run.handler) else "unknown")
-                self._lease_until[run.id] = sent + self.cfg.lease_seconds
-                if run.started_at and run.run_at:  # both on the database clock
-                    self.metrics.observe("switchboard_claim_latency_seconds",
-                                         (run.started_at - run.run_at).total_seconds())
-                self._running[run.id] = asyncio.create_task(self._execute(run), name=f"run-{run.id}")
+            self._start_runs(runs, sent)
             if len(runs) < free:
                 return  # nothing more is due right now
+
+    def _start_runs(self, runs: list[Run], sent: float) -> None:
+        """Start the handlers of runs claimed by a call sent at local time ``sent``."""
+        # Counted once per handler per batch, not per run: a labelled prometheus-client
+        # call is a few microseconds, a visible share of a no-op job's CPU.
+        claimed: dict[str, int] = {}
+        lease_until = sent + self.cfg.lease_seconds
+        for run in runs:
+            # a label from the registry (a closed set), whatever name a task or job carries
+            label = run.handler if self.handlers.get(run.handler) else "unknown"
+            claimed[label] = claimed.get(label, 0) + 1
+            self._lease_until[run.id] = lease_until
+            if run.started_at and run.run_at:  # both on the database clock
+                self.metrics.observe("switchboard_claim_latency_seconds",
+                                     (run.started_at - run.run_at).total_seconds())
+            self._running[run.id] = asyncio.create_task(self._execute(run), name=f"run-{run.id}")
+        for label, n in claimed.items():
+            self.metrics.inc("switchboard_claims_total", n, handler=label)
+
+    def _refill_slots(self, finishing: list[int]) -> int:
+        """How many runs a finish of ``finishing`` may claim in the same round trip: the
+        slots free once they are finished, less those that claims in flight asked for.
+        Zero while stopping or draining, and before start() (the loop owns claiming)."""
+        if self._stopping or self.replica.draining or self._loop_task is None:
+            return 0
+        done = set(finishing)
+        busy = sum(1 for rid in self._running if rid not in done)
+        return max(0, self.cfg.scheduler_concurrency - busy - self._reserved)
 
     async def _execute(self, run: Run) -> None:
         run_id = run.id
@@ -190,9 +221,14 @@ class Scheduler:
         self._lease_until.setdefault(run_id, time.time() + self.cfg.lease_seconds)
         ok, result, error = False, None, None
         handler = self.handlers.get(run.handler)
+        # The handler runs in this task, not in one of its own: a second task per run (and
+        # its scheduling and done callbacks) was the largest part of the event loop's work
+        # per short job (bench/profile_jobs.py --cprofile). Cancelling "the handler" is
+        # cancelling this task while it is in the handler (_cancel_handler checks that).
         htask: asyncio.Task[Any] | None = None
         if handler is not None:
-            htask = asyncio.create_task(handler(ctx), name=f"handler-{run_id}")
+            htask = asyncio.current_task()
+            assert htask is not None
             self._htasks[run_id] = htask
         # The lease guards (heartbeat, lease watch) start when the first heartbeat is
         # due (lease/3 after the claim was sent), not with the run: until then neither
@@ -217,20 +253,23 @@ class Scheduler:
                 g.cancel()
 
         try:
-            if htask is None:
+            if handler is None or htask is None:
                 error = f"unknown handler {run.handler!r} (registered: {', '.join(self.handlers.names())})"
             else:
                 try:
-                    result = await htask
+                    result = await handler(ctx)
                     ok = True
                 except asyncio.CancelledError:
                     if run_id not in self._lost:
                         raise                       # this run is being cancelled (shutdown)
+                    htask.uncancel()                # the lease-loss cancel, consumed here
                 except HandlerError as exc:
                     error = str(exc)
                 except Exception as exc:
                     error = f"{type(exc).__name__}: {exc}"
                     LOG.warning("run %s (%s) failed:\n%s", run_id, run.handler, traceback.format_exc())
+                finally:
+                    self._htasks.pop(run_id, None)  # out of the handler: nothing left to cancel
         except asyncio.CancelledError:
             stop_guards()
             self._forget(run_id)
@@ -241,12 +280,13 @@ class Scheduler:
             return
         try:
             if ok:
-                finished = await self._finish_ok(run_id, _jsonable(result))
+                # counted in _flush, once per batch
+                finished = await self._finish_ok(run_id, None if result is None else _jsonable(result))
             else:
                 finished = await self.db.finish_run(run_id, self.worker, False, None, error)
+                self.metrics.inc("switchboard_runs_finished_total", outcome="failed")
             if not finished:
                 LOG.warning("run %s: lease lost before finish (another worker rescued it)", run_id)
-            self.metrics.inc("switchboard_runs_finished_total", outcome="ok" if ok else "failed")
         except Exception as exc:
             LOG.warning("run %s: finish failed (%s); the lease will expire and it is retried", run_id, exc)
         finally:
@@ -274,12 +314,17 @@ class Scheduler:
             self.metrics.inc("switchboard_leases_lost_total")
         self._lost.add(ctx.run_id)
         ctx.lease_lost.set()
-        if htask is not None and not htask.done():
+        if htask is not None and self._htasks.get(ctx.run_id) is htask:
             # A handler that watches ctx.lease_lost gets half the margin to stop by itself
             # (and, say, tell its user); then it is cancelled -- still before the lease can
             # expire in the database.
             asyncio.get_running_loop().call_later(self._margin() / 2 if grace is None else grace,
-                                                  htask.cancel)
+                                                  self._cancel_handler, ctx.run_id, htask)
+
+    def _cancel_handler(self, run_id: int, htask: asyncio.Task[Any]) -> None:
+        """Cancel a run's handler if it is still in it (its task then records nothing)."""
+        if self._htasks.get(run_id) is htask:
+            htask.cancel()
 
     def _margin(self) -> float:
         return min(max(self.cfg.lease_seconds * 0.2, 0.2), 5.0)
@@ -288,7 +333,7 @@ class Scheduler:
         """Cancel the handler once its lease can no longer be proven (see the module docstring)."""
         lease = self.cfg.lease_seconds
         margin = self._margin()
-        while not htask.done():
+        while self._htasks.get(ctx.run_id) is htask:
             left = self._lease_until.get(ctx.run_id, 0.0) - margin - time.time()
             if left <= 0:
                 self._lose_lease(ctx, htask, f"no heartbeat acknowledged for {lease - margin:.1f} s")
@@ -341,17 +386,40 @@ class Scheduler:
         return await fut
 
     async def _flush(self) -> None:
+        """One finish_runs() per batch of successes; when slots will be free, the same round
+        trip claims work for them (finish_and_claim: one statement, one transaction, where
+        a finish and then a claim were two). The claimed runs start before the finished
+        ones are forgotten, so the loop (woken by each finish) sees no free slot and sends
+        no claim of its own unless this one came back short."""
         try:
             while self._done:
                 batch, self._done = self._done, []
+                ids = [b[0] for b in batch]
+                want = self._refill_slots(ids)
+                sent = time.time()
+                runs: list[Run] = []
+                self._reserved += want
                 try:
-                    finished = await self.db.finish_runs(self.worker, [b[0] for b in batch],
-                                                             [b[1] for b in batch])
+                    if want:
+                        finished, runs = await self.db.finish_and_claim(
+                            self.worker, ids, [b[1] for b in batch], self.cfg.lease_seconds, want)
+                    else:
+                        finished = await self.db.finish_runs(self.worker, ids, [b[1] for b in batch])
                 except Exception as exc:
                     for _, _, fut in batch:
                         if not fut.done():
                             fut.set_exception(exc)
                     continue
+                finally:
+                    self._reserved -= want
+                self.metrics.inc("switchboard_runs_finished_total", len(batch), outcome="ok")
+                if runs:
+                    if self._stopping or self.replica.draining:
+                        # stop() began while the call was in flight: never start them; hand them
+                        # back before the finished runs' tasks end (stop() waits for those).
+                        await self._release_claimed(runs, "claimed with a finish while stopping")
+                    else:
+                        self._start_runs(runs, sent)
                 for run_id, _, fut in batch:
                     if not fut.done():
                         fut.set_result(run_id in finished)
@@ -442,12 +510,16 @@ class Scheduler:
                 continue
             finally:
                 self._claims.discard(claim)
-            for run in runs:
-                try:
-                    if await self.db.release_run(run.id, self.worker):
-                        LOG.info("run %s (claimed while stopping) handed back", run.id)
-                except Exception as exc:
-                    LOG.warning("run %s: hand-back failed (%s); its lease will expire", run.id, exc)
+            await self._release_claimed(runs, "claimed while stopping")
+
+    async def _release_claimed(self, runs: list[Run], why: str) -> None:
+        """Hand back runs that were claimed but never started here (fenced: release_run)."""
+        for run in runs:
+            try:
+                if await self.db.release_run(run.id, self.worker):
+                    LOG.info("run %s (%s) handed back", run.id, why)
+            except Exception as exc:
+                LOG.warning("run %s: hand-back failed (%s); its lease will expire", run.id, exc)
 
 
 def _jsonable(v: Any) -> Any:

@@ -54,16 +54,16 @@ def _run(run_id: int, handler: str) -> Run:
 
 
 def test_a_short_job_creates_no_guard_task_and_a_long_one_is_heartbeaten() -> None:
-    async def main() -> tuple[int, list[float], list[int], float]:
+    async def main() -> tuple[list[str], list[float], list[int], float]:
         db = _FakeDB()
         lease = 1.5                      # heartbeat every 0.5 s
         s = _scheduler(db, lease)
-        before = len(asyncio.all_tasks())
+        before = set(asyncio.all_tasks())
         sent = time.time()
         s._lease_until[1] = sent + lease
         quick = asyncio.create_task(s._execute(_run(1, "quick")))
-        await asyncio.sleep(0)           # the handler task exists, no guard yet
-        extra = len(asyncio.all_tasks()) - before   # _execute itself + its handler
+        await asyncio.sleep(0)           # the handler is running, no guard yet
+        extra = sorted(t.get_coro().__qualname__ for t in asyncio.all_tasks() - before)  # type: ignore[union-attr]
         await quick
         s._lease_until[2] = time.time() + lease
         t0 = time.time()
@@ -73,10 +73,74 @@ def test_a_short_job_creates_no_guard_task_and_a_long_one_is_heartbeaten() -> No
         return extra, [h - t0 for h in db.heartbeats], db.finished, len(left)
 
     extra, beats, finished, left = asyncio.run(main())
-    assert extra == 2
+    # _execute (which runs the handler itself) and the finish's group commit; no guard
+    assert extra == ["Scheduler._execute", "Scheduler._flush"], extra
     assert finished == [1, 2]
     # the slow run (1.8 s) was heartbeaten from lease/3 on, at the lease/3 cadence
     assert len(beats) >= 2, beats
     assert 0.4 <= beats[0] < 1.5, beats   # from lease/3, and before the lease ran out
     assert all(b - a >= 0.4 for a, b in zip(beats, beats[1:])), beats
     assert left == 0                    # no guard outlives its run
+
+
+class _RescuedDB(_FakeDB):
+    """Every heartbeat answers "not yours any more" (another worker rescued the run)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released: list[int] = []
+
+    async def heartbeat_run(self, run_id: int, worker: str, lease: float) -> bool:
+        self.heartbeats.append(time.time())
+        return False
+
+    async def lost_runs(self, worker: str, run_ids: list[int]) -> list[dict[str, Any]]:
+        return [{"run_id": r, "status": "running"} for r in run_ids]
+
+    async def release_run(self, run_id: int, worker: str) -> bool:
+        self.released.append(run_id)
+        return False
+
+
+def test_a_rescued_runs_handler_is_cancelled_in_place_and_its_outcome_never_recorded() -> None:
+    """The handler runs inside the run's own task: a lost lease still reaches it as
+    ctx.lease_lost and then a cancel, the task survives that cancel to hand the run back
+    (fenced), and a cooperative handler that returns first is not cancelled afterwards."""
+    seen: dict[str, Any] = {}
+
+    async def main() -> Scheduler:
+        db = _RescuedDB()
+        lease = 0.6                                   # heartbeat at 0.2 s: refused
+        s = _scheduler(db, lease)
+
+        @s.handlers.register("stubborn")
+        async def stubborn(ctx: Any) -> Any:
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                seen["stubborn_cancelled_after_lost"] = ctx.lease_lost.is_set()
+                raise
+            return {"never": True}
+
+        @s.handlers.register("polite")
+        async def polite(ctx: Any) -> Any:
+            seen["polite_saw_loss"] = await ctx.wait_lease_lost(30)
+            await asyncio.sleep(0.05)                 # stops by itself, within the grace
+            seen["polite_finished"] = True
+            return {"late": True}
+
+        for rid, name in ((1, "stubborn"), (2, "polite")):
+            s._lease_until[rid] = time.time() + lease
+        t0 = time.time()
+        await asyncio.wait_for(asyncio.gather(s._execute(_run(1, "stubborn")), s._execute(_run(2, "polite"))), 10)
+        seen["seconds"] = time.time() - t0
+        await asyncio.sleep(1.2)                      # the fenced hand-backs; the polite one's cancel timer fires
+        seen["finished"], seen["released"] = db.finished, sorted(db.released)
+        return s
+
+    s = asyncio.run(main())
+    assert seen["stubborn_cancelled_after_lost"] is True
+    assert seen["polite_saw_loss"] is True and seen["polite_finished"] is True
+    assert seen["finished"] == []                     # neither outcome was recorded
+    assert seen["released"] == [1, 2]                 # both handed back (fenced: false)
+    assert not s._htasks and not s._running and not s._contexts

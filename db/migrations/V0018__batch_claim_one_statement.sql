@@ -1,0 +1,24 @@
+-- V0018: the batch claim in one statement when nothing else is due (issue 23, figure 3b).
+--
+-- Function changes (applied by afterAll):
+--   claim_due_tasks(text, interval, integer) (25_batch_claim.sql): same
+--     signature and results. When no lease has expired and no task tick is due
+--     before the queue's head (claim_due_task's own probes and rule), the max_runs oldest due queued runs
+--     are claimed by one UPDATE ... FOR UPDATE SKIP LOCKED instead of a nested
+--     claim_due_task() call for the first and a second UPDATE for the rest:
+--     the same runs in the same order, one SECURITY DEFINER call and one
+--     statement fewer per batch. Otherwise (a rescue or a tick to take, or an
+--     invalid argument) the first unit still goes through claim_due_task().
+--   finish_and_claim(text, bigint[], jsonb[], interval, integer) (25_batch_claim.sql):
+--     new, finish_runs() then claim_due_tasks() in one call and one
+--     transaction: the scheduler's finish of k successes refills k free slots
+--     in the same round trip. The 0.2.0 server does not call it (rolling update).
+--   claim_due_tasks, finish_runs (25_batch_claim.sql): same signatures and
+--     results; their run-table UPDATEs are now dynamic (EXECUTE), so planned
+--     at each call for the table as it is. Generic plans made
+--     while the queue was empty (an idle replica polls) ran a later burst as a
+--     sequential scan under a hash join (finish_runs, 2.9 ms for 8 runs at
+--     20,000 rows) and as a walk of task_runs_by_handler for id = ANY(...)
+--     (the claim's outer UPDATE, 9.5 ms per claim).
+-- No table changes.
+SELECT 1;
