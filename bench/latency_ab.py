@@ -112,6 +112,7 @@ def stages(trace_dir: Path, sent: dict[int, float], recs: list[list[Any]]) -> di
         "commit_to_heard", "heard_to_read_start", "woke_to_read_start", "read_start_to_rows", "rows_to_offered",
         "offered_to_written", "written_to_client", "commit_to_client")}
     busy_before = 0
+    after_busy: list[float] = []
     read_started_before_heard = 0
     reads: list[dict[str, Any]] = []
     for d in per_pid.values():
@@ -137,6 +138,7 @@ def stages(trace_dir: Path, sent: dict[int, float], recs: list[list[Any]]) -> di
                     read_started_before_heard += 1
                 elif any(h <= t < rd["t0"] for t in busy_t0):
                     busy_before += 1
+                    after_busy.append((client[k] - sent[k]) * ms)
             if w is not None:
                 gaps["offered_to_written"].append((w - off) * ms)
                 gaps["written_to_client"].append((client[k] - w) * ms)
@@ -146,7 +148,7 @@ def stages(trace_dir: Path, sent: dict[int, float], recs: list[list[Any]]) -> di
             "reads": len(reads), "tick_reads": len(ticks), "tick_busy": sum(1 for t in ticks if t < 0),
             "tick_nothing_new": sum(1 for t in ticks if t == 0), "backoff_ms": _pcts(backoffs),
             "rows_per_read": _pcts([float(r["n"]) for r in reads]),
-            "events_after_a_busy_tick": busy_before, "events_read_before_heard": read_started_before_heard}
+            "events_after_a_busy_tick": busy_before, "commit_to_client_after_busy_ms": _pcts(after_busy), "events_read_before_heard": read_started_before_heard}
 
 
 def _one(rcv: Receiver, url: str, sql: str, params: Any, n: int, rate: float,
@@ -171,7 +173,8 @@ def log_stages(name: str, s: dict[str, Any]) -> None:
         f"{g} {v.get('p50')}/{v.get('p99')}" for g, v in s["gaps_ms"].items()))
     log(f"  {name} reads {s['reads']}, tick answers busy(-1) {s['tick_busy']} / {s['tick_reads']}, "
         f"nothing new {s['tick_nothing_new']}; backoff ms {s['backoff_ms']}; rows/read {s['rows_per_read']}; "
-        f"events delivered after a busy tick {s['events_after_a_busy_tick']}, "
+        f"events delivered after a busy tick {s['events_after_a_busy_tick']} "
+        f"(their commit->client ms {s['commit_to_client_after_busy_ms']}), "
         f"by a read started before their NOTIFY was heard {s['events_read_before_heard']}")
 
 
@@ -186,6 +189,8 @@ def main() -> None:
     ap.add_argument("--settings", default="", help="extra postgres settings k=v,k=v")
     ap.add_argument("--env", default="", help="extra replica env K=V,K=V")
     ap.add_argument("--before", action="store_true", help="also run 0.2.0's event functions (same rotation)")
+    ap.add_argument("--alt-env", default="",
+                    help="also run this code with extra replica env K=V,K=V as stack 'alt' (same rotation)")
     ap.add_argument("--base", default="",
                     help="also run git revision BASE's relay (server/) and 50_events.sql, same rotation, as 'base'")
     ap.add_argument("--prefill", type=int, default=0, help="events stored in each Switchboard database first")
@@ -235,7 +240,8 @@ def main() -> None:
     try:
         import psycopg
 
-        names = ["switchboard"] + (["base"] if a.base else []) + (["before"] if a.before else [])
+        names = (["switchboard"] + (["alt"] if a.alt_env else []) + (["base"] if a.base else [])
+                 + (["before"] if a.before else []))
         base_dir = base_tree(a.base) if a.base else None
         url = ""
         for name in names:
@@ -256,6 +262,8 @@ def main() -> None:
             if a.trace:
                 tdir = Path(tempfile.mkdtemp(prefix=f"lat-trace-{name}-"))
                 env_["SWITCHBOARD_LATENCY_TRACE"] = str(tdir)
+            if name == "alt":
+                env_.update(kv.split("=", 1) for kv in filter(None, a.alt_env.split(",")))
             if name == "base" and base_dir is not None:
                 env_["PYTHONPATH"] = os.pathsep.join([str(base_dir / "server"), str(BENCH)])
             ps_ = [replica(cluster, db, f"lat-{name}{i}", env=env_) for i in range(a.replicas)]

@@ -424,6 +424,13 @@ class Relay:
                 self.metrics.inc("switchboard_relay_reads_total")
             if hints:
                 await self._read(hints)
+                # Let the socket senders write what this read offered BEFORE the next read
+                # is sent. Under a steady rate the wake is already set again, and sending
+                # the next query wakes its backend, which on a busy box takes this
+                # process's CPU: the frames waited behind a whole database round trip
+                # (offered -> written p50 10-12 ms against 0.5 ms with this yield,
+                # bench/latency_ab.py --trace, BENCHMARKS.md "l18").
+                await asyncio.sleep(0)
 
     async def _read(self, h: Hints) -> None:
         rconn = self._reader
