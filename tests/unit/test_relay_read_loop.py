@@ -16,6 +16,9 @@ import time
 import uuid
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from switchboard.auth import AuthState
 from switchboard.config import Config
 from switchboard.metrics import Metrics
@@ -107,3 +110,26 @@ def test_frames_are_written_before_the_next_read_and_foreign_rows_only_move_the_
     # the position followed every row, the foreign ones included
     assert db.positions[1:6] == [(t, 10 * t + 4) for t in range(1, 6)]
     assert relay.position == (5, 54) and relay.last_seen_id == 54
+
+
+def _outcome(channel: str, payload: str) -> object:
+    from switchboard import hints
+    from switchboard.bounded import BadInput
+
+    try:
+        return hints.parse(channel, payload)
+    except BadInput as exc:
+        return ("refused", exc.reason)
+
+
+@given(st.sampled_from(["id", "eph", "tick", "ids", "Id"]),
+       st.one_of(st.integers(-5, 2**64 + 5), st.sampled_from([0, 1, 2**63 - 1, 2**63, 10**19, 10**20])))
+def test_the_events_hint_fast_path_answers_exactly_as_the_json_path(key: str, n: int) -> None:
+    """hints.parse matches the exact payload publishers send ({"id":N}, no spaces) with a
+    regex instead of bounded JSON; with a space the same value takes the JSON path. Both
+    must give the same Notice or the same refusal, for every key and value."""
+    fast = _outcome("switchboard_events", f'{{"{key}":{n}}}')
+    slow = _outcome("switchboard_events", f'{{"{key}": {n}}}')
+    assert fast == slow
+    for odd in (f'{{"{key}":0{n}}}', f'{{"{key}":{n}}} ', f'{{"{key}":{n}.0}}', f'{{"{key}":"{n}"}}'):
+        _outcome("switchboard_events", odd)  # never anything but a Notice or BadInput
