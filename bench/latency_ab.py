@@ -259,7 +259,7 @@ def main() -> None:
                 prefill(url_s, a.prefill)
             tdir = None
             env_ = dict(renv)
-            if a.trace:
+            if a.trace and name != "base":  # (another revision may have no trace hooks)
                 tdir = Path(tempfile.mkdtemp(prefix=f"lat-trace-{name}-"))
                 env_["SWITCHBOARD_LATENCY_TRACE"] = str(tdir)
             if name == "alt":
