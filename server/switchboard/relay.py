@@ -405,10 +405,9 @@ class Relay:
         once; announcements (users, revocations, rooms, tool answers, sessions,
         ephemeral ids) never wait. Bound per replica: 4 statements per read (BEGIN,
         event_tick, COMMIT, relay_read_v2), so at most 4 / gap + rate / READ_ROWS
-        statements/s (333/s at the default 12 ms), whatever the event rate. 12 ms rather
-        than 5: at figure 5's load (3 replicas, 1,000 events/s) it cut PostgreSQL CPU per
-        event to 0.55-0.72x and COMMIT -> frame p99 to 0.41-0.69x, same runs, alternating
-        (BENCHMARKS.md, "l18")."""
+        statements/s (800/s at the default 5 ms), whatever the event rate. (12 ms was
+        measured too, BENCHMARKS.md "l18": better at load 7-10, not at load 6-9 in a
+        later run; the default stays.)"""
         loop = asyncio.get_running_loop()
         last = float("-inf")
         while True:
