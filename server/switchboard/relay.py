@@ -405,9 +405,10 @@ class Relay:
         once; announcements (users, revocations, rooms, tool answers, sessions,
         ephemeral ids) never wait. Bound per replica: 4 statements per read (BEGIN,
         event_tick, COMMIT, relay_read_v2), so at most 4 / gap + rate / READ_ROWS
-        statements/s (800/s at the default 5 ms), whatever the event rate. (12 ms was
-        measured too, BENCHMARKS.md "l18": better at load 7-10, not at load 6-9 in a
-        later run; the default stays.)"""
+        statements/s (333/s at the default 12 ms), whatever the event rate. 12 ms rather
+        than 5: at figure 5's load (3 replicas, 1,000 events/s), against 5 ms in the same
+        rotation, PostgreSQL CPU per event 0.58-0.94x and COMMIT -> frame p99 0.41-0.88x
+        in all five runs, p50 0.83-1.17x (BENCHMARKS.md, "l18")."""
         loop = asyncio.get_running_loop()
         last = float("-inf")
         while True:
