@@ -39,8 +39,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import subprocess
+import tempfile
 
-from common import (APP_LOGIN, BENCH, RESULTS, ROOT, Cluster, CpuMeter, Proc, free_port, loadavg, log, replica,
+from common import (APP_LOGIN, BENCH, RESULTS, ROOT, Cluster, CpuMeter, Proc, free_port, loadavg, log, pct, replica,
                     stop_all, write_json)
 from e2e import Receiver, _latencies, _publish, _spec, _start, _summary, _tickets, _users
 
@@ -60,6 +61,16 @@ def old_event_functions() -> str:
     return "\n".join(out)
 
 
+def base_tree(rev: str) -> Path:
+    """server/ and db/functions/ of git revision ``rev``, exported to a temporary directory
+    (--base: the same run's baseline is that revision's relay code and event functions)."""
+    d = Path(tempfile.mkdtemp(prefix="lat-base-"))
+    tar = subprocess.run(["git", "archive", rev, "server", "db/functions/50_events.sql"], cwd=ROOT, check=True,
+                         capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(d)], input=tar, check=True)
+    return d
+
+
 def prefill(url: str, n: int) -> None:
     import psycopg
 
@@ -71,19 +82,100 @@ def prefill(url: str, n: int) -> None:
         c.execute("ANALYZE switchboard.events")
 
 
+def _pcts(xs: list[float]) -> dict[str, float]:
+    if not xs:
+        return {"n": 0}
+    return {"n": len(xs), "p50": round(pct(xs, 50), 3), "p99": round(pct(xs, 99), 3), "max": round(max(xs), 3)}
+
+
+def stages(trace_dir: Path, sent: dict[int, float], recs: list[list[Any]]) -> dict[str, Any]:
+    """Join the replicas' latency_trace files (server/switchboard/latency_trace.py) with the
+    publisher's COMMIT times and the client's receive times: per-stage gaps in ms, per event,
+    and the reads' tick answers (-1 = another replica was ticking) and backoff delays."""
+    time.sleep(0.6)  # the replicas flush every 0.25 s
+    per_pid: dict[int, dict[str, Any]] = {}
+    for f in sorted(trace_dir.glob("trace-*.jsonl")):
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            d = per_pid.setdefault(r["pid"], {"heard": {}, "reads": {}, "events": {}, "written": {}})
+            for i, t in r["heard"]:
+                d["heard"].setdefault(i, t)
+            for j, rd in enumerate(r["reads"]):
+                d["reads"][r["read_base"] + j] = rd
+            for rn, i, k, t in r["events"]:
+                d["events"][k] = (rn, i, t)
+            for i, t in r["written"]:
+                d["written"].setdefault(i, t)
+        f.unlink()
+    client = {k: t for k, t, _ in recs}
+    gaps: dict[str, list[float]] = {g: [] for g in (
+        "commit_to_heard", "heard_to_read_start", "woke_to_read_start", "read_start_to_rows", "rows_to_offered",
+        "offered_to_written", "written_to_client", "commit_to_client")}
+    busy_before = 0
+    after_busy: list[float] = []
+    read_started_before_heard = 0
+    reads: list[dict[str, Any]] = []
+    for d in per_pid.values():
+        reads += d["reads"].values()
+        busy_t0 = sorted(r["t0"] for r in d["reads"].values() if r["tick"] == -1)
+        for k, (rn, i, off) in d["events"].items():
+            if k not in sent or k not in client or i not in d["written"]:
+                continue  # every replica reads every event: only the one with its socket counts
+            rd = d["reads"].get(rn)
+            if rd is None:
+                continue
+            h = d["heard"].get(i)
+            w = d["written"].get(i)
+            ms = 1000.0
+            gaps["commit_to_client"].append((client[k] - sent[k]) * ms)
+            gaps["read_start_to_rows"].append((rd["t1"] - rd["t0"]) * ms)
+            gaps["woke_to_read_start"].append((rd["t0"] - rd["woke"]) * ms)
+            gaps["rows_to_offered"].append((off - rd["t1"]) * ms)
+            if h is not None:
+                gaps["commit_to_heard"].append((h - sent[k]) * ms)
+                gaps["heard_to_read_start"].append((rd["t0"] - h) * ms)
+                if rd["t0"] < h:
+                    read_started_before_heard += 1
+                elif any(h <= t < rd["t0"] for t in busy_t0):
+                    busy_before += 1
+                    after_busy.append((client[k] - sent[k]) * ms)
+            if w is not None:
+                gaps["offered_to_written"].append((w - off) * ms)
+                gaps["written_to_client"].append((client[k] - w) * ms)
+    ticks = [r["tick"] for r in reads if r["tick"] is not None]
+    backoffs = [r["backoff"] * 1000 for r in reads if r["backoff"] is not None]
+    return {"gaps_ms": {g: _pcts(v) for g, v in gaps.items()},
+            "reads": len(reads), "tick_reads": len(ticks), "tick_busy": sum(1 for t in ticks if t < 0),
+            "tick_nothing_new": sum(1 for t in ticks if t == 0), "backoff_ms": _pcts(backoffs),
+            "rows_per_read": _pcts([float(r["n"]) for r in reads]),
+            "events_after_a_busy_tick": busy_before, "commit_to_client_after_busy_ms": _pcts(after_busy), "events_read_before_heard": read_started_before_heard}
+
+
 def _one(rcv: Receiver, url: str, sql: str, params: Any, n: int, rate: float,
-         meter: CpuMeter | None = None) -> dict[str, Any]:
+         meter: CpuMeter | None = None, trace_dir: Path | None = None) -> dict[str, Any]:
     sent = asyncio.run(_publish(url, sql, params, n, rate))
     elapsed = sent.pop(-1)
     got = rcv.wait_count(n, 15)
-    lat = _latencies(sent, rcv.dump())
+    recs = rcv.dump()
+    lat = _latencies(sent, recs)
+    st = {"stages": stages(trace_dir, sent, recs)} if trace_dir is not None else {}
     cpu = {}
     if meter is not None:
         c = meter.stop()
         cpu = {"cpu_us_per_event": {"servers": round(c["workers_cpu_s"] / n * 1e6, 1),
                                     "postgres": round(c["postgres_cpu_s"] / n * 1e6, 1)}}
     return _summary(lat) | {"sent": n, "received": got, "achieved_rate": round(n / elapsed, 1),
-                            "load1": loadavg()} | cpu
+                            "load1": loadavg()} | cpu | st
+
+
+def log_stages(name: str, s: dict[str, Any]) -> None:
+    log(f"  {name} stages (ms, p50 / p99):  " + "  ".join(
+        f"{g} {v.get('p50')}/{v.get('p99')}" for g, v in s["gaps_ms"].items()))
+    log(f"  {name} reads {s['reads']}, tick answers busy(-1) {s['tick_busy']} / {s['tick_reads']}, "
+        f"nothing new {s['tick_nothing_new']}; backoff ms {s['backoff_ms']}; rows/read {s['rows_per_read']}; "
+        f"events delivered after a busy tick {s['events_after_a_busy_tick']} "
+        f"(their commit->client ms {s['commit_to_client_after_busy_ms']}), "
+        f"by a read started before their NOTIFY was heard {s['events_read_before_heard']}")
 
 
 def main() -> None:
@@ -97,9 +189,15 @@ def main() -> None:
     ap.add_argument("--settings", default="", help="extra postgres settings k=v,k=v")
     ap.add_argument("--env", default="", help="extra replica env K=V,K=V")
     ap.add_argument("--before", action="store_true", help="also run 0.2.0's event functions (same rotation)")
+    ap.add_argument("--alt-env", default="",
+                    help="also run this code with extra replica env K=V,K=V as stack 'alt' (same rotation)")
+    ap.add_argument("--base", default="",
+                    help="also run git revision BASE's relay (server/) and 50_events.sql, same rotation, as 'base'")
     ap.add_argument("--prefill", type=int, default=0, help="events stored in each Switchboard database first")
     ap.add_argument("--pgss", action="store_true",
                     help="load pg_stat_statements (track=all) and report the top statements by total time")
+    ap.add_argument("--trace", action="store_true",
+                    help="per-stage timestamps from our replicas (SWITCHBOARD_LATENCY_TRACE); costs them some CPU")
     ap.add_argument("--out", default=str(RESULTS / "latency_ab.json"))
     a = ap.parse_args()
     settings: dict[str, str] = {}
@@ -142,7 +240,9 @@ def main() -> None:
     try:
         import psycopg
 
-        names = ["switchboard"] + (["before"] if a.before else [])
+        names = (["switchboard"] + (["alt"] if a.alt_env else []) + (["base"] if a.base else [])
+                 + (["before"] if a.before else []))
+        base_dir = base_tree(a.base) if a.base else None
         url = ""
         for name in names:
             db = cluster.new_db(f"sb_lat_{name}")
@@ -153,11 +253,22 @@ def main() -> None:
                     c.execute("CREATE EXTENSION pg_stat_statements")
                 if name == "before":
                     c.execute(old_event_functions())
+                if name == "base" and base_dir is not None:
+                    c.execute((base_dir / "db/functions/50_events.sql").read_text())
             if a.prefill:
                 prefill(url_s, a.prefill)
-            ps_ = [replica(cluster, db, f"lat-{name}{i}", env=renv) for i in range(a.replicas)]
+            tdir = None
+            env_ = dict(renv)
+            if a.trace and name != "base":  # (another revision may have no trace hooks)
+                tdir = Path(tempfile.mkdtemp(prefix=f"lat-trace-{name}-"))
+                env_["SWITCHBOARD_LATENCY_TRACE"] = str(tdir)
+            if name == "alt":
+                env_.update(kv.split("=", 1) for kv in filter(None, a.alt_env.split(",")))
+            if name == "base" and base_dir is not None:
+                env_["PYTHONPATH"] = os.pathsep.join([str(base_dir / "server"), str(BENCH)])
+            ps_ = [replica(cluster, db, f"lat-{name}{i}", env=env_) for i in range(a.replicas)]
             procs += ps_
-            stacks.append({"name": name, "url": url_s, "db": db, "procs": ps_, "ids": ids,
+            stacks.append({"name": name, "url": url_s, "db": db, "procs": ps_, "ids": ids, "trace": tdir,
                            "sql": "SELECT switchboard.notify_user(%s, 'bench', %s)",
                            "params": (lambda ids_: lambda k: (ids_[k % a.users], json.dumps({"k": k})))(ids)})
             url = url or url_s
@@ -183,12 +294,15 @@ def main() -> None:
             f"settings {settings or 'bench default (fsync off)'}; load {loadavg()}")
         time.sleep(1.0)
         for st in stacks:  # warm-up: first frames, plan caches, connections
-            _one(st["rcv"], st["url"], st["sql"], st["params"], min(n, 300), a.rate)
+            _one(st["rcv"], st["url"], st["sql"], st["params"], min(n, 300), a.rate, trace_dir=st.get("trace"))
         for p in range(a.pairs):
             rnd: dict[str, Any] = {}
             for st in stacks:
                 meter = CpuMeter(cluster, [x.pid for x in st["procs"]])
-                rnd[st["name"]] = _one(st["rcv"], st["url"], st["sql"], st["params"], n, a.rate, meter)
+                rnd[st["name"]] = _one(st["rcv"], st["url"], st["sql"], st["params"], n, a.rate, meter,
+                                       trace_dir=st.get("trace"))
+                if "stages" in rnd[st["name"]]:
+                    log_stages(st["name"], rnd[st["name"]]["stages"])
                 time.sleep(0.5)
             b = rnd["bare"]
             for name in names:

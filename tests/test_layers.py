@@ -194,7 +194,7 @@ LAYERS = [
     {"switchboard", "switchboard.db", "switchboard.auth", "switchboard.metrics", "switchboard.replica",
      "switchboard.sockets", "switchboard.hints", "switchboard.bounded", "switchboard.cursor",
      "switchboard.config", "switchboard.migrate", "switchboard.pgtest",
-     "switchboard.domain_errors", "switchboard.rows"},
+     "switchboard.domain_errors", "switchboard.rows", "switchboard.latency_trace"},
 ]
 HTTP_ROW = 3  # http/, ws, errors, openapi: the only modules that speak HTTP
 

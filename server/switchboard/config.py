@@ -202,7 +202,7 @@ class Config:
     event_retention_seconds: int = 300
     listen_check_interval: float = 5.0
     event_tick_interval: float = 0.02
-    relay_read_gap: float = 0.005
+    relay_read_gap: float = 0.012
     heartbeat_interval: float = 5.0
     replica_stale_seconds: float = 30.0
     ws_queue_size: int = 1000
@@ -272,7 +272,7 @@ class Config:
             event_retention_seconds=_int("SWITCHBOARD_EVENT_RETENTION_SECONDS", 300, 1, 86400 * 7),
             listen_check_interval=_float("SWITCHBOARD_LISTEN_CHECK_INTERVAL", 5.0, 0.1, 300),
             event_tick_interval=_float("SWITCHBOARD_EVENT_TICK_INTERVAL", 0.02, 0.002, 5),
-            relay_read_gap=_float("SWITCHBOARD_RELAY_READ_GAP", 0.005, 0.0, 1.0),
+            relay_read_gap=_float("SWITCHBOARD_RELAY_READ_GAP", 0.012, 0.0, 1.0),
             heartbeat_interval=_float("SWITCHBOARD_HEARTBEAT_INTERVAL", 5.0, 0.1, 300),
             replica_stale_seconds=_float("SWITCHBOARD_REPLICA_STALE_SECONDS", 30.0, 1, 3600),
             ws_queue_size=_int("SWITCHBOARD_WS_QUEUE_SIZE", 1000, 1, 1_000_000),

@@ -563,7 +563,7 @@ class Database:
     async def relay_read_v2(conn: psycopg.AsyncConnection[Any], after: tuple[int, int], ephemeral_ids: list[int],
                             max_rows: int) -> list[Row]:
         cur = await conn.execute(
-            "SELECT tick, id, ephemeral, user_id, room, event, sender, payload, ts "
+            "SELECT tick, id, ephemeral, user_id, room, event, sender, payload::text AS payload, ts "
             "FROM switchboard.relay_read_v2(%s, %s, %s, %s)", (after[0], after[1], ephemeral_ids, max_rows))
         return await cur.fetchall()
 
@@ -577,7 +577,7 @@ class Database:
         passed as psycopg.sql.Literal: the simple-query protocol takes no parameters."""
         q = sql.SQL(
             "BEGIN; SELECT switchboard.event_tick() AS tick; COMMIT; "
-            "SELECT tick, id, ephemeral, user_id, room, event, sender, payload, ts "
+            "SELECT tick, id, ephemeral, user_id, room, event, sender, payload::text AS payload, ts "
             "FROM switchboard.relay_read_v2({}::bigint, {}::bigint, {}::bigint[], {}::integer)").format(
                 sql.Literal(int(after[0])), sql.Literal(int(after[1])),
                 sql.Literal([int(i) for i in ephemeral_ids]), sql.Literal(int(max_rows)))

@@ -42,6 +42,7 @@ Channels (documented for programs in other languages):
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -56,7 +57,7 @@ from psycopg.rows import dict_row
 from .auth import AuthState
 from .config import Config
 from .db import Database, conninfo_with_keepalives
-from . import cursor
+from . import cursor, latency_trace
 from .bounded import BadInput
 from .cursor import END, Position
 from .hints import CHANNELS, REJECT_REASONS, Hints, RejectLog, parse
@@ -140,6 +141,7 @@ class Relay:
         self.publishers_notify = True
         self._last_tick_heard = 0.0
         self._busy = 0                  # consecutive "another replica is ticking" answers
+        self._woke = 0.0                # latency_trace only: when the read loop last woke
         self._cursor_set = False
         self._hints = Hints()
         self._wake = asyncio.Event()
@@ -155,6 +157,7 @@ class Relay:
         self._tasks.append(asyncio.create_task(self._listen_loop(), name="relay-listen"))
         self._tasks.append(asyncio.create_task(self._deaf_watch(), name="relay-deaf-watch"))
         self._tasks.append(asyncio.create_task(self._ticker_loop(), name="relay-ticker"))
+        latency_trace.start()
 
     async def _ticker_loop(self) -> None:
         """PgQ's ticker, for a database whose publishers do not NOTIFY: every
@@ -367,6 +370,8 @@ class Relay:
             # follow commit order, so an id below the last one read is no reason to skip.)
             h.events = True
             h.tick = True
+            if latency_trace.ON:
+                latency_trace.heard(n.id)  # type: ignore[arg-type]
         elif n.kind == "tick":
             self._last_tick_heard = time.monotonic()
             if n.id is not None and n.id <= self.position[0]:
@@ -400,11 +405,16 @@ class Relay:
         once; announcements (users, revocations, rooms, tool answers, sessions,
         ephemeral ids) never wait. Bound per replica: 4 statements per read (BEGIN,
         event_tick, COMMIT, relay_read_v2), so at most 4 / gap + rate / READ_ROWS
-        statements/s (800/s at the default 5 ms), whatever the event rate."""
+        statements/s (333/s at the default 12 ms), whatever the event rate. 12 ms rather
+        than 5: at figure 5's load (3 replicas, 1,000 events/s), against 5 ms in the same
+        rotation, PostgreSQL CPU per event 0.58-0.94x and COMMIT -> frame p99 0.41-0.88x
+        in all five runs, p50 0.83-1.17x (BENCHMARKS.md, "l18")."""
         loop = asyncio.get_running_loop()
         last = float("-inf")
         while True:
             await self._wake.wait()
+            if latency_trace.ON:
+                self._woke = time.time()
             h = self._hints
             if not (h.ephemeral or h.users or h.revoked or h.members or h.tools or h.sessions):
                 wait = last + self.cfg.relay_read_gap - loop.time()
@@ -417,6 +427,13 @@ class Relay:
                 self.metrics.inc("switchboard_relay_reads_total")
             if hints:
                 await self._read(hints)
+                # Let the socket senders write what this read offered BEFORE the next read
+                # is sent. Under a steady rate the wake is already set again, and sending
+                # the next query wakes its backend, which on a busy box takes this
+                # process's CPU: the frames waited behind a whole database round trip
+                # (offered -> written p50 10-12 ms against 0.5 ms with this yield,
+                # bench/latency_ab.py --trace, BENCHMARKS.md "l18").
+                await asyncio.sleep(0)
 
     async def _read(self, h: Hints) -> None:
         rconn = self._reader
@@ -426,26 +443,37 @@ class Relay:
             self.publishers_notify = bool((await db.event_window_on(rconn))["publishers_notify"])
         first: list[dict[str, Any]] | None = None
         eph = sorted(h.ephemeral)
+        trace = latency_trace.ON
+        read_no = -1
         if h.tick:
             # Make sure a tick covers what committed before now, and read, in one round trip.
+            t0 = time.time() if trace else 0.0
             got, first = await db.relay_tick_read(rconn, self.position, eph, self.READ_ROWS)
             eph = []
+            backoff: float | None = None
             if got < 0:
                 # Another replica is ticking: its snapshot may predate what woke us, so ask
                 # again shortly (backing off while it stays busy); read what is ticked now.
                 self._busy = min(self._busy + 1, 7)
                 self._hints.tick = self._hints.events = True
-                asyncio.get_running_loop().call_later(0.0005 * (2 ** self._busy) * (0.5 + random.random()),
-                                                      self._wake.set)
+                backoff = 0.0005 * (2 ** self._busy) * (0.5 + random.random())
+                asyncio.get_running_loop().call_later(backoff, self._wake.set)
             else:
                 self._busy = 0
+            if trace:
+                read_no = latency_trace.read(self._woke, t0, time.time(), got, backoff, len(first))
         if h.events or h.ephemeral or first is not None:
             while True:
+                if first is None and trace:
+                    t0 = time.time()
                 rows = first if first is not None else await db.relay_read_v2(rconn, self.position, eph,
                                                                                self.READ_ROWS)
+                if first is None and trace:
+                    read_no = latency_trace.read(self._woke, t0, time.time(), None, None, len(rows))
                 first = None
                 eph = []
                 stored = 0
+                registry = self.registry
                 for r in rows:
                     pos: Position | None = None
                     if r["ephemeral"]:
@@ -454,18 +482,29 @@ class Relay:
                         self._eph_seen[r["id"]] = None
                         if len(self._eph_seen) > self.EPHEMERAL_SEEN_MAX:
                             self._eph_seen.popitem(last=False)
-                        f = frame(r["event"], r["payload"], room=r["room"], ts=r["ts"])
+                        f = frame(r["event"], json.loads(r["payload"]), room=r["room"], ts=r["ts"])
                         if r["sender"] is not None:
                             f["from"] = str(r["sender"])
                     else:
                         stored += 1
-                        pos, f = event_frame(r, r["ts"])
+                        pos = (int(r["tick"]), int(r["id"]))
                         if pos <= self.position:
                             continue
+                        if not self._catching_up and not registry.targets(r["user_id"], r["room"]):
+                            # Every replica reads every event; most have no socket here. The
+                            # position moves all the same, but no frame is built and the
+                            # payload (read as text) is never parsed.
+                            self.position = pos
+                            if pos[1] > self.last_seen_id:
+                                self.last_seen_id = pos[1]
+                            continue
+                        pos, f = event_frame(r, r["ts"], json.loads(r["payload"]))
                     if self._catching_up:
                         await self._deliver_wait(r["user_id"], r["room"], f, pos)
                     else:
                         self._deliver(r["user_id"], r["room"], f, pos)
+                    if trace and pos is not None:
+                        latency_trace.event(read_no, pos[1], f["payload"])
                     if pos is not None:
                         # Moved after delivery: a socket registered meanwhile starts here
                         # (hello's cursor) and was offered this event (see _deliver_wait).

@@ -39,11 +39,13 @@ def frame(event: str, payload: Any = None, *, id: int | None = None, room: str |
     return f
 
 
-def event_frame(r: dict[str, Any], ts: int) -> tuple[tuple[int, int], dict[str, Any]]:
+def event_frame(r: dict[str, Any], ts: int, payload: Any = None) -> tuple[tuple[int, int], dict[str, Any]]:
     """A stored event row (with its ``tick``) as (position, frame); the frame carries
-    the position as its opaque ``cursor``. (The relay's live read: a dict row.)"""
+    the position as its opaque ``cursor``. (The relay's live read: a dict row, whose
+    payload it passes already parsed when it read it as text.)"""
     pos = (int(r["tick"]), int(r["id"]))
-    return pos, frame(r["event"], r["payload"], id=r["id"], room=r["room"], ts=ts, cursor=cursor.encode(pos))
+    return pos, frame(r["event"], r["payload"] if payload is None else payload, id=r["id"], room=r["room"], ts=ts,
+                      cursor=cursor.encode(pos))
 
 
 def replay_frame(e: Event) -> tuple[tuple[int, int], dict[str, Any]]:

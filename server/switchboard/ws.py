@@ -20,7 +20,7 @@ import falcon
 import falcon.asgi
 import psycopg
 
-from . import bounded, cursor
+from . import bounded, cursor, latency_trace
 from .bounded import BadInput
 from .config import Config
 from .cursor import Position
@@ -226,6 +226,8 @@ class WebSocketResource:
                 if text is None:
                     return
                 await ws.send_text(text)
+                if latency_trace.ON:
+                    latency_trace.written(text)
         except (falcon.WebSocketDisconnected, asyncio.CancelledError):
             return
         except Exception as exc:
