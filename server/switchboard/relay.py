@@ -370,8 +370,8 @@ class Relay:
             # follow commit order, so an id below the last one read is no reason to skip.)
             h.events = True
             h.tick = True
-            if latency_trace.ON:
-                latency_trace.heard(n.id)  # type: ignore[arg-type]
+            if latency_trace.ON and n.id is not None:
+                latency_trace.heard(n.id)
         elif n.kind == "tick":
             self._last_tick_heard = time.monotonic()
             if n.id is not None and n.id <= self.position[0]:

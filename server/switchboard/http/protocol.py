@@ -142,13 +142,13 @@ def install(header_timeout: float = 10.0) -> type[H11Protocol]:
     H11Protocol.header_timeout = header_timeout
     # A module global each protocol module imported by name (not re-exported: setattr).
     setattr(h11_impl, "service_unavailable", service_unavailable)
-    h11_impl.H11Protocol.send_400_response = _h11_send_400  # type: ignore[method-assign]
+    h11_impl.H11Protocol.send_400_response = _h11_send_400  # type: ignore[method-assign]  # on purpose: no setting
     try:
         from uvicorn.protocols.http import httptools_impl
     except ImportError:  # httptools not installed: h11 is the only parser
         return H11Protocol
     setattr(httptools_impl, "service_unavailable", service_unavailable)
-    httptools_impl.HttpToolsProtocol.send_400_response = _httptools_send_400  # type: ignore[method-assign]
+    httptools_impl.HttpToolsProtocol.send_400_response = _httptools_send_400  # type: ignore[method-assign]  # as above
     return H11Protocol
 
 
