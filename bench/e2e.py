@@ -156,6 +156,59 @@ def _procrastinate_run(cluster: Cluster, url: str, m: int, pids: list[int],
             **cpu, **_cpu_per_job(cpu, done)}
 
 
+
+def start_procrastinate(cluster: Cluster, dbname: str, processes: int, concurrency: int,
+                        name: str) -> tuple[str, str, list[subprocess.Popen], list[Any]]:
+    """A fresh database with procrastinate's schema and `processes` workers registered
+    in it (figure 3b's baseline; bench/jobs_ab.py too). Returns (db, url, workers, logs);
+    stop them with stop_procrastinate."""
+    import procrastinate
+
+    pdb = cluster.new_db(dbname, template=None)
+    purl = cluster.url(pdb)
+    papp = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=purl))
+
+    async def schema() -> None:
+        async with papp.open_async():
+            await papp.schema_manager.apply_schema_async()
+    asyncio.run(schema())
+    env = dict(os.environ)
+    env.update({"BENCH_PROCRASTINATE_URL": purl,
+                "PYTHONPATH": os.pathsep.join([str(BENCH), str(ROOT / "server")])})
+    workers: list[subprocess.Popen] = []
+    logs: list[Any] = []
+    try:
+        for i in range(processes):
+            lf = open(RESULTS / f"{name}-procrastinate-worker-{i}.log", "wb")
+            logs.append(lf)
+            workers.append(subprocess.Popen(
+                [sys.executable, "-m", "procrastinate", "--app=procrastinate_app.app", "--log-level=warning",
+                 "worker", f"--concurrency={concurrency}", f"--name={name}-{i}"],
+                env=env, stdout=lf, stderr=subprocess.STDOUT, cwd=str(ROOT)))
+        deadline = time.time() + 30
+        with psycopg.connect(purl, autocommit=True) as c:
+            while c.execute("SELECT count(*) FROM procrastinate_workers").fetchone()[0] < processes:
+                if time.time() > deadline or any(w.poll() is not None for w in workers):
+                    raise RuntimeError(f"procrastinate workers did not start; see "
+                                       f"bench/results/{name}-procrastinate-worker-*.log")
+                time.sleep(0.2)
+    except BaseException:
+        stop_procrastinate(workers, logs)
+        raise
+    return pdb, purl, workers, logs
+
+
+def stop_procrastinate(workers: list[subprocess.Popen], logs: list[Any]) -> None:
+    for w in workers:
+        w.terminate()
+    for w in workers:
+        try:
+            w.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            w.kill()
+    for lf in logs:
+        lf.close()
+
 def bench_jobs(cluster: Cluster, processes: int = 2, concurrency: int = 8, m: int = 5000,
                runs: int = 3) -> dict[str, Any]:
     log(f"3b jobs: Switchboard, {processes} replicas x concurrency {concurrency}, {m} noop jobs x {runs} runs")
@@ -177,36 +230,9 @@ def bench_jobs(cluster: Cluster, processes: int = 2, concurrency: int = 8, m: in
         cluster.drop_db(db)
 
     log(f"3b jobs: procrastinate, {processes} workers x concurrency {concurrency}")
-    pdb = cluster.new_db("procr", template=None)
-    purl = cluster.url(pdb)
-    import procrastinate
-
-    papp = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=purl))
-
-    async def schema() -> None:
-        async with papp.open_async():
-            await papp.schema_manager.apply_schema_async()
-    asyncio.run(schema())
-    env = dict(os.environ)
-    env.update({"BENCH_PROCRASTINATE_URL": purl,
-                "PYTHONPATH": os.pathsep.join([str(BENCH), str(ROOT / "server")])})
-    workers = []
-    logs = []
-    for i in range(processes):
-        lf = open(RESULTS / f"procrastinate-worker-{i}.log", "wb")
-        logs.append(lf)
-        workers.append(subprocess.Popen(
-            [sys.executable, "-m", "procrastinate", "--app=procrastinate_app.app", "--log-level=warning",
-             "worker", f"--concurrency={concurrency}", f"--name=bench-{i}"],
-            env=env, stdout=lf, stderr=subprocess.STDOUT, cwd=str(ROOT)))
+    pdb, purl, workers, logs = start_procrastinate(cluster, "procr", processes, concurrency, "bench")
     pr_runs = []
     try:
-        deadline = time.time() + 30
-        with psycopg.connect(purl, autocommit=True) as c:
-            while c.execute("SELECT count(*) FROM procrastinate_workers").fetchone()[0] < processes:
-                if time.time() > deadline or any(w.poll() is not None for w in workers):
-                    raise RuntimeError("procrastinate workers did not start; see bench/results/procrastinate-worker-*.log")
-                time.sleep(0.2)
         time.sleep(1.0)
         for r in range(runs):
             res = _procrastinate_run(cluster, purl, m, [w.pid for w in workers])
@@ -214,15 +240,7 @@ def bench_jobs(cluster: Cluster, processes: int = 2, concurrency: int = 8, m: in
                 f"CPU/job workers {res['workers_cpu_us_per_job']} us + postgres {res['postgres_cpu_us_per_job']} us")
             pr_runs.append(res)
     finally:
-        for w in workers:
-            w.terminate()
-        for w in workers:
-            try:
-                w.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                w.kill()
-        for lf in logs:
-            lf.close()
+        stop_procrastinate(workers, logs)
         cluster.drop_db(pdb)
     sb = median([r["jobs_per_s"] for r in sb_runs])
     pr = median([r["jobs_per_s"] for r in pr_runs])

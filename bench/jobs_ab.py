@@ -17,7 +17,6 @@ CPU per job, each tree's ratio to the same round's procrastinate, ours / base.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import subprocess
@@ -28,9 +27,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import psycopg
 from common import BENCH, RESULTS, ROOT, Cluster, log, median, replica, stop_all
-from e2e import _procrastinate_run, _sb_jobs_run, _start
+from e2e import _procrastinate_run, _sb_jobs_run, _start, start_procrastinate, stop_procrastinate
 from switchboard.migrate import migrate
 
 
@@ -67,32 +65,7 @@ def main() -> None:
                 for i in range(a.processes)])
         purl = ""
         if not a.no_procrastinate:
-            import procrastinate
-
-            pdb = cluster.new_db("ab_procr", template=None)
-            purl = cluster.url(pdb)
-            papp = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=purl))
-
-            async def schema() -> None:
-                async with papp.open_async():
-                    await papp.schema_manager.apply_schema_async()
-            asyncio.run(schema())
-            env = dict(os.environ)
-            env.update({"BENCH_PROCRASTINATE_URL": purl,
-                        "PYTHONPATH": os.pathsep.join([str(BENCH), str(ROOT / "server")])})
-            for i in range(a.processes):
-                lf = open(RESULTS / f"ab-procrastinate-{i}.log", "wb")
-                logs.append(lf)
-                workers.append(subprocess.Popen(
-                    [sys.executable, "-m", "procrastinate", "--app=procrastinate_app.app", "--log-level=warning",
-                     "worker", f"--concurrency={a.concurrency}", f"--name=ab-{i}"],
-                    env=env, stdout=lf, stderr=subprocess.STDOUT, cwd=str(ROOT)))
-            deadline = time.time() + 30
-            with psycopg.connect(purl, autocommit=True) as c:
-                while c.execute("SELECT count(*) FROM procrastinate_workers").fetchone()[0] < a.processes:
-                    if time.time() > deadline or any(w.poll() is not None for w in workers):
-                        raise RuntimeError("procrastinate workers did not start")
-                    time.sleep(0.2)
+            _, purl, workers, logs = start_procrastinate(cluster, "ab_procr", a.processes, a.concurrency, "ab")
         time.sleep(2.0)
         for r in range(a.rounds):
             order = ["base", "ours"] if r % 2 == 0 else ["ours", "base"]
@@ -112,15 +85,7 @@ def main() -> None:
                     f"{res['workers_cpu_us_per_job']} us + postgres {res['postgres_cpu_us_per_job']} us  "
                     f"ok={res['succeeded']} dup={res['duplicates']} (load {res['loadavg_before']:.1f})")
     finally:
-        for w in workers:
-            w.terminate()
-        for w in workers:
-            try:
-                w.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                w.kill()
-        for lf in logs:
-            lf.close()
+        stop_procrastinate(workers, logs)
         for ps in procs.values():
             stop_all(ps)
         cluster.stop()
