@@ -10,10 +10,10 @@ uvicorn answers some requests itself, in its HTTP protocol classes:
 
 Both were ``text/plain`` ("Invalid HTTP request received.", "Service
 Unavailable"), outside the API's error contract (errors.py: every error is an
-RFC 9457 document). uvicorn has no setting for either body, so ``install()``
-replaces the two hooks on both protocol implementations: ``send_400_response``
-(a method of each protocol class) and ``service_unavailable`` (the ASGI app each
-protocol module imported by name). Status codes, ``connection: close`` and when
+RFC 9457 document). uvicorn has no setting for either body, so the two hooks
+are replaced: ``send_400_response`` (overridden by ``H11Protocol`` below;
+patched on httptools' class by ``install()``) and ``service_unavailable`` (the
+ASGI app each protocol module imported by name, replaced by ``install()``). Status codes, ``connection: close`` and when
 uvicorn decides to answer are unchanged. tests/test_server_limits.py fails if a
 uvicorn upgrade moves either hook (the bodies would be text/plain again).
 
@@ -87,6 +87,7 @@ class H11Protocol(h11_impl.H11Protocol):
     """uvicorn's h11 protocol with a header read timeout (see the module docstring)."""
 
     header_timeout = 10.0     # install() sets it from SWITCHBOARD_HEADER_TIMEOUT
+    send_400_response = _h11_send_400   # problem+json instead of uvicorn's text/plain
     _header_timer: Any = None
     _partial = False          # bytes of a request head arrived since the timer was armed
 
@@ -142,13 +143,13 @@ def install(header_timeout: float = 10.0) -> type[H11Protocol]:
     H11Protocol.header_timeout = header_timeout
     # A module global each protocol module imported by name (not re-exported: setattr).
     setattr(h11_impl, "service_unavailable", service_unavailable)
-    h11_impl.H11Protocol.send_400_response = _h11_send_400  # type: ignore[method-assign]  # on purpose: no setting
     try:
         from uvicorn.protocols.http import httptools_impl
     except ImportError:  # httptools not installed: h11 is the only parser
         return H11Protocol
     setattr(httptools_impl, "service_unavailable", service_unavailable)
-    httptools_impl.HttpToolsProtocol.send_400_response = _httptools_send_400  # type: ignore[method-assign]  # as above
+    # httptools has no subclass of ours (uvicorn picks its class by name): patch its hook.
+    httptools_impl.HttpToolsProtocol.send_400_response = _httptools_send_400  # type: ignore[method-assign]
     return H11Protocol
 
 
