@@ -582,4 +582,4 @@ def test_sparse_schedules_jump_rather_than_walk(conn: psycopg.Connection) -> Non
                   (VALUES ('0 0 29 2 *'), ('0 0 29 2 */3'), ('15 14 31 * *'), ('0 0 1 1 *')) v(e)""",
     ).fetchone()
     assert row == (2000,)
-    assert time.perf_counter() - t0 < 2.0
+    assert time.perf_counter() - t0 < 10  # ~0.1 s here; a minute walk would take minutes

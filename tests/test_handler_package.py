@@ -96,7 +96,7 @@ def test_lost_lease_is_seen_by_the_handler(db: str, server_factory, example_site
         assert n == 1
         t0 = time.time()
         f = ws.recv_until(lambda f: f["event"] == "report.abandoned", timeout=10)
-        assert time.time() - t0 < 3.5  # the lease heartbeat runs every lease/3 = 1 s
+        assert time.time() - t0 < 8  # heartbeat every lease/3 = 1 s; the run alone would take 20 s
         assert 1 <= f["payload"]["done"] < 200
         with psycopg.connect(db, autocommit=True) as c:
             row = c.execute("SELECT status, worker FROM switchboard.task_runs WHERE task_id = %s",
@@ -124,7 +124,7 @@ def test_deadline_moves_to_the_end_of_the_shutdown_grace(db: str, server_factory
         ws.recv_until(lambda f: f["event"] == "report.progress", timeout=10)
         t0 = time.time()
         assert srv.terminate(timeout=30) == 0
-        assert time.time() - t0 < 6
+        assert time.time() - t0 < 15  # the 5 s grace plus a loaded box; the run alone takes 50 s
     finally:
         ws.close()
     with psycopg.connect(db, autocommit=True) as c:

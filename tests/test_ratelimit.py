@@ -71,9 +71,19 @@ def test_refill_follows_rate_by_the_database_clock(db: str) -> None:
     # every decision and every retry hint is what GCRA says for that DB instant
     for now, allowed, retry_ms in calls:
         assert (allowed, retry_ms) == model.check(now), (now, allowed, retry_ms)
+    # The count, independently of the model: never more than burst + rate * elapsed. Fewer
+    # only by the polling lag: a slot that opened at `tat` and was taken by a poll at `now`
+    # starts the next interval at `now` (GCRA carries no credit over), so the count may fall
+    # short by lag / T. A loaded box polls late (CI saw 15 admitted in 1.5 s, not 16).
     elapsed = (calls[-1][0] - calls[0][0]) / 1e6
     n_allowed = sum(1 for _, a, _ in calls if a)
-    assert abs(n_allowed - (burst + rate * elapsed)) <= 1, (n_allowed, elapsed)
+    lag, tat = 0, None
+    for now, allowed, _ in calls:
+        if allowed:
+            lag += max(0, now - tat) if tat is not None else 0
+            tat = now + model.t if tat is None else max(tat, now) + model.t
+    assert n_allowed <= burst + rate * elapsed + 1e-6, (n_allowed, elapsed)
+    assert n_allowed >= burst + rate * (elapsed - lag / 1e6) - 1, (n_allowed, elapsed, lag)
 
 
 def test_retry_after_is_exact(db: str) -> None:

@@ -221,14 +221,14 @@ def test_logout_disable_and_role_change(server_factory, db) -> None:  # type: ig
     tok2 = s.login("dave")
     ws = s.ws(tok2)
     assert httpx.post(s.base + "/tasks", headers=auth(tok2), json={"name": "n", "handler": "noop"}).status_code == 201
-    t0 = time.time()
     subprocess.run([sys.executable, "-m", "switchboard.cli", "user", "disable", "dave"], check=True,
                    env={**os.environ, "DATABASE_URL": db, "PYTHONPATH": str(ROOT / "server")})
+    t0 = time.time()  # the CLI has committed: the close is ms away (a second is the promise)
     with pytest.raises(ConnectionClosed) as e:
         while True:
-            ws.recv(timeout=3)
+            ws.recv(timeout=5)
     assert e.value.rcvd.code == 1008
-    assert time.time() - t0 < 3  # includes the CLI's own start-up; the close itself is ms after COMMIT
+    assert time.time() - t0 < 3
     assert httpx.get(s.base + "/me", headers=auth(tok2)).status_code == 401
 
 
@@ -249,7 +249,12 @@ def test_tool_bridge_on_one_replica(server_factory, db) -> None:  # type: ignore
 
     t = threading.Thread(target=call)
     t.start()
-    f = ws.recv_until(lambda f: f["event"].startswith("tool.call."))
+    try:
+        f = ws.recv_until(lambda f: f["event"].startswith("tool.call."))
+    except TimeoutError:  # say what the call got (404: erin offline; 504: the frame was lost)
+        t.join(30)
+        r = result.get("r")
+        raise AssertionError((r.status_code, r.text) if r is not None else None, s.log()) from None
     call_id = f["event"].split(".", 2)[2]
     assert f["payload"] == {"name": "echo", "args": {"x": 1}}
     # frank may not answer erin's call
@@ -292,7 +297,7 @@ def test_rate_limiter_fails_open_within_its_bound(server_factory, db) -> None:  
                        timeout=30)
         elapsed = time.time() - t0
         assert r.status_code == 200, r.text
-        assert elapsed < 3, elapsed  # the bound (0.3 s) plus argon2, nowhere near the pool's wait
+        assert elapsed < 8, elapsed  # the bound (0.3 s) plus argon2, nowhere near the pool's wait
         locker.rollback()
     m = httpx.get(s.base + "/metrics").text
     assert 'switchboard_ratelimit_fail_open_total{policy="login-ip"} 1.0' in m

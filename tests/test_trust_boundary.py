@@ -73,7 +73,7 @@ def test_nobody_but_the_owner_can_take_the_ticker_rows(db: str, app_url: str, in
             t0 = time.monotonic()
             pub.execute("SELECT switchboard.notify_user(%s, 'x', '{}')", (uid,))
             pub.commit()
-            assert time.monotonic() - t0 < 1.0
+            assert time.monotonic() - t0 < 2.0  # a wait would have ended in 55P03 at 2 s
 
 
 def test_a_publisher_never_waits_for_another_publisher_or_the_ticker(db: str) -> None:
@@ -391,15 +391,15 @@ def test_a_password_change_closes_the_users_sockets_on_every_replica(  # type: i
     # ... and through `switchboard user set-password` (the application login, as documented).
     ws1, ws2 = sockets()
     env = {**os.environ, "DATABASE_URL": app_url_for(db), "PYTHONPATH": str(ROOT / "server")}
-    t0 = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "switchboard.cli", "user", "set-password", "pia",
                           "--password-stdin"], input="pw-" + "t" * 12 + "\n", env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "password of pia changed" in out.stdout
+    t0 = time.monotonic()  # committed: both close within the same bound as the SQL path
     assert _close_code(ws1, 5) == 1008
     assert _close_code(ws2, 5) == 1008
-    assert time.monotonic() - t0 < 8  # includes the CLI's interpreter start and argon2 hashing
+    assert time.monotonic() - t0 < 5
     # the old password is gone, the new one logs in and its socket stays open
     assert httpx.post(s1.base + "/auth/login", json={"username": "pia", "password": "pw-" + "s" * 12}
                       ).status_code == 401

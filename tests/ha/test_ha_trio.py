@@ -206,7 +206,7 @@ def test_tool_call_crosses_replicas(trio: Trio) -> None:
 
     th = threading.Thread(target=call, args=(8000,))
     th.start()
-    f = fw.recv_until(lambda f: f["event"].startswith("tool.call."), timeout=5)
+    f = fw.recv_until(lambda f: f["event"].startswith("tool.call."))
     call_id = f["event"].split(".", 2)[2]
     assert f["payload"] == {"name": "pick_color", "args": {"q": 1}}
     # another user cannot answer it
@@ -217,19 +217,19 @@ def test_tool_call_crosses_replicas(trio: Trio) -> None:
     th.join(15)
     assert result["status"] == 200, result
     assert result["body"] == {"result": {"color": "teal"}}
-    assert result["elapsed"] < 3
+    assert result["elapsed"] < 8, result  # answered, not timed out (8 s)
 
-    # no socket anywhere: 404 at once
+    # no socket anywhere: 404 at once (not after the call's 20 s timeout)
     t0 = time.monotonic()
     r = httpx.post(r1.base + "/tools/call", headers=admin,
-                   json={"user_id": henry, "name": "x", "args": {}, "timeout_ms": 5000})
-    assert r.status_code == 404 and time.monotonic() - t0 < 1.0, r.text
+                   json={"user_id": henry, "name": "x", "args": {}, "timeout_ms": 20000})
+    assert r.status_code == 404 and time.monotonic() - t0 < 10, r.text
 
     # the socket holder does not answer: 504 after the timeout; a late answer is refused
     result.clear()
     call(700)
     assert result["status"] == 504, result
-    assert 0.7 <= result["elapsed"] < 3, result
+    assert 0.7 <= result["elapsed"] < 10, result
     late = fw.recv_until(lambda f: f["event"].startswith("tool.call."), timeout=2)
     fw.send({"action": "publish", "event": f"tool.result.{late['event'].split('.', 2)[2]}", "payload": {}})
     assert fw.recv_until(lambda f: f["event"] == "error")["payload"]["code"] == "unknown_call"
