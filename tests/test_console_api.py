@@ -132,6 +132,16 @@ def test_run_feed_pushes_claims_and_finishes_to_admin_sockets_only(db: str, serv
         assert states["succeeded"]["id"] == states["running"]["id"]
         assert "args" not in states["succeeded"] and "result" not in states["succeeded"]
 
+        # The feed's metrics: the watcher polls for its one subscriber and counts what it
+        # offered; the worker, with no admin subscribed, runs no feed at all.
+        from test_metrics import scrape, total
+        mw, mk = scrape(watcher.base), scrape(worker.base)
+        assert total(mw["switchboard_runfeed_subscribers"], "switchboard_runfeed_subscribers") == 1
+        assert total(mw["switchboard_runfeed_polls_total"], "switchboard_runfeed_polls_total", outcome="ok") >= 2
+        assert total(mw["switchboard_runfeed_frames_total"], "switchboard_runfeed_frames_total") >= 2
+        assert total(mk["switchboard_runfeed_subscribers"], "switchboard_runfeed_subscribers") == 0
+        assert total(mk.get("switchboard_runfeed_polls_total", []), "switchboard_runfeed_polls_total") == 0
+
         # The member and the admin socket that did not subscribe heard nothing of it.
         for other in (m, plain):
             frames = other.drain(quiet=1.5)

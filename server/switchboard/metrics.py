@@ -60,6 +60,9 @@ _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
         "Rate-limit checks that failed or timed out and let the request through", ("policy",)),
     "switchboard_ws_closed_total": ("WebSockets closed by the server, by code", ("code",)),
     "switchboard_listen_reconnects_total": ("LISTEN connection (re)connects", ()),
+    # runfeed.py: the admin console's live run updates (polls only while an admin subscribes)
+    "switchboard_runfeed_polls_total": ("Polls of the admin run feed, by outcome (ok, failed)", ("outcome",)),
+    "switchboard_runfeed_frames_total": ("run.updated frames offered to subscribed admin sockets", ()),
     # bounded.SOURCES x bounded.REASONS: closed label sets, whatever the input was
     "switchboard_bad_input_total": ("Outside inputs refused by their bounds, by entry point and reason",
                                     ("source", "reason")),
@@ -101,6 +104,7 @@ _GAUGES: dict[str, tuple[str, _Mode]] = {
     "switchboard_event_retention_seconds": ("Configured event retention window", "livemax"),
     "switchboard_relay_cache_entries": (
         "Entries the relay keeps per hint (auth cache users, ephemeral ids seen); bounded", "livesum"),
+    "switchboard_runfeed_subscribers": ("Admin sockets subscribed to the run feed on this replica", "livesum"),
     # From switchboard.metrics_snapshot(): the same for every replica.
     "switchboard_expired_leases": ("Running task runs whose lease has expired", "livemostrecent"),
     "switchboard_runs_due": ("Queued task runs that are due", "livemostrecent"),

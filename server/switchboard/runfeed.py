@@ -49,6 +49,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .db import Database
+from .metrics import Metrics
 from .sockets import Client, encode, frame
 
 LOG = logging.getLogger("switchboard.runfeed")
@@ -111,9 +112,10 @@ class RunFeed:
     MAX_FRAME_BYTES = 96 * 1024
     SENT_MAX = 5000
 
-    def __init__(self, db: Database, interval: float = 1.0) -> None:
+    def __init__(self, db: Database, interval: float = 1.0, metrics: Metrics | None = None) -> None:
         self.db = db
         self.interval = interval
+        self.metrics = metrics
         self.subscribers: set[Client] = set()
         self.polls = 0             # statements run (tests)
         self._task: asyncio.Task[None] | None = None
@@ -167,6 +169,9 @@ class RunFeed:
                     raise
                 except Exception as exc:   # database down, pool timeout: try again next interval
                     LOG.warning("run feed poll failed: %s", exc)
+                    self._count("switchboard_runfeed_polls_total", outcome="failed")
+                else:
+                    self._count("switchboard_runfeed_polls_total", outcome="ok")
                 await asyncio.sleep(max(0.05, self.interval - (loop.time() - started)))
         finally:
             self._reset()   # the next activation starts from "now", not from a stale mark
@@ -227,3 +232,8 @@ class RunFeed:
             truncated = True
         for c in self._live():
             c.offer(f, text)
+            self._count("switchboard_runfeed_frames_total")
+
+    def _count(self, name: str, **labels: str) -> None:
+        if self.metrics is not None:
+            self.metrics.inc(name, 1.0, **labels)

@@ -103,6 +103,7 @@ def build_services(config: Config) -> Services:
                   on_run_wake=scheduler.wake, on_tool_result=tools.resolve, on_connect=on_connect,
                   on_sessions=sessions.recheck)
 
+    feed = RunFeed(db, metrics=metrics)
     pool_stat = db.pool.get_stats
     sampler = GaugeSampler(
         metrics,
@@ -115,6 +116,7 @@ def build_services(config: Config) -> Services:
             "switchboard_pool_waiting": lambda: pool_stat().get("requests_waiting", 0),
             "switchboard_event_retention_seconds": lambda: config.event_retention_seconds,
             "switchboard_relay_cache_entries": relay.cache_entries,
+            "switchboard_runfeed_subscribers": lambda: len(feed.subscribers),
         },
         snapshot=db.metrics_snapshot,
         # The readiness probe's rule, with the last snapshot standing in for its ping.
@@ -123,4 +125,4 @@ def build_services(config: Config) -> Services:
     return Services(config=config, db=db, metrics=metrics, auth=auth, registry=registry, replica=replica,
                     handlers=handlers, catalog=catalog, tools=tools, limiter=limiter, scheduler=scheduler, relay=relay,
                     heartbeat=heartbeat, sampler=sampler, failover=failover, sessions=sessions,
-                    feed=RunFeed(db))
+                    feed=feed)
