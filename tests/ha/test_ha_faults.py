@@ -105,7 +105,7 @@ def test_kill9_replica_mid_run(fresh_trio) -> None:  # type: ignore[no-untyped-d
     assert r.status_code == 202, r.text
     run1 = r.json()["run"]["id"]
     assert wait_until(lambda: trio.sql("SELECT status FROM switchboard.task_runs WHERE id = %s",
-                                       (run1,))[0][0] == "running", 5)
+                                       (run1,))[0][0] == "running", 15)
     worker = trio.sql("SELECT worker FROM switchboard.task_runs WHERE id = %s", (run1,))[0][0]
     victim = replica_of_worker(trio.live(), worker)
     assert victim is not None, worker
@@ -206,7 +206,7 @@ def test_rolling_restart_loses_nothing(fresh_trio) -> None:  # type: ignore[no-u
 
     def slow_run() -> tuple:
         return trio.sql("SELECT status, attempt, worker FROM switchboard.task_runs WHERE id = %s", (run,))[0]
-    assert wait_until(lambda: slow_run()[0] == "running", 5)
+    assert wait_until(lambda: slow_run()[0] == "running", 15)
     t_start = trio.sql("SELECT now()")[0][0]
 
     originals = trio.live()
@@ -249,7 +249,7 @@ def test_rolling_restart_loses_nothing(fresh_trio) -> None:  # type: ignore[no-u
         c.stop()
 
     # the long run was handed back on every drain and lives on a new replica, same attempt
-    assert wait_until(lambda: slow_run()[0] == "running", 5), slow_run()
+    assert wait_until(lambda: slow_run()[0] == "running", 15), slow_run()
     _, attempt, worker = slow_run()
     new_pids = {s.pid for s in trio.live()}
     print(f"slow run moved through workers {run_workers + [worker]}", flush=True)

@@ -93,7 +93,7 @@ def test_every_second_task_runs_exactly_once_per_tick(trio: Trio) -> None:
     r = httpx.patch(f"{trio.rr().base}/tasks/{tid}", headers=h, json={"is_active": False})
     assert r.status_code == 200, r.text
     assert wait_until(lambda: not trio.sql(
-        "SELECT 1 FROM switchboard.task_runs WHERE task_id = %s AND status IN ('queued', 'running')", (tid,)), 5)
+        "SELECT 1 FROM switchboard.task_runs WHERE task_id = %s AND status IN ('queued', 'running')", (tid,)), 15)
     rows = trio.sql(
         "SELECT scheduled_for, count(*), array_agg(worker), array_agg(status), max(attempt) "
         "FROM switchboard.task_runs WHERE task_id = %s GROUP BY 1 ORDER BY 1", (tid,))
@@ -237,7 +237,7 @@ def test_tool_call_crosses_replicas(trio: Trio) -> None:
     gw.close()
     # once frank's last socket is gone, the bridge says 404 again (presence follows sockets)
     assert wait_until(lambda: httpx.post(r1.base + "/tools/call", headers=admin, json={
-        "user_id": frank, "name": "x", "args": {}, "timeout_ms": 100}).status_code == 404, 3)
+        "user_id": frank, "name": "x", "args": {}, "timeout_ms": 100}).status_code == 404, 15)
 
 
 # -- 9. disabling a user ----------------------------------------------------------------------------------------
