@@ -18,6 +18,9 @@ run` without interpretation beyond what a kubelet does:
   (with `defaultMode`) and bind-mounted; `readOnly` mounts -> `:ro`;
   `initContainers` -> run to completion, in order, before the main container
   (a non-zero exit is the kubelet's Init:Error, here a test failure);
+- `sidecars` (the pod's other containers) -> `run_sidecar`: in their own image,
+  in the main container's network namespace (a pod's containers share
+  loopback), with their own securityContext and mounts;
 - the container port named by the probes -> the port published on a free host
   port; probes -> HTTP GETs on their path with their timeout;
 - deletion -> the preStop hook as declared (exec in the container, or the
@@ -335,6 +338,34 @@ def run_init(kit: Kit, run: PodRun, volumes: PodVolumes, timeout: float = 120) -
     if out.returncode != 0:
         raise AssertionError(f"init container {run.container['name']} exited {out.returncode} "
                              f"(Init:Error):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return out.stdout + out.stderr
+
+
+def sidecars(pod_template: dict[str, Any], objects: list[dict[str, Any]],
+             secrets: dict[str, dict[str, str]]) -> list[PodRun]:
+    """The pod's containers other than switchboard, resolved like it."""
+    return [resolve(pod_template, objects, secrets, container=c)
+            for c in pod_template["spec"]["containers"] if c["name"] != "switchboard"]
+
+
+def run_sidecar(kit: Kit, run: PodRun, main: Container, volumes: PodVolumes, timeout: float = 120) -> str:
+    """A sidecar, to completion, beside the running main container: its own image,
+    securityContext and mounts, the main container's network namespace. Its output."""
+    import json
+    import subprocess
+
+    from kit import RUN_FLAGS, _env_flags
+
+    flags = [f for i, f in enumerate(RUN_FLAGS)
+             if f != "--network" and (i == 0 or RUN_FLAGS[i - 1] != "--network")]
+    cmd = kit.podman_cmd("run", "--rm", *flags, "--network", f"container:{main.name}",
+                         *run.podman_flags(volumes),
+                         *(["--entrypoint", json.dumps(run.entrypoint)] if run.entrypoint else []),
+                         *_env_flags(run.env), run.container["image"], *run.args)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise AssertionError(f"sidecar {run.container['name']} exited {out.returncode}:\n"
+                             f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     return out.stdout + out.stderr
 
 

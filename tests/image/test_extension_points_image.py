@@ -41,6 +41,8 @@ from pod import (
     resolve,
     resolve_init,
     run_init,
+    run_sidecar,
+    sidecars,
     start_with,
     wait_probes,
 )
@@ -120,19 +122,47 @@ def values_for(kit: Kit, handler_image: str) -> dict[str, Any]:
     return values
 
 
+# A sidecar that checks the replica over the pod's shared loopback, as a proxy or a
+# log shipper beside it would reach it; it prints what it got and exits.
+SIDECAR_CHECK = """
+import time, urllib.request
+for _ in range(120):
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:8000/healthz/ready", timeout=2) as r:
+            print("sidecar: replica ready", r.status); break
+    except Exception as exc:
+        time.sleep(0.5)
+else:
+    raise SystemExit("sidecar: replica never ready on 127.0.0.1:8000")
+"""
+
+
 def test_init_container_handler_package_and_verify_full_ca_in_the_image(
     kit: Kit, image: str, handler_image: str, tls_cluster: TlsPostgres, tmp_path: Path
 ) -> None:
+    """Also the chart's other extension points, executed: `extraEnvFrom` (a Secret of
+    the operator's, read last, so it overrides the chart's ConfigMap) and `sidecars`
+    (run in the pod's network namespace, with the restricted securityContext)."""
     db = fresh_db(tls_cluster, "sb_ext_ok")
-    objects = render(values_for(kit, handler_image))
+    values = values_for(kit, handler_image)
+    values["extraEnvFrom"] = [{"secretRef": {"name": "switchboard-extra-env"}}]
+    values["sidecars"] = [{
+        "name": "ready-check", "image": image, "command": ["python", "-c", SIDECAR_CHECK],
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
+    }]
+    objects = render(values)
     template = deployment(objects)["spec"]["template"]
     secrets = operator_secrets(tls_cluster, db, tls_cluster.ca.cert)
+    secrets["switchboard-extra-env"] = {"SWITCHBOARD_ALLOWED_ORIGINS": "https://app.example"}
     volumes = PodVolumes(template["spec"], object_store(objects, secrets), tmp_path / "volumes")
     run = resolve(template, objects, secrets)
     assert run.container["image"] == image
     assert run.env["PGSSLMODE"] == "verify-full"
     assert run.env["PYTHONPATH"] == "/opt/switchboard-handlers"
     assert "sslmode" not in run.env["DATABASE_URL"]
+    assert run.env["SWITCHBOARD_ALLOWED_ORIGINS"] == "https://app.example"
+    (sidecar,) = sidecars(template, objects, secrets)
 
     (init,) = resolve_init(template, objects, secrets)
     t0 = time.monotonic()
@@ -147,6 +177,16 @@ def test_init_container_handler_package_and_verify_full_ca_in_the_image(
     try:
         took = wait_probes(c, run)
         kit.figures.smoke["extensions: startup probe (TLS verify-full, migrate)"] = f"{took['startup']:.1f} s"
+        out = run_sidecar(kit, sidecar, c, volumes)
+        assert "sidecar: replica ready 200" in out, out
+        kit.figures.smoke["extensions: sidecar reached the replica on the pod's loopback"] = "200"
+        # extraEnvFrom's Secret reached the process: its origin gets CORS answers.
+        pre = httpx.options(c.base + "/auth/login", timeout=10, headers={
+            "Origin": "https://app.example", "Access-Control-Request-Method": "POST"})
+        assert pre.headers.get("access-control-allow-origin") == "https://app.example", pre.headers
+        other = httpx.options(c.base + "/auth/login", timeout=10, headers={
+            "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+        assert other.headers.get("access-control-allow-origin") is None, other.headers
         with psycopg.connect(tls_cluster.admin_url(db), autocommit=True) as conn:
             conns = conn.execute(
                 "SELECT a.usename, s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) "
