@@ -324,21 +324,33 @@ def delete(c: Container, run: PodRun) -> tuple[int, float, bool]:
     return int(c.state()["ExitCode"]), time.monotonic() - t0, served
 
 
-def run_init(kit: Kit, run: PodRun, volumes: PodVolumes, timeout: float = 120) -> str:
-    """One init container, to completion, in its own image; its output."""
+def _run_to_completion(kit: Kit, run: PodRun, volumes: PodVolumes, timeout: float,
+                       network: list[str], what: str) -> str:
+    """One container of the pod, in its own image, until it exits; its output. A
+    non-zero exit is a test failure (what it is to a kubelet is up to `what`)."""
     import json
     import subprocess
 
     from kit import RUN_FLAGS, _env_flags
 
-    cmd = kit.podman_cmd("run", "--rm", *RUN_FLAGS, *run.podman_flags(volumes),
+    flags = list(RUN_FLAGS)
+    if network:
+        i = flags.index("--network")
+        flags[i:i + 2] = network
+    cmd = kit.podman_cmd("run", "--rm", *flags, *run.podman_flags(volumes),
                          *(["--entrypoint", json.dumps(run.entrypoint)] if run.entrypoint else []),
                          *_env_flags(run.env), run.container["image"], *run.args)
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if out.returncode != 0:
-        raise AssertionError(f"init container {run.container['name']} exited {out.returncode} "
-                             f"(Init:Error):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+        raise AssertionError(f"{what} {run.container['name']} exited {out.returncode}:\n"
+                             f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     return out.stdout + out.stderr
+
+
+def run_init(kit: Kit, run: PodRun, volumes: PodVolumes, timeout: float = 120) -> str:
+    """One init container, to completion, in its own image; its output (a non-zero exit
+    is the kubelet's Init:Error)."""
+    return _run_to_completion(kit, run, volumes, timeout, [], "init container (Init:Error)")
 
 
 def sidecars(pod_template: dict[str, Any], objects: list[dict[str, Any]],
@@ -350,23 +362,9 @@ def sidecars(pod_template: dict[str, Any], objects: list[dict[str, Any]],
 
 def run_sidecar(kit: Kit, run: PodRun, main: Container, volumes: PodVolumes, timeout: float = 120) -> str:
     """A sidecar, to completion, beside the running main container: its own image,
-    securityContext and mounts, the main container's network namespace. Its output."""
-    import json
-    import subprocess
-
-    from kit import RUN_FLAGS, _env_flags
-
-    flags = [f for i, f in enumerate(RUN_FLAGS)
-             if f != "--network" and (i == 0 or RUN_FLAGS[i - 1] != "--network")]
-    cmd = kit.podman_cmd("run", "--rm", *flags, "--network", f"container:{main.name}",
-                         *run.podman_flags(volumes),
-                         *(["--entrypoint", json.dumps(run.entrypoint)] if run.entrypoint else []),
-                         *_env_flags(run.env), run.container["image"], *run.args)
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if out.returncode != 0:
-        raise AssertionError(f"sidecar {run.container['name']} exited {out.returncode}:\n"
-                             f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    return out.stdout + out.stderr
+    securityContext and mounts, the main container's network namespace (a pod's
+    containers share loopback). Its output."""
+    return _run_to_completion(kit, run, volumes, timeout, ["--network", f"container:{main.name}"], "sidecar")
 
 
 def start_with(kit: Kit, run: PodRun, volumes: PodVolumes, what: str) -> Container:
