@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from harness import ROOT, Server, auth, make_user
+from harness import APP_LOGIN, ROOT, Server, auth, make_user
 
 
 @pytest.fixture
@@ -267,6 +267,45 @@ def test_tool_bridge_on_one_replica(server_factory, db) -> None:  # type: ignore
     r = httpx.post(s.base + "/tools/call", headers=h, timeout=30,
                    json={"user_id": uid, "name": "echo", "timeout_ms": 300})
     assert r.status_code == 504
+
+
+def test_a_tool_call_sent_while_the_relay_is_reconnecting_still_reaches_the_browser(server_factory, db) -> None:  # type: ignore[no-untyped-def]
+    """tool.call.<id> is an ephemeral event: no position, so a relay whose LISTEN
+    connection was down when its NOTIFY went out never heard of it, and the call waited
+    out its timeout (504). After a reconnect the relay asks for the ephemeral ids it
+    missed (relay_ephemeral_missed, V0019) and delivers them from their rows -- and
+    does not deliver again one it had already delivered before the loss."""
+    make_user(db, "admin", role="admin")
+    uid = make_user(db, "erin")
+    s = server_factory()
+    h = auth(s.login("admin"))
+    replica = httpx.get(s.base + "/me", headers=h, timeout=10).json()["replica"]
+    ws = s.ws(s.login("erin"))
+    send = "SELECT switchboard.tool_call_send(%s, %s, 'echo', %s::jsonb, '60 seconds')"
+    with psycopg.connect(db, autocommit=True) as c:
+        before = c.execute(send, (uid, replica, '{"n": 1}')).fetchone()[0]
+        assert ws.recv_until(lambda f: f["event"] == f"tool.call.{before}")["payload"]["args"] == {"n": 1}
+        # The relay cannot come back until we say so (its new logins are refused; the
+        # request pool keeps its open connections), then its LISTEN and reader sessions
+        # end (the relay closes the other when one dies, so not every terminate finds its pid).
+        c.execute(f"ALTER ROLE {APP_LOGIN} NOLOGIN")
+        try:
+            relay = ("FROM pg_stat_activity WHERE datname = current_database() "
+                     "AND application_name IN ('switchboard-listen', 'switchboard-relay-read')")
+            c.execute(f"SELECT pg_terminate_backend(pid, 10000) {relay}")
+            assert _wait(lambda: c.execute(f"SELECT count(*) {relay}").fetchone()[0] == 0, 10)
+            missed = c.execute(send, (uid, replica, '{"n": 2}')).fetchone()[0]   # nobody hears it
+            time.sleep(0.5)
+        finally:
+            c.execute(f"ALTER ROLE {APP_LOGIN} LOGIN")
+        f = ws.recv_until(lambda f: f["event"].startswith("tool.call."), timeout=30)
+        assert f["event"] == f"tool.call.{missed}" and f["payload"] == {"name": "echo", "args": {"n": 2}}, f
+        # erin answers it like any call; the waiting replica's collect finds the answer
+        ws.send({"action": "publish", "event": f"tool.result.{missed}", "payload": {"ok": True}})
+        assert _wait(lambda: c.execute("SELECT answered FROM switchboard.tool_calls WHERE id = %s",
+                                       (missed,)).fetchone()[0], 10)
+        # ... and the call delivered before the loss was not delivered a second time
+        assert [x for x in ws.drain(quiet=1.5) if x["event"].startswith("tool.call.")] == []
 
 
 def test_cli_missing_settings_exit_2(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -506,6 +506,40 @@ COMMENT ON FUNCTION switchboard.relay_read_v2(bigint, bigint, bigint[], integer)
 REVOKE ALL ON FUNCTION switchboard.relay_read_v2(bigint, bigint, bigint[], integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.relay_read_v2(bigint, bigint, bigint[], integer) TO switchboard_app;
 
+-- What a relay missed while its LISTEN connection was down (V0019). Stored events
+-- are read again from the relay's position after a reconnect; ephemeral events
+-- (tool.call.<id>, typing) have no position, so their hints were simply lost and
+-- a tool call to a user on that replica waited out its timeout (504). The relay
+-- asks, on each reconnect, for the ids created within `lookback` (the time it
+-- was down, plus a margin, at most the 30 s that relay_read_v2 still reads) and
+-- reads the ones it has not seen through relay_read_v2 as usual: it acts on rows,
+-- never on a hint. Newest first, at most max_rows.
+CREATE OR REPLACE FUNCTION switchboard.relay_ephemeral_missed(lookback interval, max_rows integer DEFAULT 10000)
+RETURNS TABLE (id bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF lookback IS NULL OR lookback < interval '0' OR lookback > interval '30 seconds' THEN
+        RAISE EXCEPTION 'invalid lookback "%"', lookback USING ERRCODE = '22023',
+            HINT = 'Between 0 and 30 seconds: relay_read_v2 reads ephemeral events younger than 30 s.';
+    END IF;
+    IF max_rows IS NULL OR max_rows NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'invalid max_rows %', max_rows USING ERRCODE = '22023',
+            HINT = 'Between 1 and 10000 (relay_read_v2 takes at most 10000 ephemeral ids per read).';
+    END IF;
+    RETURN QUERY
+    SELECT x.id FROM switchboard.ephemeral_events x
+     WHERE x.created_at > now() - lookback
+     ORDER BY x.id DESC
+     LIMIT max_rows;
+END
+$$;
+COMMENT ON FUNCTION switchboard.relay_ephemeral_missed(interval, integer) IS
+    'Internal (relay): ids of the ephemeral events created within lookback (at most 30 s), newest first, at most max_rows. A relay calls it after a LISTEN reconnect and reads those it has not delivered with relay_read_v2.';
+REVOKE ALL ON FUNCTION switchboard.relay_ephemeral_missed(interval, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.relay_ephemeral_missed(interval, integer) TO switchboard_app;
+
 CREATE OR REPLACE FUNCTION switchboard.event_window()
 RETURNS TABLE (first_tick bigint, last_tick bigint, reaped_through bigint, publishers_notify boolean)
 LANGUAGE plpgsql STABLE SECURITY DEFINER

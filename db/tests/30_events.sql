@@ -16,7 +16,7 @@
 \pset pager off
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
-SELECT plan(37);
+SELECT plan(46);
 
 SELECT switchboard.create_user('pgtap.a' || txid_current(), '$2b$12$abcdefghijklmnopqrstuv') AS a \gset
 SELECT switchboard.create_user('pgtap.b' || txid_current(), '$2b$12$abcdefghijklmnopqrstuv') AS b \gset
@@ -108,6 +108,28 @@ SELECT is(switchboard._events_unticked(format('%1$s:%1$s:', pg_current_xact_id()
 SELECT is(switchboard._events_unticked(format('%1$s:%2$s:%1$s', pg_current_xact_id(),
                                               pg_current_xact_id()::text::bigint + 1)::pg_snapshot), true,
           '_events_unticked: events of a transaction in the snapshot''s xip are not covered');
+
+-- relay_ephemeral_missed (V0019): after a LISTEN reconnect, the ephemeral ids created
+-- within the lookback, newest first, bounded; the rows are then read by relay_read_v2.
+INSERT INTO switchboard.ephemeral_events (room, event, created_at)
+VALUES (:'room', 'typing', clock_timestamp() - interval '20 seconds') RETURNING id AS eph_old \gset
+INSERT INTO switchboard.ephemeral_events (user_id, event) VALUES (:'a', 'tool.call.x') RETURNING id AS eph1 \gset
+INSERT INTO switchboard.ephemeral_events (room, event) VALUES (:'room', 'typing') RETURNING id AS eph2 \gset
+SELECT results_eq(format('SELECT id FROM switchboard.relay_ephemeral_missed(''10 seconds'') '
+                         'WHERE id IN (%s, %s, %s)', :eph_old, :eph1, :eph2),
+                  format('VALUES (%s::bigint), (%s)', :eph2, :eph1),
+                  'relay_ephemeral_missed: what was created within the lookback, newest first');
+SELECT ok(:eph_old IN (SELECT id FROM switchboard.relay_ephemeral_missed('25 seconds')),
+          'relay_ephemeral_missed: a longer lookback reaches the older one');
+SELECT is((SELECT count(*) FROM switchboard.relay_ephemeral_missed('30 seconds', 1)), 1::bigint,
+          'relay_ephemeral_missed: at most max_rows');
+SELECT throws_ok('SELECT * FROM switchboard.relay_ephemeral_missed(''31 seconds'')', '22023');
+SELECT throws_ok('SELECT * FROM switchboard.relay_ephemeral_missed(''-1 second'')', '22023');
+SELECT throws_ok('SELECT * FROM switchboard.relay_ephemeral_missed(NULL)', '22023');
+SELECT throws_ok('SELECT * FROM switchboard.relay_ephemeral_missed(''1 second'', 0)', '22023');
+SELECT throws_ok('SELECT * FROM switchboard.relay_ephemeral_missed(''1 second'', 10001)', '22023');
+SELECT function_privs_are('switchboard', 'relay_ephemeral_missed', ARRAY['interval', 'integer'], 'switchboard_app',
+                          ARRAY['EXECUTE']);
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -4,8 +4,8 @@ BEGIN;
 DO $verify$
 BEGIN
     -- exactly the functions the files define: no left-over overload of an older release
-    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 128) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected exactly 128 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
+    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 129) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected exactly 129 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.cron_next(text, timestamptz, text)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.cron_next(text, timestamptz, text)' USING ERRCODE = 'P0004';
@@ -531,6 +531,15 @@ BEGIN
     END IF;
     IF (has_function_privilege('switchboard_app', 'switchboard.relay_read_v2(bigint, bigint, bigint[], integer)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.relay_read_v2(bigint, bigint, bigint[], integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard.relay_ephemeral_missed(interval, integer)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.relay_ephemeral_missed(interval, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.relay_ephemeral_missed(interval, integer)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.relay_ephemeral_missed(interval, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard.relay_ephemeral_missed(interval, integer)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.relay_ephemeral_missed(interval, integer)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.event_window()') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.event_window()' USING ERRCODE = 'P0004';
@@ -1197,6 +1206,9 @@ BEGIN
     END IF;
     IF (obj_description(to_regprocedure('switchboard.relay_read_v2(bigint, bigint, bigint[], integer)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.relay_read_v2(bigint, bigint, bigint[], integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (obj_description(to_regprocedure('switchboard.relay_ephemeral_missed(interval, integer)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.relay_ephemeral_missed(interval, integer)' USING ERRCODE = 'P0004';
     END IF;
     IF (obj_description(to_regprocedure('switchboard.event_window()'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.event_window()' USING ERRCODE = 'P0004';

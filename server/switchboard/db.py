@@ -568,6 +568,13 @@ class Database:
         return await cur.fetchall()
 
     @staticmethod
+    async def relay_ephemeral_missed(conn: psycopg.AsyncConnection[Any], lookback: float,
+                                     max_rows: int) -> list[int]:
+        cur = await conn.execute("SELECT id FROM switchboard.relay_ephemeral_missed(%s, %s)",
+                                 (timedelta(seconds=lookback), max_rows))
+        return [int(r["id"]) for r in await cur.fetchall()]
+
+    @staticmethod
     async def relay_tick_read(conn: psycopg.AsyncConnection[Any], after: tuple[int, int], ephemeral_ids: list[int],
                               max_rows: int) -> tuple[int, list[Row]]:
         """event_tick() in a transaction of its own, then relay_read_v2() after it, in ONE

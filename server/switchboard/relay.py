@@ -109,6 +109,8 @@ class Relay:
 
     READ_ROWS = 1000
     EPHEMERAL_SEEN_MAX = 20000
+    EPHEMERAL_LOOKBACK_MARGIN = 5.0   # s before the LISTEN loss that a reconnect looks back
+    EPHEMERAL_LOOKBACK_MAX = 30.0     # relay_read_v2 reads ephemeral rows younger than 30 s
 
     def __init__(self, db: Database, auth: AuthState, registry: Registry, metrics: Metrics,
                  config: Config, replica_id: str, *, on_run_wake: Callable[[], None],
@@ -315,6 +317,20 @@ class Relay:
             self.position = (int(win["last_tick"]), END)
             self._cursor_set = True
         else:
+            # Ephemeral events (tool.call.<id>, typing) have no position: their hints died
+            # with the connection. Read the ids created while we were down (plus a margin for
+            # a transaction that started earlier; at most the 30 s relay_read_v2 still reads)
+            # and let the next read deliver the ones not delivered yet, from their rows.
+            down = time.monotonic() - self.down_since if self.down_since is not None else 0.0
+            lookback = min(self.EPHEMERAL_LOOKBACK_MAX, down + self.EPHEMERAL_LOOKBACK_MARGIN)
+            try:
+                missed = await self.db.relay_ephemeral_missed(rconn, lookback, Hints.MAX)
+            except psycopg.Error as exc:  # best effort: it must not keep the relay deaf
+                LOG.warning("reading the ephemeral events missed while down failed: %s", exc)
+                missed = []
+            for eid in missed:
+                if eid not in self._eph_seen:
+                    Hints.add(self._hints.ephemeral, eid)
             # Events that became visible while we were deaf: one paged read after the
             # position, streamed with back-pressure (see _read). If batches after it were
             # reaped meanwhile, every socket may have missed some: resume_gap first, so

@@ -1,0 +1,11 @@
+-- V0019: ephemeral events are not lost to a relay's LISTEN reconnect.
+--
+-- Function changes (applied by afterAll):
+--   relay_ephemeral_missed(interval, integer) (50_events.sql): new. After a
+--     LISTEN reconnect a relay asks for the ephemeral event ids created while
+--     it was down (lookback at most 30 s, newest first, at most 10000) and reads
+--     those it has not delivered with relay_read_v2. Before, their NOTIFY hints
+--     were lost with the connection: a tool.call to a user on that replica
+--     waited out its timeout (504). The 0.2.0 server does not call it.
+-- No table changes (ephemeral_events_created already indexes created_at).
+SELECT 1;
