@@ -27,33 +27,16 @@ from typing import Any
 import psycopg
 from websockets.sync.client import connect
 
-from common import Cluster, CpuMeter, loadavg, log, make_token, replica, stop_all
+from common import Cluster, log, make_token, replica, stop_all
+from e2e import _sb_jobs_run
 
 
 def drain(cluster: Cluster, db: str, m: int, pids: list[int], timeout: float = 300) -> dict[str, Any]:
-    url = cluster.url(db)
-    with psycopg.connect(url, autocommit=True) as c:
-        c.execute("TRUNCATE switchboard.task_runs")
-        c.execute("VACUUM ANALYZE switchboard.task_runs")
-    with psycopg.connect(url) as c:
-        c.execute("SELECT count(*) FROM (SELECT switchboard.enqueue('noop') FROM generate_series(1, %s)) s", (m,))
-        load = loadavg()
-        c.commit()
-        t0 = time.time()
-        meter = CpuMeter(cluster, pids)
-        c.autocommit = True
-        while True:
-            time.sleep(0.1)
-            done, last = c.execute(
-                "SELECT count(*) FILTER (WHERE status = 'succeeded'), extract(epoch FROM max(finished_at))::float8"
-                "  FROM switchboard.task_runs WHERE handler = 'noop'").fetchone()
-            if done >= m or time.time() - t0 > timeout:
-                break
-        cpu = meter.stop()
-    secs = (last or time.time()) - t0
-    return {"jobs_per_s": round(done / secs, 1), "seconds": round(secs, 2), "done": done, "load": load,
-            "replicas_cpu_us_per_job": round(cpu["workers_cpu_s"] / max(done, 1) * 1e6),
-            "postgres_cpu_us_per_job": round(cpu["postgres_cpu_s"] / max(done, 1) * 1e6)}
+    """Figure 3b's drain (e2e._sb_jobs_run), with the keys this A/B reports."""
+    r = _sb_jobs_run(cluster, db, m, pids, timeout)
+    return {"jobs_per_s": r["jobs_per_s"], "seconds": r["seconds"], "done": r["succeeded"],
+            "load": r["loadavg_before"], "replicas_cpu_us_per_job": r["workers_cpu_us_per_job"],
+            "postgres_cpu_us_per_job": r["postgres_cpu_us_per_job"]}
 
 
 class Watcher(threading.Thread):

@@ -187,39 +187,35 @@ RAW_CLAIM = """UPDATE {table}
 RETURNING id"""
 RAW_FINISH = """UPDATE {table} SET status = 'succeeded', finished_at = now(), lease_expires_at = NULL
  WHERE id = %s AND worker = %s AND status = 'running'"""
+def _plain(table: str, what: str) -> tuple[str, str, str]:
+    """The plain-SQL claim and finish on `table` (the floor's baseline shape)."""
+    return RAW_CLAIM.format(table=table), RAW_FINISH.format(table=table), what
+
+
 # name -> (claim statement taking the worker, finish statement taking (id, worker), what it is)
 FLOOR_VARIANTS: dict[str, tuple[str, str, str]] = {
     "claim_due_task+finish_run": (
         "SELECT id FROM switchboard.claim_due_task(%s)", "SELECT switchboard.finish_run(%s, %s, true)",
         "Switchboard's functions"),
-    "plain_sql": (RAW_CLAIM.format(table="bench_jobs"), RAW_FINISH.format(table="bench_jobs"),
-                  "the baseline: two plain UPDATEs on bench_jobs (2 indexes)"),
-    "plain_sql_3_more_indexes": (
-        RAW_CLAIM.format(table="bench_jobs_idx"), RAW_FINISH.format(table="bench_jobs_idx"),
+    "plain_sql": _plain("bench_jobs", "the baseline: two plain UPDATEs on bench_jobs (2 indexes)"),
+    "plain_sql_3_more_indexes": _plain("bench_jobs_idx",
         "the baseline on bench_jobs_idx: bench_jobs plus task_runs' running, by_handler and finished indexes"),
-    "plain_sql_on_task_runs_copy": (
-        RAW_CLAIM.format(table="bench_runs_copy"), RAW_FINISH.format(table="bench_runs_copy"),
+    "plain_sql_on_task_runs_copy": _plain("bench_runs_copy",
         "the same on a copy of task_runs (LIKE ... INCLUDING ALL: 9 indexes, 2 CHECKs, no foreign key)"),
-    "plain_sql_on_task_runs_copy_no_checks": (
-        RAW_CLAIM.format(table="bench_runs_nocheck"), RAW_FINISH.format(table="bench_runs_nocheck"),
+    "plain_sql_on_task_runs_copy_no_checks": _plain("bench_runs_nocheck",
         "the copy without its two CHECK constraints"),
-    "plain_sql_on_task_runs_copy_status_check_only": (
-        RAW_CLAIM.format(table="bench_runs_statuscheck"), RAW_FINISH.format(table="bench_runs_statuscheck"),
+    "plain_sql_on_task_runs_copy_status_check_only": _plain("bench_runs_statuscheck",
         "the copy with the status CHECK only (attempt CHECK dropped)"),
-    "plain_sql_on_task_runs_copy_one_check": (
-        RAW_CLAIM.format(table="bench_runs_onecheck"), RAW_FINISH.format(table="bench_runs_onecheck"),
+    "plain_sql_on_task_runs_copy_one_check": _plain("bench_runs_onecheck",
         "the copy with its two CHECKs merged into one (the same rule)"),
-    "plain_sql_on_task_runs_copy_function_check": (
-        RAW_CLAIM.format(table="bench_runs_fcheck"), RAW_FINISH.format(table="bench_runs_fcheck"),
+    "plain_sql_on_task_runs_copy_function_check": _plain("bench_runs_fcheck",
         "the copy with the status CHECK as an IMMUTABLE PL/pgSQL function call"),
-    "plain_sql_on_task_runs_copy_domain": (
-        RAW_CLAIM.format(table="bench_runs_domain"), RAW_FINISH.format(table="bench_runs_domain"),
+    "plain_sql_on_task_runs_copy_domain": _plain("bench_runs_domain",
         "the copy with the status CHECK as a domain (attempt CHECK kept)"),
     "definer_3_sets_on_task_runs_copy_domain": (
         "SELECT id FROM bench_claim_dom_set3(%s)", "SELECT bench_finish_dom_set3(%s, %s, true)",
         "the 3-SET definer functions on that domain copy"),
-    "plain_sql_on_task_runs": (
-        RAW_CLAIM.format(table="switchboard.task_runs"), RAW_FINISH.format(table="switchboard.task_runs"),
+    "plain_sql_on_task_runs": _plain("switchboard.task_runs",
         "the same two UPDATEs on switchboard.task_runs (9 indexes)"),
     "definer_3_sets": ("SELECT id FROM bench_claim_set3(%s)", "SELECT bench_finish_set3(%s, %s, true)",
                        "the plain UPDATEs in SECURITY DEFINER PL/pgSQL, SET search_path + enable_seqscan + "
