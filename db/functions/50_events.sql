@@ -48,6 +48,14 @@ END
 $$;
 REVOKE ALL ON FUNCTION switchboard._check_event(text, jsonb, integer) FROM PUBLIC;
 
+-- The verified live path (V0020, off by default; event_live_path()): besides the
+-- hint, each event goes out whole on channel switchboard_live, signed, so a
+-- relay can deliver it without reading it first:
+--   <HMAC-SHA256 of the rest, 64 hex digits>{"id":N,"u":"<user>"|null,"r":"<room>"|null,"e":"<event>","t":<ms>,"p":<payload>}
+-- An event whose message exceeds event_live.max_bytes sends {"b":N} instead
+-- ("an event you must read before any later live one"). Relays check the MAC
+-- and read every event all the same (relay.py); the message is never the only
+-- copy. The MAC is HMAC (RFC 2104) built from sha256(): pgcrypto is not needed.
 CREATE OR REPLACE FUNCTION switchboard._publish(user_id uuid, room text, event text, payload jsonb)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -55,20 +63,41 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_id bigint;
+    v_now timestamptz := clock_timestamp();
+    v_notify boolean;
+    v_live switchboard.event_live%ROWTYPE;
+    v_msg text;
 BEGIN
     -- No lock: order comes from ticks (events.xid defaults to this transaction's id).
     v_id := nextval('switchboard.event_id_seq');
     INSERT INTO switchboard.events (id, user_id, room, event, payload, created_at)
-    VALUES (v_id, _publish.user_id, _publish.room, _publish.event, _publish.payload, clock_timestamp());
+    VALUES (v_id, _publish.user_id, _publish.room, _publish.event, _publish.payload, v_now);
     -- A hint only: the relay ticks and reads what the ticks say it has not read. One
     -- per transaction is enough (the relay reads everything the next tick covers): the
     -- marker is transaction-local and is undone with a rolled-back subtransaction,
     -- exactly like the NOTIFY it stands for. With publishers_notify off there is none:
     -- the relays' ticker polls (see event_ticker).
-    IF current_setting('switchboard.event_notified', true) IS DISTINCT FROM 'on'
-       AND (SELECT t.publishers_notify FROM switchboard.event_ticker t WHERE t.singleton) THEN
-        PERFORM pg_notify('switchboard_events', '{"id":' || v_id || '}');
-        PERFORM set_config('switchboard.event_notified', 'on', true);
+    IF current_setting('switchboard.event_notified', true) IS DISTINCT FROM 'on' THEN
+        SELECT t.publishers_notify INTO v_notify FROM switchboard.event_ticker t WHERE t.singleton;
+        IF v_notify THEN
+            PERFORM pg_notify('switchboard_events', '{"id":' || v_id || '}');
+            PERFORM set_config('switchboard.event_notified', 'on', true);
+        END IF;
+    END IF;
+    SELECT * INTO v_live FROM switchboard.event_live l WHERE l.singleton AND l.enabled;
+    IF FOUND THEN
+        v_msg := '{"id":' || v_id
+              || ',"u":' || coalesce('"' || _publish.user_id::text || '"', 'null')
+              || ',"r":' || coalesce(to_json(_publish.room)::text, 'null')
+              || ',"e":' || to_json(_publish.event)::text
+              || ',"t":' || (extract(epoch FROM v_now) * 1000)::bigint
+              || ',"p":' || _publish.payload::text || '}';
+        IF octet_length(v_msg) <= v_live.max_bytes THEN
+            PERFORM pg_notify('switchboard_live',
+                encode(sha256(v_live.opad || sha256(v_live.ipad || convert_to(v_msg, 'UTF8'))), 'hex') || v_msg);
+        ELSE
+            PERFORM pg_notify('switchboard_live', '{"b":' || v_id || '}');
+        END IF;
     END IF;
     RETURN v_id;
 END
@@ -793,3 +822,80 @@ COMMENT ON FUNCTION switchboard.tool_call_collect(uuid, boolean) IS
     'The waiting replica collects an answered tool call (no row while unanswered: a wake-up that was not an answer changes nothing). give_up => true forgets the call whatever its state (timeout).';
 REVOKE ALL ON FUNCTION switchboard.tool_call_collect(uuid, boolean) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.tool_call_collect(uuid, boolean) TO switchboard_app;
+
+-- The HMAC pads of a 32-byte key: the key zero-padded to SHA-256's 64-byte block,
+-- XORed with 0x36 (inner) and 0x5c (outer), RFC 2104.
+CREATE OR REPLACE FUNCTION switchboard._live_pads(key bytea, OUT ipad bytea, OUT opad bytea)
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_block bytea := key || ('\x' || repeat('00', 64 - octet_length(key)))::bytea;
+BEGIN
+    ipad := v_block;
+    opad := v_block;
+    FOR i IN 0..63 LOOP
+        ipad := set_byte(ipad, i, get_byte(v_block, i) # 54);
+        opad := set_byte(opad, i, get_byte(v_block, i) # 92);
+    END LOOP;
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._live_pads(bytea) FROM PUBLIC;
+
+-- The DBA's switch for the live path. Not granted to anybody: the owner (or a
+-- superuser) decides whether event contents may travel on the bus.
+CREATE OR REPLACE FUNCTION switchboard.event_live_path(enable boolean, message_max_bytes integer DEFAULT NULL,
+                                                       rotate_key boolean DEFAULT false)
+RETURNS TABLE (enabled boolean, max_bytes integer, key_created_at timestamptz)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_key bytea;
+    v_pads record;
+BEGIN
+    IF enable IS NULL THEN
+        RAISE EXCEPTION 'enable must be true or false, not NULL' USING ERRCODE = '22004',
+            HINT = 'SELECT * FROM switchboard.event_live_path(true) turns the live path on; false turns it off.';
+    END IF;
+    IF message_max_bytes IS NOT NULL AND message_max_bytes NOT BETWEEN 0 AND 7900 THEN
+        RAISE EXCEPTION 'invalid message_max_bytes %', message_max_bytes USING ERRCODE = '22023',
+            HINT = 'The largest live message in bytes, 0 to 7900 (a NOTIFY payload is below 8000 bytes); an event above it is read, not sent.';
+    END IF;
+    IF rotate_key IS NULL THEN
+        RAISE EXCEPTION 'rotate_key must be true or false, not NULL' USING ERRCODE = '22004';
+    END IF;
+    SELECT l.key INTO v_key FROM switchboard.event_live l WHERE l.singleton FOR UPDATE;
+    IF rotate_key THEN
+        v_key := decode(replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''), 'hex');
+    END IF;
+    v_pads := switchboard._live_pads(v_key);
+    UPDATE switchboard.event_live l
+       SET enabled = event_live_path.enable,
+           max_bytes = coalesce(event_live_path.message_max_bytes, l.max_bytes),
+           key = v_key, ipad = v_pads.ipad, opad = v_pads.opad,
+           key_created_at = CASE WHEN rotate_key THEN now() ELSE l.key_created_at END
+     WHERE l.singleton;
+    -- A relay re-reads the key after a reconnect, at each idle check, and when a message
+    -- does not verify; a message signed with a key it does not hold yet is read like any
+    -- event, never lost.
+    RETURN QUERY SELECT l.enabled, l.max_bytes, l.key_created_at FROM switchboard.event_live l WHERE l.singleton;
+END
+$$;
+COMMENT ON FUNCTION switchboard.event_live_path(boolean, integer, boolean) IS
+    'Switch the verified live path on or off (off by default): publishers also NOTIFY each event (up to max_bytes) signed with HMAC-SHA256 on channel switchboard_live, and relays deliver it without reading first. Event contents then travel on the bus, readable by any role that can LISTEN. rotate_key draws a new key.';
+REVOKE ALL ON FUNCTION switchboard.event_live_path(boolean, integer, boolean) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION switchboard.relay_live_key()
+RETURNS bytea
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN (SELECT l.key FROM switchboard.event_live l WHERE l.singleton AND l.enabled);
+END
+$$;
+COMMENT ON FUNCTION switchboard.relay_live_key() IS
+    'Internal (relay): the key that signs live messages on switchboard_live, or NULL while the live path is off.';
+REVOKE ALL ON FUNCTION switchboard.relay_live_key() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.relay_live_key() TO switchboard_app;

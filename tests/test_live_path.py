@@ -1,0 +1,118 @@
+"""The verified live path (V0020): signed whole-event NOTIFYs, off by default.
+
+SQL level here: what a publisher sends, that the MAC is standard HMAC-SHA256 (checked
+with Python's hmac module, not with our own code), who may read the key and switch
+the path. The relay's side (deliver what verifies, read everything all the same,
+exactly once under any commit order) is in tests/test_live_relay.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+
+import psycopg
+import pytest
+from pgtap import listener, notifications
+
+ARGON = "$argon2id$v=19$m=65536,t=3,p=4$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA"
+LIVE = "switchboard_live"
+
+
+def _user(c: psycopg.Connection, name: str) -> str:
+    return str(c.execute("SELECT switchboard.create_user(%s, %s)", (name, ARGON)).fetchone()[0])
+
+
+def _verify(key: bytes, payload: str) -> dict:
+    mac, msg = payload[:64], payload[64:]
+    assert hmac.compare_digest(mac, hmac.new(key, msg.encode(), hashlib.sha256).hexdigest()), payload[:200]
+    return json.loads(msg)
+
+
+def test_off_by_default_then_signed_messages_in_commit_order(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as admin:
+        uid = _user(admin, "ann")
+        assert admin.execute("SELECT switchboard.relay_live_key()").fetchone()[0] is None
+        lst = listener(db, LIVE)
+        try:
+            admin.execute("SELECT switchboard.notify_user(%s, 'off', '{}')", (uid,))
+            assert notifications(lst, 0.3) == [], "the live path sends nothing while off"
+            row = admin.execute("SELECT * FROM switchboard.event_live_path(true, 600)").fetchone()
+            assert row[0] is True and row[1] == 600
+            key = bytes(admin.execute("SELECT switchboard.relay_live_key()").fetchone()[0])
+            assert len(key) == 32
+            with psycopg.connect(db) as pub:
+                a = pub.execute("SELECT switchboard.notify_user(%s, 'chat.msg', %s)",
+                                (uid, json.dumps({"text": "héllo \"quoted\"", "n": [1, {"x": None}]}))).fetchone()[0]
+                b = pub.execute("SELECT switchboard.notify_room('lobby', 'room.msg', '{}')").fetchone()[0]
+                big = pub.execute("SELECT switchboard.notify_user(%s, 'big', %s)",
+                                  (uid, json.dumps({"blob": "x" * 700}))).fetchone()[0]
+                pub.execute("SAVEPOINT s")
+                pub.execute("SELECT switchboard.notify_user(%s, 'undone', '{}')", (uid,))
+                pub.execute("ROLLBACK TO SAVEPOINT s")
+                assert notifications(lst, 0.2) == [], "sent before COMMIT"
+                ts = pub.execute("SELECT (extract(epoch FROM created_at) * 1000)::bigint FROM switchboard.events "
+                                 "WHERE id = %s", (a,)).fetchone()[0]
+            got = notifications(lst, 3.0, stop_after=3)
+            assert [n.channel for n in got] == [LIVE] * 3
+            first, second = (_verify(key, n.payload) for n in got[:2])
+            assert first == {"id": a, "u": uid, "r": None, "e": "chat.msg", "t": ts,
+                             "p": {"text": "héllo \"quoted\"", "n": [1, {"x": None}]}}
+            assert second["id"] == b and second["u"] is None and second["r"] == "lobby"
+            # Over max_bytes: a bare barrier, never a truncated or unsigned event.
+            assert json.loads(got[2].payload) == {"b": big}
+            assert notifications(lst, 0.3) == [], "a rolled-back subtransaction's event went out"
+        finally:
+            lst.close()
+
+
+def test_a_rotated_key_signs_from_the_next_publish_and_off_stops_everything(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as admin:
+        uid = _user(admin, "bob")
+        admin.execute("SELECT switchboard.event_live_path(true)")
+        old = bytes(admin.execute("SELECT switchboard.relay_live_key()").fetchone()[0])
+        created = admin.execute("SELECT key_created_at FROM switchboard.event_live_path(true, rotate_key => true)"
+                                ).fetchone()[0]
+        new = bytes(admin.execute("SELECT switchboard.relay_live_key()").fetchone()[0])
+        assert new != old and created is not None
+        lst = listener(db, LIVE)
+        try:
+            admin.execute("SELECT switchboard.notify_user(%s, 'e', '{}')", (uid,))
+            (n,) = notifications(lst, 3.0, stop_after=1)
+            _verify(new, n.payload)
+            with pytest.raises(AssertionError):
+                _verify(old, n.payload)
+            admin.execute("SELECT switchboard.event_live_path(false)")
+            assert admin.execute("SELECT switchboard.relay_live_key()").fetchone()[0] is None
+            admin.execute("SELECT switchboard.notify_user(%s, 'e', '{}')", (uid,))
+            assert notifications(lst, 0.3) == []
+        finally:
+            lst.close()
+
+
+def test_bad_arguments_and_privileges(db: str, app_url: str) -> None:
+    with psycopg.connect(db, autocommit=True) as admin:
+        for args, state, word in ((("NULL",), "22004", "enable"), (("true", "8000"), "22023", "8000"),
+                                  (("true", "-1"), "22023", "-1"), (("true", "NULL", "NULL"), "22004", "rotate_key")):
+            with pytest.raises(psycopg.Error) as exc:
+                admin.execute(f"SELECT switchboard.event_live_path({', '.join(args)})")
+            assert exc.value.sqlstate == state and word in str(exc.value)
+            assert state != "22023" or exc.value.diag.message_hint
+        # Enabling by hand without the pads is refused by the table itself.
+        with pytest.raises(psycopg.errors.CheckViolation):
+            admin.execute("UPDATE switchboard.event_live SET enabled = true, ipad = '', opad = ''")
+        admin.execute("SELECT switchboard.event_live_path(true)")
+        admin.execute("CREATE ROLE stranger LOGIN PASSWORD 'x'")
+    # The application role reads the key (its relays verify with it) but cannot switch the
+    # path or read the table; any other role can do neither.
+    with psycopg.connect(app_url, autocommit=True) as app:
+        assert len(bytes(app.execute("SELECT switchboard.relay_live_key()").fetchone()[0])) == 32
+        for q in ("SELECT switchboard.event_live_path(false)", "SELECT key FROM switchboard.event_live"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                app.execute(q)
+    stranger = psycopg.conninfo.make_conninfo(db, user="stranger", password="x")
+    with psycopg.connect(stranger, autocommit=True) as s:
+        for q in ("SELECT switchboard.relay_live_key()", "SELECT key FROM switchboard.event_live"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                s.execute(q)
