@@ -568,6 +568,13 @@ class Database:
         return await cur.fetchall()
 
     @staticmethod
+    async def relay_live_key(conn: psycopg.AsyncConnection[Any]) -> bytes | None:
+        """The live path's HMAC key (V0020), None while the path is off."""
+        cur = await conn.execute("SELECT switchboard.relay_live_key() AS key")
+        row = await cur.fetchone()
+        return None if row is None or row["key"] is None else bytes(row["key"])
+
+    @staticmethod
     async def relay_ephemeral_missed(conn: psycopg.AsyncConnection[Any], lookback: float,
                                      max_rows: int) -> list[int]:
         cur = await conn.execute("SELECT id FROM switchboard.relay_ephemeral_missed(%s, %s)",

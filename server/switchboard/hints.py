@@ -10,6 +10,9 @@ between two reads. Every bound is here: size, depth, types, bigint range.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import re
 import uuid
 from dataclasses import dataclass
@@ -19,6 +22,7 @@ from . import bounded
 from .bounded import BadInput
 
 CHANNELS = ("switchboard_events", "switchboard_control", "switchboard_runs")
+LIVE_CHANNEL = "switchboard_live"   # the verified live path (V0020): parse_live, not parse
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,7 @@ class Notice:
 
 # Why a payload was refused: a closed set, safe as a metric label.
 REJECT_REASONS = ("too_large", "too_deep", "malformed", "bad_number", "out_of_range", "bad_type",
-                  "bad_field", "unknown_kind", "unknown_channel")
+                  "bad_field", "unknown_kind", "unknown_channel", "bad_mac")
 MAX_PAYLOAD = 8000      # NOTIFY's own limit is 8000 bytes
 MAX_DEPTH = 4           # every hint we send is a flat object
 
@@ -113,6 +117,53 @@ def parse(channel: str, payload: str) -> Notice:
     if kind == "session":
         return Notice("session", session_id=_uuid(msg.get("session_id"), "session_id"))
     raise BadInput("unknown_kind", "unknown control kind")
+
+
+@dataclass(frozen=True)
+class LiveEvent:
+    """A stored event as its publisher signed it on switchboard_live (50_events.sql)."""
+
+    id: int
+    user_id: uuid.UUID | None
+    room: str | None
+    event: str
+    ts: int
+    payload: Any
+
+
+_BARRIER = re.compile(r'\{"b":[1-9][0-9]{0,18}\}\Z')
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def parse_live(payload: str, key: bytes) -> LiveEvent | None:
+    """A live message whose HMAC-SHA256 under ``key`` verifies, as the event it carries;
+    None for a barrier ({"b": N}: an event too large to send, read it first). Raises
+    BadInput for anything else: "bad_mac" when the signature does not verify (forged,
+    or signed with a key this relay does not hold yet), "too_large", "malformed". Only
+    a verified message is parsed as JSON, and every field is checked all the same."""
+    if len(payload) > MAX_PAYLOAD:
+        raise BadInput("too_large", "a live message is below 8000 bytes")
+    if payload.startswith("{"):
+        if _BARRIER.match(payload):
+            return None
+        raise BadInput("malformed", "a live message is <mac>{...} or {\"b\": N}")
+    mac, msg = payload[:64], payload[64:]
+    if not _HEX64.fullmatch(mac):
+        raise BadInput("malformed", "a live message starts with its 64-digit MAC")
+    if not hmac.compare_digest(hmac.new(key, msg.encode(), hashlib.sha256).hexdigest(), mac):
+        raise BadInput("bad_mac", "the MAC does not verify")
+    try:
+        m = json.loads(msg)
+        eid, user, room, event, ts = m["id"], m["u"], m["r"], m["e"], m["t"]
+        payload_value = m["p"]
+        if not (isinstance(eid, int) and isinstance(ts, int) and isinstance(event, str)
+                and (user is None) != (room is None) and (room is None or isinstance(room, str))):
+            raise ValueError("field types")
+        return LiveEvent(bounded.bigint(eid, name="id", minimum=1), None if user is None else uuid.UUID(user),
+                         room, event, ts, payload_value)
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError, BadInput):
+        # Signed by a key we hold, yet not what 50_events.sql writes: never acted on.
+        raise BadInput("malformed", "a signed live message with unexpected fields") from None
 
 
 # A refused payload is logged at most once a minute, with how many were refused since,

@@ -48,6 +48,8 @@ _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "switchboard_http_requests_total": ("HTTP requests by route, method and status",
                                         ("route", "method", "status")),
     "switchboard_events_relayed_total": ("Event frames written to local sockets", ()),
+    "switchboard_live_frames_total": (
+        "Event frames sent from a verified live message before the relay read the event (live path, V0020)", ()),
     "switchboard_relay_reads_total": ("Event reads of the relay (at most one per SWITCHBOARD_RELAY_READ_GAP)", ()),
     "switchboard_notifications_total": ("NOTIFY messages received by the relay", ("channel",)),
     "switchboard_notify_rejected_total": (

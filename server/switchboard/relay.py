@@ -60,7 +60,7 @@ from .db import Database, conninfo_with_keepalives
 from . import cursor, latency_trace
 from .bounded import BadInput
 from .cursor import END, Position
-from .hints import CHANNELS, REJECT_REASONS, Hints, RejectLog, parse
+from .hints import CHANNELS, LIVE_CHANNEL, REJECT_REASONS, Hints, RejectLog, parse, parse_live
 from .metrics import Metrics
 from .sockets import Client, Registry, encode, event_frame, frame
 
@@ -111,6 +111,8 @@ class Relay:
     EPHEMERAL_SEEN_MAX = 20000
     EPHEMERAL_LOOKBACK_MARGIN = 5.0   # s before the LISTEN loss that a reconnect looks back
     EPHEMERAL_LOOKBACK_MAX = 30.0     # relay_read_v2 reads ephemeral rows younger than 30 s
+    RECENT_MAX = 20000                # ids read lately (the live path skips what was read)
+    UNCONFIRMED_MAX = 10000           # ids sent live and not read yet
 
     def __init__(self, db: Database, auth: AuthState, registry: Registry, metrics: Metrics,
                  config: Config, replica_id: str, *, on_run_wake: Callable[[], None],
@@ -148,6 +150,14 @@ class Relay:
         self._hints = Hints()
         self._wake = asyncio.Event()
         self._eph_seen: OrderedDict[int, None] = OrderedDict()
+        # The verified live path (see _on_live). Counts are registry.heard values.
+        self._live_key: bytes | None = None
+        self._covered = 0       # every event heard up to this count has been read
+        self._barrier = 0       # an event heard at this count must be read before anything live
+        self._recent: dict[int, int] = {}   # id -> ts of events read lately, oldest first
+        self._evicted_ts = 0    # the newest ts among ids dropped from _recent
+        self._unconfirmed: dict[int, list[Client]] = {}
+        self._holding: set[Client] = set()
         self._reject_log = RejectLog(LOG)
         self._stop = asyncio.Event()
         self._conn: psycopg.AsyncConnection | None = None
@@ -257,7 +267,7 @@ class Relay:
         conn = self._conn = await self._connect("switchboard-listen")
         self._reader = await self._connect("switchboard-relay-read")
         interval = self.cfg.listen_check_interval
-        for ch in CHANNELS:
+        for ch in CHANNELS + (LIVE_CHANNEL,):
             await _bounded(conn.execute(f"LISTEN {ch}"), max(interval, 1.0), "LISTEN")
         self.metrics.inc("switchboard_listen_reconnects_total")
         # Anything announced or published while we were not listening:
@@ -299,6 +309,10 @@ class Relay:
     async def _after_connect(self) -> None:
         rconn = self._reader
         assert rconn is not None
+        # Live messages sent while we were deaf are gone: nothing live until a read has
+        # covered everything committed before now.
+        self.registry.heard += 1
+        self._barrier = self.registry.heard
         if self.on_connect is not None:
             await self.on_connect(rconn)
         try:
@@ -312,6 +326,7 @@ class Relay:
             raise RuntimeError(f"auth reload failed: {exc}") from exc
         win = await self.db.event_window_on(rconn)
         self.publishers_notify = bool(win["publishers_notify"])
+        self._live_key = await self.db.relay_live_key(rconn)
         if not self._cursor_set:
             # First connect: deliver from the newest tick on (sockets resume with events_since_v2).
             self.position = (int(win["last_tick"]), END)
@@ -362,6 +377,9 @@ class Relay:
     # -- hints (LISTEN loop: parse, bound, never act) --------------------------------------
     def _dispatch(self, channel: str, payload: str) -> None:
         self.metrics.inc("switchboard_notifications_total", channel=channel)
+        if channel == LIVE_CHANNEL:
+            self._on_live(payload)
+            return
         try:
             n = parse(channel, payload)
         except BadInput as exc:
@@ -408,6 +426,102 @@ class Relay:
         else:
             return
         self._wake.set()
+
+    # -- the verified live path (V0020) ---------------------------------------------------
+    def _on_live(self, payload: str) -> None:
+        """A message on switchboard_live: deliver the event it carries now if its MAC
+        verifies and nothing may still come before it; otherwise it is a hint.
+
+        Every event is read all the same (the read confirms what was sent live: each
+        socket's cursor then drops the id for the event's position). Order, per socket:
+        notifications arrive in commit order, so an event may go out live only when
+        everything heard before it was either sent live too or has been read:
+        - ``_covered``: the hearing count up to which a completed read covered everything;
+        - ``_barrier``: the count of the last event that could not go live (too large, a
+          MAC that does not verify, a LISTEN reconnect, an id that may have been read
+          already); nothing goes live until a read covers it;
+        - a socket's ``gate`` (set when it is registered or joins a room: events from
+          before reach it only by the read), and frames it holds meanwhile, flushed in
+          order once a read covers them (_flush_holds), or delivered by that read.
+        An event read already (``_recent``) is skipped: the read delivered it."""
+        self.registry.heard += 1
+        seq = self.registry.heard
+        h = self._hints
+        h.events = h.tick = True          # the read that confirms it (and delivers if not live)
+        self._wake.set()
+        key = self._live_key
+        if key is None:
+            self._barrier = seq
+            h.window = True               # switched on meanwhile? re-read the key
+            return
+        try:
+            ev = parse_live(payload, key)
+        except BadInput as exc:
+            self._barrier = seq
+            self.metrics.inc("switchboard_notify_rejected_total", reason=exc.reason)
+            self._reject_log(LIVE_CHANNEL, exc, payload)
+            if exc.reason == "bad_mac":
+                h.window = True           # a rotated key, or a forgery: re-read the key
+            return
+        if ev is None:                    # {"b": N}: an event too large to send live
+            self._barrier = seq
+            return
+        if ev.id in self._recent:
+            return                        # read (and delivered) before this arrived
+        if ev.ts <= self._evicted_ts:
+            self._barrier = seq           # maybe read long ago: let the read decide
+            return
+        targets = self.registry.targets(ev.user_id, ev.room)
+        if not targets:
+            return
+        text = encode(frame(ev.event, ev.payload, id=ev.id, room=ev.room, ts=ev.ts))
+        for c in list(targets):
+            need = max(self._barrier, c.gate, c.hold[-1][0] if c.hold else 0)
+            if need > self._covered or c.resuming or c.hold:
+                if len(c.hold) < c.HOLD_MAX:
+                    c.hold.append((need, ev.id, ev.room, text))
+                    self._holding.add(c)
+                else:
+                    c.gate = seq          # the read delivers it; live again once read
+                continue
+            self._send_live(c, ev.id, text)
+
+    def _send_live(self, c: Client, eid: int, text: str) -> None:
+        if len(self._unconfirmed) >= self.UNCONFIRMED_MAX and eid not in self._unconfirmed:
+            c.gate = self.registry.heard
+            return
+        sent = c.offer_live(eid, text)
+        if sent > 0:
+            self._unconfirmed.setdefault(eid, []).append(c)
+            self.metrics.inc("switchboard_events_relayed_total")
+            self.metrics.inc("switchboard_live_frames_total")
+        elif sent < 0:
+            c.gate = self.registry.heard  # its cursor is full: read first, then live again
+
+    def _flush_holds(self) -> None:
+        """After a read that covered everything heard up to ``_covered``: send each held
+        frame whose predecessors are now all delivered, in the order heard."""
+        for c in list(self._holding):
+            if c.closing is not None:
+                c.hold.clear()
+            elif not c.resuming:
+                while c.hold and c.hold[0][0] <= self._covered:
+                    _, eid, room, text = c.hold.pop(0)
+                    if room is None or room in c.rooms:
+                        self._send_live(c, eid, text)
+            if not c.hold:
+                self._holding.discard(c)
+
+    def _read_row(self, eid: int, ts: int, pos: Position) -> None:
+        """Every stored row read: remembered as read, and confirmed where it went live."""
+        recent = self._recent
+        recent[eid] = ts
+        if len(recent) > self.RECENT_MAX:
+            old = next(iter(recent))
+            self._evicted_ts = max(self._evicted_ts, recent.pop(old))
+        if self._unconfirmed:
+            for c in self._unconfirmed.pop(eid, ()):
+                c.confirm(eid, pos)
 
     # -- the reader: one batched read per wake-up ----------------------------------------
     async def _read_loop(self) -> None:
@@ -457,12 +571,15 @@ class Relay:
         db = self.db
         if h.window:
             self.publishers_notify = bool((await db.event_window_on(rconn))["publishers_notify"])
+            self._live_key = await db.relay_live_key(rconn)
         first: list[dict[str, Any]] | None = None
         eph = sorted(h.ephemeral)
         trace = latency_trace.ON
         read_no = -1
+        covers = -1                       # the hearing count this read covers, if it completes
         if h.tick:
             # Make sure a tick covers what committed before now, and read, in one round trip.
+            heard = self.registry.heard
             t0 = time.time() if trace else 0.0
             got, first = await db.relay_tick_read(rconn, self.position, eph, self.READ_ROWS)
             eph = []
@@ -476,6 +593,7 @@ class Relay:
                 asyncio.get_running_loop().call_later(backoff, self._wake.set)
             else:
                 self._busy = 0
+                covers = heard
             if trace:
                 read_no = latency_trace.read(self._woke, t0, time.time(), got, backoff, len(first))
         if h.events or h.ephemeral or first is not None:
@@ -506,6 +624,7 @@ class Relay:
                         pos = (int(r["tick"]), int(r["id"]))
                         if pos <= self.position:
                             continue
+                        self._read_row(pos[1], r["ts"], pos)
                         if not self._catching_up and not registry.targets(r["user_id"], r["room"]):
                             # Every replica reads every event; most have no socket here. The
                             # position moves all the same, but no frame is built and the
@@ -529,6 +648,10 @@ class Relay:
                 if stored < self.READ_ROWS:
                     self._catching_up = False
                     break
+            if covers > self._covered:
+                self._covered = covers
+                if self._holding:
+                    self._flush_holds()
         if h.users:
             await self._recheck_users(rconn, list(h.users))
         if h.revoked:

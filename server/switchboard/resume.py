@@ -55,8 +55,13 @@ async def start_position(db: Database, after: Position | int) -> tuple[Position,
     return pos, False
 
 
-async def resume(db: Database, client: Client, after: Position | int, stall: float) -> None:
+async def resume(db: Database, client: Client, after: Position | int, stall: float,
+                 ahead: tuple[int, ...] = ()) -> None:
     """Replay what was missed after ``after`` (a position, or a bare event id), then live.
+
+    ``ahead``: the ids a v2 cursor names (events sent live beyond its position, before
+    their position was known): the client has them, so the replay skips them, and they
+    stay in this socket's cursor until a read or this replay places them.
 
     Streamed with back-pressure: each frame waits for room in the socket's send
     queue, so an absence of any length inside the retention window replays
@@ -69,7 +74,12 @@ async def resume(db: Database, client: Client, after: Position | int, stall: flo
         client.buffer = []
     client.refetch = False
     replayed = 0
-    shown: Any = after if isinstance(after, int) else cursor.encode(after)
+    shown: Any = after if isinstance(after, int) else cursor.encode(after, ahead)
+    for eid in ahead:
+        if eid not in client.sent_ids and eid not in client.ahead:
+            client.sent_ids[eid] = None
+            if len(cursor.encode(client.position, client.ahead + [eid])) <= cursor.MAX_LEN:
+                client.ahead.append(eid)
     try:
         pos, gap = await start_position(db, after)
         if gap:
@@ -83,10 +93,13 @@ async def resume(db: Database, client: Client, after: Position | int, stall: flo
                 rows = await db.events_since_v2(client.user_id, pos, sorted(client.rooms), through, REPLAY_PAGE)
                 for r in rows:
                     rpos, f = replay_frame(r)
+                    pos = rpos
+                    if r.id in client.sent_ids or r.id in client.ahead:
+                        client.confirm(r.id, rpos)   # the client has it (sent live, or earlier)
+                        continue
                     if not await client.offer_wait(f, stall, replay=True, pos=rpos):
                         return                  # closed (too slow, or going away)
-                    pos = rpos
-                replayed += len(rows)
+                    replayed += 1
                 if len(rows) < REPLAY_PAGE:
                     break
             pos = max(pos, (through, END))
@@ -111,5 +124,5 @@ async def resume(db: Database, client: Client, after: Position | int, stall: flo
             client.offer(f, pos=bpos)
         raise
     client.resuming = False
-    here = cursor.encode(client.position)
+    here = client.cursor()
     client.offer(frame("resumed", {"after": shown, "replayed": replayed, "cursor": here}, cursor=here))

@@ -31,6 +31,13 @@ def encode(f: dict[str, Any]) -> str:
     return json.dumps(f, separators=(",", ":"), default=str)
 
 
+def with_cursor(text: str, cur: str) -> str:
+    """``text`` (an encoded frame without a cursor) with ``"cursor": cur`` appended: one
+    frame encoded once for many sockets, each with its own cursor (the live path's
+    cursors differ per socket). Cursors are [A-Za-z0-9._~-]: nothing to escape."""
+    return f'{text[:-1]},"cursor":"{cur}"}}'
+
+
 def frame(event: str, payload: Any = None, *, id: int | None = None, room: str | None = None,
           ts: int | None = None, **extra: Any) -> dict[str, Any]:
     f = {"id": id, "event": event, "room": room, "payload": {} if payload is None else payload,
@@ -67,6 +74,7 @@ class Client:
     action on a socket that already received live events)."""
 
     SENT_IDS_MAX = 20000
+    HOLD_MAX = 256          # live frames held while this socket is gated (relay.py, live path)
 
     def __init__(self, user_id: uuid.UUID, username: str, role: str, queue_size: int,
                  position: tuple[int, int], on_overflow: Callable[["Client"], None],
@@ -80,6 +88,13 @@ class Client:
         self.queue_size = queue_size
         self.sent_ids: OrderedDict[int, None] = OrderedDict()
         self.position = position
+        # The verified live path (relay.py): ids sent ahead of ``position`` (in its cursor
+        # until a read confirms them), the relay's hearing count before which everything
+        # must be read before a live frame may go out (registration, a join), and live
+        # frames held meanwhile: (needed count, id, room, frame text without cursor).
+        self.ahead: list[int] = []
+        self.gate = 0
+        self.hold: list[tuple[int, int, str | None, str]] = []
         self.resuming = False
         self.refetch = False          # live events were dropped from the buffer: fetch again
         self.buffer: list[tuple[tuple[int, int] | None, dict[str, Any]]] = []
@@ -128,17 +143,53 @@ class Client:
             if pos <= self.position and not replay:
                 return                    # a catch-up overlapping what was already queued
             eid = f["id"]
-            if eid in self.sent_ids:
+            if eid in self.sent_ids or (self.ahead and eid in self.ahead):
+                if self.ahead and eid in self.ahead:   # sent live: now its position is known
+                    self.confirm(eid, pos)
                 return
             self.sent_ids[eid] = None
             if len(self.sent_ids) > self.SENT_IDS_MAX:
                 self.sent_ids.popitem(last=False)
             if pos > self.position:
                 self.position = pos
+            if self.ahead:
+                text = with_cursor(encode({k: v for k, v in f.items() if k != "cursor"}),
+                                   cursor.encode(pos, self.ahead))
         try:
             self.queue.put_nowait(text if text is not None else encode(f))
         except asyncio.QueueFull:
             self._on_overflow(self)
+
+    def cursor(self) -> str:
+        """Where this socket's stream stands, as the cursor a client resumes from."""
+        return cursor.encode(self.position, self.ahead)
+
+    def confirm(self, eid: int, pos: tuple[int, int]) -> None:
+        """Event ``eid``, sent live, was read at ``pos``: it leaves the cursor's ids."""
+        if eid in self.ahead:
+            self.ahead.remove(eid)
+            if pos > self.position:
+                self.position = pos
+
+    def offer_live(self, eid: int, text: str) -> int:
+        """Queue a verified live frame (``text``: encoded without a cursor) ahead of this
+        socket's position. 1 sent, 0 already sent (read or replayed first), -1 refused:
+        the cursor would pass cursor.MAX_LEN (the relay then delivers it by reading)."""
+        if self.closing is not None or eid in self.sent_ids:
+            return 0
+        ahead = self.ahead + [eid]
+        cur = cursor.encode(self.position, ahead)
+        if len(cur) > cursor.MAX_LEN:
+            return -1
+        self.ahead = ahead
+        self.sent_ids[eid] = None
+        if len(self.sent_ids) > self.SENT_IDS_MAX:
+            self.sent_ids.popitem(last=False)
+        try:
+            self.queue.put_nowait(with_cursor(text, cur))
+        except asyncio.QueueFull:
+            self._on_overflow(self)
+        return 1
 
     async def offer_wait(self, f: dict[str, Any], timeout: float, replay: bool = False,
                          text: str | None = None, pos: tuple[int, int] | None = None) -> bool:
@@ -162,19 +213,27 @@ class Client:
 
 
 class Registry:
-    """Local sockets indexed by user and by room."""
+    """Local sockets indexed by user and by room.
+
+    ``heard`` counts the live path's messages the relay has heard (relay.py). A socket
+    that is added or joins a room is gated at the current count: events published
+    before may reach it only through the relay's read, so it gets live frames again
+    once a read has covered them (order: nothing live overtakes an earlier event)."""
 
     def __init__(self) -> None:
         self.by_user: dict[uuid.UUID, set[Client]] = defaultdict(set)
         self.by_room: dict[str, set[Client]] = defaultdict(set)
         self.count = 0
+        self.heard = 0
 
     def add(self, c: Client) -> int:
+        c.gate = max(c.gate, self.heard)
         self.by_user[c.user_id].add(c)
         self.count += 1
         return len(self.by_user[c.user_id])
 
     def remove(self, c: Client) -> int:
+        c.hold.clear()
         for room in list(c.rooms):
             self.leave(c, room)
         peers = self.by_user.get(c.user_id)
@@ -186,6 +245,7 @@ class Registry:
         return len(self.by_user.get(c.user_id, ()))
 
     def join(self, c: Client, room: str) -> None:
+        c.gate = max(c.gate, self.heard)
         c.rooms.add(room)
         self.by_room[room].add(c)
 

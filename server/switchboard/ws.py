@@ -116,13 +116,14 @@ class WebSocketResource:
         # live frame can be sent, so a reconnecting client has no window in which a live
         # event overtakes the replay.
         after: Position | int | None = None
+        ahead: tuple[int, ...] = ()
         rooms: list[str] = []
         refused: list[str] = []
         try:
             cursor_raw = req.get_param("cursor")
             after_raw = req.get_param("after")
             if cursor_raw is not None:
-                after = cursor.decode(cursor_raw)
+                after, ahead = cursor.decode_ahead(cursor_raw)
             elif after_raw is not None:
                 after = bounded.bigint(after_raw, name="after", minimum=0)
             rooms_raw = req.get_param("rooms")
@@ -177,7 +178,7 @@ class WebSocketResource:
             relay.close_client(client, 1008, "session ended")
         # feeds=runs: subscribed in the same step (no await: no feed frame can precede hello).
         feed_errors = [e for e in (self._subscribe(client, f) for f in dict.fromkeys(feeds_wanted)) if e]
-        start = cursor.encode(client.position)
+        start = client.cursor()
         client.queue.put_nowait(encode(frame(
             "hello", {"replica": self.replica.replica_id, "user_id": str(user_id), "username": user["username"],
                       "role": user["role"], "last_id": relay.last_seen_id,
@@ -192,7 +193,7 @@ class WebSocketResource:
         sender = asyncio.create_task(self._sender(ws, client))
         try:
             if after is not None:
-                await resume(db, client, after, self.cfg.ws_replay_stall_seconds)
+                await resume(db, client, after, self.cfg.ws_replay_stall_seconds, ahead)
             await self._presence(user_id, n)
             await self._receive_loop(ws, client)
         except falcon.WebSocketDisconnected:
@@ -297,9 +298,10 @@ class WebSocketResource:
             client.offer(frame("left", {}, room=room if isinstance(room, str) else None))
         elif action == "resume":
             after: Position | int
+            ahead: tuple[int, ...] = ()
             try:
                 if "cursor" in msg:
-                    after = cursor.decode(msg["cursor"])
+                    after, ahead = cursor.decode_ahead(msg["cursor"])
                 else:
                     after = bounded.bigint(msg.get("after"), name="after", minimum=0)
                     if not isinstance(msg.get("after"), int):
@@ -309,7 +311,7 @@ class WebSocketResource:
                 self._error(client, "bad_resume", "send the cursor of the last event frame processed "
                                                   "({\"cursor\": \"...\"}; or after: the last event id)")
                 return
-            await resume(self.db, client, after, self.cfg.ws_replay_stall_seconds)
+            await resume(self.db, client, after, self.cfg.ws_replay_stall_seconds, ahead)
         elif action == "publish":
             await self._publish(client, msg)
         elif action in ("subscribe", "unsubscribe"):
