@@ -113,6 +113,7 @@ class Relay:
     EPHEMERAL_LOOKBACK_MAX = 30.0     # relay_read_v2 reads ephemeral rows younger than 30 s
     RECENT_MAX = 20000                # ids read lately (the live path skips what was read)
     UNCONFIRMED_MAX = 10000           # ids sent live and not read yet
+    LIVE_READ_GAP = 0.1               # s between event reads while the live path delivers
 
     def __init__(self, db: Database, auth: AuthState, registry: Registry, metrics: Metrics,
                  config: Config, replica_id: str, *, on_run_wake: Callable[[], None],
@@ -547,7 +548,7 @@ class Relay:
                 self._woke = time.time()
             h = self._hints
             if not (h.ephemeral or h.users or h.revoked or h.members or h.tools or h.sessions):
-                wait = last + self.cfg.relay_read_gap - loop.time()
+                wait = last + self._read_gap() - loop.time()
                 if wait > 0:
                     await asyncio.sleep(wait)     # notices meanwhile land in the same Hints
             self._wake.clear()
@@ -564,6 +565,16 @@ class Relay:
                 # (offered -> written p50 10-12 ms against 0.5 ms with this yield,
                 # bench/latency_ab.py --trace, BENCHMARKS.md "l18").
                 await asyncio.sleep(0)
+
+    def _read_gap(self) -> float:
+        """relay_read_gap; LIVE_READ_GAP while the live path carries every event (nothing
+        waits for a read then but the confirmation of cursors: fewer, larger reads leave
+        the CPU to the live frames). Back to relay_read_gap as soon as anything waits: a
+        barrier not yet covered, or frames held for a gated socket."""
+        gap = self.cfg.relay_read_gap
+        if self._live_key is not None and self._barrier <= self._covered and not self._holding:
+            return max(gap, self.LIVE_READ_GAP)
+        return gap
 
     async def _read(self, h: Hints) -> None:
         rconn = self._reader
@@ -608,7 +619,10 @@ class Relay:
                 eph = []
                 stored = 0
                 registry = self.registry
-                for r in rows:
+                for i, r in enumerate(rows):
+                    if i & 31 == 31 and self._live_key is not None:
+                        # A long read must not hold live frames back: let the LISTEN loop in.
+                        await asyncio.sleep(0)
                     pos: Position | None = None
                     if r["ephemeral"]:
                         if r["id"] in self._eph_seen:
