@@ -20,7 +20,14 @@ PINNED = "search_path=pg_catalog, pg_temp"
 APP_HELPERS = {"_relay_fetch_event", "_every_interval", "_check_timezone"}
 
 
+# Public functions the application may NOT run: whether event contents may travel on the
+# bus (the live path, V0020) is the owner's decision, not the app's.
+OWNER_ONLY = {"event_live_path"}
+
+
 def _app_may_execute(name: str) -> bool:
+    if name in OWNER_ONLY:
+        return False
     return not name.startswith("_") or name in APP_HELPERS or name.startswith("_cron_")
 
 FUNCS = """SELECT p.proname, p.oid::regprocedure::text, p.prosecdef, p.proconfig,

@@ -26,6 +26,13 @@ CREATE TABLE switchboard.event_live (
     CONSTRAINT event_live_pads CHECK (NOT enabled OR (octet_length(ipad) = 64 AND octet_length(opad) = 64))
 );
 REVOKE ALL ON TABLE switchboard.event_live FROM PUBLIC;
+COMMENT ON COLUMN switchboard.event_live.singleton IS 'Always true: one row.';
+COMMENT ON COLUMN switchboard.event_live.enabled IS 'Whether publishers send each event signed on switchboard_live (event_live_path()).';
+COMMENT ON COLUMN switchboard.event_live.max_bytes IS 'The largest live message; an event above it sends a {"b": id} barrier and is read.';
+COMMENT ON COLUMN switchboard.event_live.key IS 'The HMAC-SHA256 key (32 bytes); relays read it with relay_live_key().';
+COMMENT ON COLUMN switchboard.event_live.ipad IS 'The key zero-padded to 64 bytes XOR 0x36 (RFC 2104), set by event_live_path().';
+COMMENT ON COLUMN switchboard.event_live.opad IS 'The key zero-padded to 64 bytes XOR 0x5c (RFC 2104), set by event_live_path().';
+COMMENT ON COLUMN switchboard.event_live.key_created_at IS 'When the key was drawn (event_live_path(..., rotate_key => true)).';
 COMMENT ON TABLE switchboard.event_live IS
     'The verified live path (off by default): switch it with event_live_path(). The key signs live NOTIFYs; only the owner and switchboard_app (relay_live_key()) can read it.';
 

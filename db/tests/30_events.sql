@@ -16,7 +16,7 @@
 \pset pager off
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
-SELECT plan(46);
+SELECT plan(56);
 
 SELECT switchboard.create_user('pgtap.a' || txid_current(), '$2b$12$abcdefghijklmnopqrstuv') AS a \gset
 SELECT switchboard.create_user('pgtap.b' || txid_current(), '$2b$12$abcdefghijklmnopqrstuv') AS b \gset
@@ -130,6 +130,23 @@ SELECT throws_ok('SELECT * FROM switchboard.relay_ephemeral_missed(''1 second'',
 SELECT throws_ok('SELECT * FROM switchboard.relay_ephemeral_missed(''1 second'', 10001)', '22023');
 SELECT function_privs_are('switchboard', 'relay_ephemeral_missed', ARRAY['interval', 'integer'], 'switchboard_app',
                           ARRAY['EXECUTE']);
+
+-- The verified live path (V0020): off by default; the owner switches it; the pads are
+-- RFC 2104's; the app role reads the key, nobody else; enabling by hand needs the pads.
+SELECT is((SELECT enabled FROM switchboard.event_live), false, 'event_live: off by default');
+SELECT is(switchboard.relay_live_key(), NULL, 'relay_live_key: NULL while the live path is off');
+SELECT throws_ok('UPDATE switchboard.event_live SET enabled = true', '23514', NULL,
+                 'event_live: enabling by hand without the HMAC pads is refused');
+SELECT is((SELECT enabled FROM switchboard.event_live_path(true, 500)), true, 'event_live_path: on');
+SELECT is(octet_length(switchboard.relay_live_key()), 32, 'relay_live_key: the 32-byte key once on');
+SELECT is((SELECT ipad = (switchboard._live_pads(key)).ipad AND opad = (switchboard._live_pads(key)).opad
+             AND get_byte(ipad, 63) = 54 AND get_byte(opad, 63) = 92 FROM switchboard.event_live), true,
+          'event_live: the key zero-padded to 64 bytes, XOR 0x36 / 0x5c');
+SELECT throws_ok('SELECT * FROM switchboard.event_live_path(true, 7901)', '22023');
+SELECT throws_ok('SELECT * FROM switchboard.event_live_path(NULL)', '22004');
+SELECT function_privs_are('switchboard', 'relay_live_key', ARRAY[]::text[], 'switchboard_app', ARRAY['EXECUTE']);
+SELECT function_privs_are('switchboard', 'event_live_path', ARRAY['boolean', 'integer', 'boolean'],
+                          'switchboard_app', ARRAY[]::text[]);
 
 SELECT * FROM finish();
 ROLLBACK;
