@@ -47,6 +47,20 @@ def _publish(db: str, uid: str, event: str, payload: dict | None = None) -> int:
                              (uid, event, json.dumps(payload or {}))).fetchone()[0])
 
 
+def _settled(ws, cur: str) -> str:  # type: ignore[no-untyped-def]
+    """Wait until the relay has read everything this socket was sent (its cursor names
+    no id ahead any more): a resume from ``cur`` answers with the socket's own cursor."""
+    deadline = time.monotonic() + 15
+    while True:
+        ws.send({"action": "resume", "cursor": cur})
+        r = ws.recv_until(lambda f: f.get("event") == "resumed")
+        assert r["payload"]["replayed"] == 0, r   # from the last frame processed: nothing missed
+        if r["cursor"].startswith("v1.") or time.monotonic() > deadline:
+            assert r["cursor"].startswith("v1."), r
+            return str(r["cursor"])
+        time.sleep(0.2)
+
+
 def _b36(n: int) -> str:
     digits = "0123456789abcdefghijklmnopqrstuvwxyz"
     out = ""
@@ -90,7 +104,7 @@ def test_a_signed_event_is_delivered_before_any_read_and_confirmed_by_the_read(s
     # A first event, read the usual way: a socket registered just now is gated until a
     # read covers what came before it (nothing live overtakes an earlier event).
     first = _publish(db, uid, "warm")
-    ws.recv_until(lambda f: f.get("id") == first)
+    _settled(ws, ws.recv_until(lambda f: f.get("id") == first)["cursor"])
     held = TickerHeld(db)
     try:
         ids = [_publish(db, uid, "live", {"n": n}) for n in range(3)]
@@ -106,15 +120,8 @@ def test_a_signed_event_is_delivered_before_any_read_and_confirmed_by_the_read(s
         held.release()
     # Once read, the events leave the socket's cursor: a resume from the last frame's
     # cursor replays nothing, and its "resumed" cursor is a plain position past them.
-    deadline = time.monotonic() + 15
-    while True:
-        ws.send({"action": "resume", "cursor": frames[-1]["cursor"]})
-        r = ws.recv_until(lambda f: f.get("event") == "resumed")
-        assert r["payload"]["replayed"] == 0, r
-        if r["cursor"].startswith("v1.") or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert r["cursor"].startswith("v1."), r
+    _settled(ws, frames[-1]["cursor"])
+    assert events_of(ws.drain(quiet=0.3)) == [], "a resume from the last frame replayed something"
     # Later events: the cursor names at most themselves ahead, never the three again.
     last = _publish(db, uid, "after")
     f = ws.recv_until(lambda f: f.get("id") is not None)
@@ -170,7 +177,7 @@ def test_a_v2_cursor_resumes_exactly_on_another_replica(server_factory, db: str)
     tok = r1.login("ann")
     ws = r1.ws(tok)
     warm = _publish(db, uid, "warm")
-    ws.recv_until(lambda f: f.get("id") == warm)
+    _settled(ws, ws.recv_until(lambda f: f.get("id") == warm)["cursor"])
     held = TickerHeld(db)
     try:
         a = _publish(db, uid, "a")
@@ -205,3 +212,42 @@ def test_malformed_v2_cursors_are_refused(server_factory, db: str, bad: str) -> 
     f = ws.recv_until(lambda f: f.get("event") == "error")
     assert f["payload"]["code"] == "bad_resume"
     ws.close()
+
+
+def test_a_genuine_message_replayed_later_is_not_delivered_again(server_factory, db: str) -> None:  # type: ignore[no-untyped-def]
+    """A signed message verifies whenever it is sent: a role that recorded one from the
+    bus and replays it must not get it delivered again -- neither to the replica that
+    read it, nor to one started afterwards (no memory of it at all)."""
+    from pgtap import listener
+
+    uid = make_user(db, "ann")
+    _live(db, True)
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("CREATE ROLE eve LOGIN PASSWORD 'e'")
+    lst = listener(db, "switchboard_live")
+    s = server_factory(name="replay1")
+    tok = s.login("ann")
+    ws = s.ws(tok)
+    warm = _publish(db, uid, "warm")
+    ws.recv_until(lambda f: f.get("id") == warm)
+    orig = _publish(db, uid, "once", {"pay": 1})
+    assert ws.recv_until(lambda f: f.get("id") is not None)["id"] == orig
+    recorded = [n.payload for n in lst.notifies(timeout=3.0) if f'"id":{orig},' in n.payload]
+    lst.close()
+    assert len(recorded) == 1
+    eve = psycopg.conninfo.make_conninfo(db, user="eve", password="e")
+    time.sleep(0.5)                       # read by now: the relay knows the id
+    with psycopg.connect(eve, autocommit=True) as e:
+        e.execute("SELECT pg_notify('switchboard_live', %s)", (recorded[0],))
+    assert [f for f in ws.drain(quiet=1.0) if f.get("id") == orig] == []
+    ws.close()
+    # A replica started after the event knows nothing of it: the stamp predates its
+    # connection, so the message is only a reason to read (and the read has nothing new).
+    s2 = server_factory(name="replay2")
+    ws2 = s2.ws(s2.login("ann"))
+    with psycopg.connect(eve, autocommit=True) as e:
+        e.execute("SELECT pg_notify('switchboard_live', %s)", (recorded[0],))
+    assert [f for f in ws2.drain(quiet=1.5) if f.get("id") == orig] == []
+    after = _publish(db, uid, "after")
+    assert ws2.recv_until(lambda f: f.get("id") is not None)["id"] == after
+    ws2.close()

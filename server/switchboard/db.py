@@ -568,11 +568,14 @@ class Database:
         return await cur.fetchall()
 
     @staticmethod
-    async def relay_live_key(conn: psycopg.AsyncConnection[Any]) -> bytes | None:
-        """The live path's HMAC key (V0020), None while the path is off."""
-        cur = await conn.execute("SELECT switchboard.relay_live_key() AS key")
+    async def relay_live_key(conn: psycopg.AsyncConnection[Any]) -> tuple[bytes | None, int]:
+        """The live path's HMAC key (V0020; None while the path is off) and the database
+        clock in epoch milliseconds (the clock live messages are stamped with)."""
+        cur = await conn.execute("SELECT switchboard.relay_live_key() AS key, "
+                                 "(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms")
         row = await cur.fetchone()
-        return None if row is None or row["key"] is None else bytes(row["key"])
+        assert row is not None
+        return (None if row["key"] is None else bytes(row["key"])), int(row["now_ms"])
 
     @staticmethod
     async def relay_ephemeral_missed(conn: psycopg.AsyncConnection[Any], lookback: float,

@@ -157,6 +157,7 @@ class Relay:
         self._barrier = 0       # an event heard at this count must be read before anything live
         self._recent: dict[int, int] = {}   # id -> ts of events read lately, oldest first
         self._evicted_ts = 0    # the newest ts among ids dropped from _recent
+        self._live_since = 0    # database clock (ms) at the last (re)connect
         self._unconfirmed: dict[int, list[Client]] = {}
         self._holding: set[Client] = set()
         self._reject_log = RejectLog(LOG)
@@ -327,7 +328,9 @@ class Relay:
             raise RuntimeError(f"auth reload failed: {exc}") from exc
         win = await self.db.event_window_on(rconn)
         self.publishers_notify = bool(win["publishers_notify"])
-        self._live_key = await self.db.relay_live_key(rconn)
+        # Live messages stamped before this (re)connect are history: a genuine one replayed
+        # on the bus later (signed, so it verifies) must not be delivered again.
+        self._live_key, self._live_since = await self.db.relay_live_key(rconn)
         if not self._cursor_set:
             # First connect: deliver from the newest tick on (sockets resume with events_since_v2).
             self.position = (int(win["last_tick"]), END)
@@ -440,7 +443,8 @@ class Relay:
         - ``_covered``: the hearing count up to which a completed read covered everything;
         - ``_barrier``: the count of the last event that could not go live (too large, a
           MAC that does not verify, a LISTEN reconnect, an id that may have been read
-          already); nothing goes live until a read covers it;
+          already, a message stamped before this connection: a replayed genuine one);
+          nothing goes live until a read covers it;
         - a socket's ``gate`` (set when it is registered or joins a room: events from
           before reach it only by the read), and frames it holds meanwhile, flushed in
           order once a read covers them (_flush_holds), or delivered by that read.
@@ -469,8 +473,10 @@ class Relay:
             return
         if ev.id in self._recent:
             return                        # read (and delivered) before this arrived
-        if ev.ts <= self._evicted_ts:
-            self._barrier = seq           # maybe read long ago: let the read decide
+        if ev.ts <= self._evicted_ts or ev.ts < self._live_since:
+            # Maybe read long ago, or from before this connection (a genuine message
+            # replayed on the bus verifies too): the read decides, never the message.
+            self._barrier = seq
             return
         targets = self.registry.targets(ev.user_id, ev.room)
         if not targets:
@@ -582,7 +588,7 @@ class Relay:
         db = self.db
         if h.window:
             self.publishers_notify = bool((await db.event_window_on(rconn))["publishers_notify"])
-            self._live_key = await db.relay_live_key(rconn)
+            self._live_key = (await db.relay_live_key(rconn))[0]
         first: list[dict[str, Any]] | None = None
         eph = sorted(h.ephemeral)
         trace = latency_trace.ON
