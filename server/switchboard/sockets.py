@@ -74,7 +74,7 @@ class Client:
     action on a socket that already received live events)."""
 
     SENT_IDS_MAX = 20000
-    HOLD_MAX = 256          # live frames held while this socket is gated (relay.py, live path)
+    HOLD_MAX = 64           # live frames held while this socket is gated (relay.py, live path)
 
     def __init__(self, user_id: uuid.UUID, username: str, role: str, queue_size: int,
                  position: tuple[int, int], on_overflow: Callable[["Client"], None],
