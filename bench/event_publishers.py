@@ -9,11 +9,12 @@ without fsync would hide the difference), migrates a fresh database, then for
 
 - ``ours``         SELECT switchboard.notify_user(...)      (one NOTIFY per transaction)
 - ``ours_silent``  the same with event_ticker.publishers_notify = false (no NOTIFY)
+- ``ours_live``    the same with the verified live path on (V0020: + one signed NOTIFY per event)
 - ``locked``       the previous release's path: order-row lock until COMMIT + nextval + INSERT + NOTIFY
 - ``insert_notify``  INSERT into a plain table with the same indexes + pg_notify
 - ``insert``         the INSERT alone
 
-A LISTEN connection is open on both channels during every run (a NOTIFY with
+A LISTEN connection is open on every channel during every run (a NOTIFY with
 no listener costs less). Reports transactions/s and server CPU per
 transaction; writes bench/results/event_publishers.json.
 
@@ -72,6 +73,7 @@ END $$;
 VARIANTS = {
     "ours": "events_notify_user.sql",
     "ours_silent": "events_notify_user.sql",
+    "ours_live": "events_notify_user.sql",
     "locked": "events_locked.sql",
     "insert_notify": "events_raw_insert_notify.sql",
     "insert": "events_raw_insert.sql",
@@ -129,6 +131,7 @@ def main() -> int:
         listener = psycopg.connect(url, autocommit=True)
         listener.execute("LISTEN switchboard_events")
         listener.execute("LISTEN bench_events")
+        listener.execute("LISTEN switchboard_live")
         print(f"{'clients':>7} " + " ".join(f"{v:>14}" for v in VARIANTS) + "   (transactions/s; server CPU us/txn)")
         for n in clients:
             row = {}
@@ -136,6 +139,7 @@ def main() -> int:
                 with psycopg.connect(url, autocommit=True) as c:
                     c.execute("UPDATE switchboard.event_ticker SET publishers_notify = %s",
                               (variant != "ours_silent",))
+                    c.execute("SELECT switchboard.event_live_path(%s)", (variant == "ours_live",))
                 cmd = [pgbench, "-n", "-M", "prepared", "-c", str(n), "-j", str(min(n, 2)),
                        "-T", str(args.duration), "-f", str(SCRIPTS / script), "-h", "127.0.0.1",
                        "-p", str(pg.port), "-U", "postgres", "-D", f"uid={uid}", DB]

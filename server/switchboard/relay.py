@@ -493,17 +493,22 @@ class Relay:
                 continue
             self._send_live(c, ev.id, text)
 
-    def _send_live(self, c: Client, eid: int, text: str) -> None:
+    def _send_live(self, c: Client, eid: int, text: str) -> bool:
+        """Send a live frame to ``c``; False when refused (its cursor is full, or too many
+        ids wait for their read): the read delivers it, and ``c`` gets nothing live until
+        a read has covered what was heard so far."""
         if len(self._unconfirmed) >= self.UNCONFIRMED_MAX and eid not in self._unconfirmed:
             c.gate = self.registry.heard
-            return
+            return False
         sent = c.offer_live(eid, text)
+        if sent < 0:
+            c.gate = self.registry.heard
+            return False
         if sent > 0:
             self._unconfirmed.setdefault(eid, []).append(c)
             self.metrics.inc("switchboard_events_relayed_total")
             self.metrics.inc("switchboard_live_frames_total")
-        elif sent < 0:
-            c.gate = self.registry.heard  # its cursor is full: read first, then live again
+        return True
 
     def _flush_holds(self) -> None:
         """After a read that covered everything heard up to ``_covered``: send each held
@@ -514,8 +519,9 @@ class Relay:
             elif not c.resuming:
                 while c.hold and c.hold[0][0] <= self._covered:
                     _, eid, room, text = c.hold.pop(0)
-                    if room is None or room in c.rooms:
-                        self._send_live(c, eid, text)
+                    if (room is None or room in c.rooms) and not self._send_live(c, eid, text):
+                        c.hold.clear()    # refused: the read delivers it and all held after it
+                        break
             if not c.hold:
                 self._holding.discard(c)
 
