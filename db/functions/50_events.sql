@@ -65,7 +65,12 @@ DECLARE
     v_id bigint;
     v_now timestamptz := clock_timestamp();
     v_notify boolean;
-    v_live switchboard.event_live%ROWTYPE;
+    -- Plain variables, not event_live%ROWTYPE: a declared row type is resolved when the
+    -- function is created, and function files are also applied to older schemas
+    -- (pgmigrate's afterAll after a partial migration, as tests/test_hostile_input.py does).
+    v_max integer;
+    v_ipad bytea;
+    v_opad bytea;
     v_msg text;
 BEGIN
     -- No lock: order comes from ticks (events.xid defaults to this transaction's id).
@@ -84,7 +89,8 @@ BEGIN
             PERFORM set_config('switchboard.event_notified', 'on', true);
         END IF;
     END IF;
-    SELECT * INTO v_live FROM switchboard.event_live l WHERE l.singleton AND l.enabled;
+    SELECT l.max_bytes, l.ipad, l.opad INTO v_max, v_ipad, v_opad
+      FROM switchboard.event_live l WHERE l.singleton AND l.enabled;
     IF FOUND THEN
         v_msg := '{"id":' || v_id
               || ',"u":' || coalesce('"' || _publish.user_id::text || '"', 'null')
@@ -92,9 +98,9 @@ BEGIN
               || ',"e":' || to_json(_publish.event)::text
               || ',"t":' || (extract(epoch FROM v_now) * 1000)::bigint
               || ',"p":' || _publish.payload::text || '}';
-        IF octet_length(v_msg) <= v_live.max_bytes THEN
+        IF octet_length(v_msg) <= v_max THEN
             PERFORM pg_notify('switchboard_live',
-                encode(sha256(v_live.opad || sha256(v_live.ipad || convert_to(v_msg, 'UTF8'))), 'hex') || v_msg);
+                encode(sha256(v_opad || sha256(v_ipad || convert_to(v_msg, 'UTF8'))), 'hex') || v_msg);
         ELSE
             PERFORM pg_notify('switchboard_live', '{"b":' || v_id || '}');
         END IF;
