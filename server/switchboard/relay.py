@@ -155,7 +155,11 @@ class Relay:
         self._live_key: bytes | None = None
         self._covered = 0       # every event heard up to this count has been read
         self._barrier = 0       # an event heard at this count must be read before anything live
-        self._recent: dict[int, int] = {}   # id -> ts of events read lately, oldest first
+        # id -> ts of events read lately, oldest first. An OrderedDict: popping a plain
+        # dict's first key leaves a run of dead slots that next(iter()) scans, so each
+        # eviction cost grew with the number before it (figure 5's live runs slowed
+        # from 12 to 57 ms p99 once 20,000 ids had been read).
+        self._recent: OrderedDict[int, int] = OrderedDict()
         self._evicted_ts = 0    # the newest ts among ids dropped from _recent
         self._live_since = 0    # database clock (ms) at the last (re)connect
         self._unconfirmed: dict[int, list[Client]] = {}
@@ -530,8 +534,7 @@ class Relay:
         recent = self._recent
         recent[eid] = ts
         if len(recent) > self.RECENT_MAX:
-            old = next(iter(recent))
-            self._evicted_ts = max(self._evicted_ts, recent.pop(old))
+            self._evicted_ts = max(self._evicted_ts, recent.popitem(last=False)[1])
         if self._unconfirmed:
             for c in self._unconfirmed.pop(eid, ()):
                 c.confirm(eid, pos)
