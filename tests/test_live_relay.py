@@ -127,6 +127,10 @@ def test_a_signed_event_is_delivered_before_any_read_and_confirmed_by_the_read(s
     f = ws.recv_until(lambda f: f.get("id") is not None)
     assert f["id"] == last, f
     assert f["cursor"].split(".")[3:] in ([], [_b36(last)]), f
+    _settled(ws, f["cursor"])
+    # One frame counted per frame sent: an event sent live and then read is not counted
+    # twice (warm, three live, after).
+    assert _metric(s, "switchboard_events_relayed_total") == 5
     assert events_of(ws.drain(quiet=0.5)) == []
     ws.close()
 

@@ -486,6 +486,7 @@ class Relay:
         if not targets:
             return
         text = encode(frame(ev.event, ev.payload, id=ev.id, room=ev.room, ts=ev.ts))
+        sent = False
         for c in list(targets):
             need = max(self._barrier, c.gate, c.hold[-1][0] if c.hold else 0)
             if need > self._covered or c.resuming or c.hold:
@@ -495,24 +496,25 @@ class Relay:
                 else:
                     c.gate = seq          # the read delivers it; live again once read
                 continue
-            self._send_live(c, ev.id, text)
+            sent |= self._send_live(c, ev.id, text) > 0
+        if sent:
+            self.metrics.observe("switchboard_delivery_latency_seconds", time.time() - ev.ts / 1000)
 
-    def _send_live(self, c: Client, eid: int, text: str) -> bool:
-        """Send a live frame to ``c``; False when refused (its cursor is full, or too many
-        ids wait for their read): the read delivers it, and ``c`` gets nothing live until
-        a read has covered what was heard so far."""
+    def _send_live(self, c: Client, eid: int, text: str) -> int:
+        """Send a live frame to ``c``: 1 sent, 0 it had it already, -1 refused (its cursor
+        is full, or too many ids wait for their read): the read delivers it, and ``c``
+        gets nothing live until a read has covered what was heard so far."""
         if len(self._unconfirmed) >= self.UNCONFIRMED_MAX and eid not in self._unconfirmed:
             c.gate = self.registry.heard
-            return False
+            return -1
         sent = c.offer_live(eid, text)
         if sent < 0:
             c.gate = self.registry.heard
-            return False
-        if sent > 0:
+        elif sent > 0:
             self._unconfirmed.setdefault(eid, []).append(c)
             self.metrics.inc("switchboard_events_relayed_total")
             self.metrics.inc("switchboard_live_frames_total")
-        return True
+        return sent
 
     def _flush_holds(self) -> None:
         """After a read that covered everything heard up to ``_covered``: send each held
@@ -523,7 +525,7 @@ class Relay:
             elif not c.resuming:
                 while c.hold and c.hold[0][0] <= self._covered:
                     _, eid, room, text = c.hold.pop(0)
-                    if (room is None or room in c.rooms) and not self._send_live(c, eid, text):
+                    if (room is None or room in c.rooms) and self._send_live(c, eid, text) < 0:
                         c.hold.clear()    # refused: the read delivers it and all held after it
                         break
             if not c.hold:
@@ -729,11 +731,11 @@ class Relay:
         text = encode(f)
         n = 0
         for c in list(targets):
-            c.offer(f, text, pos=pos)
-            n += 1
-        self.metrics.inc("switchboard_events_relayed_total", n)
-        # Commit (the event's database timestamp) to frame offered, once per event.
-        self.metrics.observe("switchboard_delivery_latency_seconds", time.time() - f["ts"] / 1000)
+            n += c.offer(f, text, pos=pos)
+        if n:   # not when every socket had it already (sent live, then read)
+            self.metrics.inc("switchboard_events_relayed_total", n)
+            # Commit (the event's database timestamp) to frame offered, once per event.
+            self.metrics.observe("switchboard_delivery_latency_seconds", time.time() - f["ts"] / 1000)
 
     # -- closing ----------------------------------------------------------------------
     async def _recheck_users(self, rconn: psycopg.AsyncConnection, ids: list[uuid.UUID]) -> None:

@@ -122,14 +122,15 @@ class Client:
         return True
 
     def offer(self, f: dict[str, Any], text: str | None = None, replay: bool = False,
-              pos: tuple[int, int] | None = None) -> None:
+              pos: tuple[int, int] | None = None) -> bool:
         """Queue a frame unless it is a duplicate; overflow closes the socket (1013).
+        True if the frame was queued (or buffered during a resume).
 
         ``pos`` is a stored event's position (None for everything else). ``text`` is
         ``f`` already serialised: a room event goes to many sockets and is encoded once,
         not once per socket."""
         if self.closing is not None:
-            return
+            return False
         if self.resuming and not replay:
             if len(self.buffer) >= self.queue_size:
                 # Every stored event in the buffer was ticked before the relay read it, so
@@ -138,15 +139,15 @@ class Client:
                 self.buffer = [b for b in self.buffer if b[0] is None][: self.queue_size // 2]
                 self.refetch = True
             self.buffer.append((pos, f))
-            return
+            return True
         if pos is not None:
             if pos <= self.position and not replay:
-                return                    # a catch-up overlapping what was already queued
+                return False              # a catch-up overlapping what was already queued
             eid = f["id"]
             if eid in self.sent_ids or (self.ahead and eid in self.ahead):
                 if self.ahead and eid in self.ahead:   # sent live: now its position is known
                     self.confirm(eid, pos)
-                return
+                return False
             self.sent_ids[eid] = None
             if len(self.sent_ids) > self.SENT_IDS_MAX:
                 self.sent_ids.popitem(last=False)
@@ -159,6 +160,8 @@ class Client:
             self.queue.put_nowait(text if text is not None else encode(f))
         except asyncio.QueueFull:
             self._on_overflow(self)
+            return False
+        return True
 
     def cursor(self) -> str:
         """Where this socket's stream stands, as the cursor a client resumes from."""
