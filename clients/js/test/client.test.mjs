@@ -150,7 +150,11 @@ describe("@switchboard/client on real replicas", { timeout: 600_000 }, () => {
     c.disconnect();
   });
 
-  test("a replica SIGTERMed mid-stream: reconnect elsewhere, resume, nothing lost or doubled", async () => {
+  // A replica SIGTERMed mid-stream: reconnect elsewhere, resume, nothing lost or doubled.
+  // With live=true the server's verified live path is on (V0020): frames go out before
+  // the replica reads them and carry v2 cursors, which the client resumes from as it is.
+  async function sigtermMidStream(live) {
+    if (live) await env.sql("SELECT switchboard.event_live_path(true)");
     await env.admin.addMember("ops", user("alice"));
     const c = await loggedIn("alice", { rooms: ["ops"] });
     const first = await connected(c);
@@ -182,10 +186,22 @@ describe("@switchboard/client on real replicas", { timeout: 600_000 }, () => {
     assert.ok(c.rec.states.some((s) => s.to === "reconnecting" && s.code === 1012), "closed 1012 by the drain");
     assert.equal(c.roomStates().get("ops"), "joined", "the room was re-joined in the handshake");
     assert.equal(c.rec.gaps.length, 0);
+    const v2 = c.rec.events.filter((f) => typeof f.cursor === "string" && f.cursor.startsWith("v2.")).length;
+    if (live) assert.ok(v2 > 0, "no frame went out live (no v2 cursor)");
+    else assert.equal(v2, 0, "a v2 cursor with the live path off");
     c.disconnect();
     // Back to two replicas for the tests that follow.
     const started = await env.cmd({ cmd: "start", name: "r3" });
     env.replicas = env.replicas.filter((r) => r.replica !== home).concat([started.replica]);
+    if (live) await env.sql("SELECT switchboard.event_live_path(false)");
+  }
+
+  test("a replica SIGTERMed mid-stream: reconnect elsewhere, resume, nothing lost or doubled", async () => {
+    await sigtermMidStream(false);
+  });
+
+  test("the same with the verified live path on: v2 cursors resume exactly", async () => {
+    await sigtermMidStream(true);
   });
 
   test("3,000 events missed while away (and a page reload): all replayed once, in order", async () => {
