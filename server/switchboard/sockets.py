@@ -139,7 +139,9 @@ class Client:
                 self.buffer = [b for b in self.buffer if b[0] is None][: self.queue_size // 2]
                 self.refetch = True
             self.buffer.append((pos, f))
-            return True
+            # An event this socket has already (sent live, now read) is buffered only so
+            # the replay's flush can place it (confirm); it is not a frame to send.
+            return pos is None or f["id"] not in self.sent_ids
         if pos is not None:
             if pos <= self.position and not replay:
                 return False              # a catch-up overlapping what was already queued
