@@ -4,9 +4,11 @@ A scripted database plays PostgreSQL: transactions take ids when they insert and
 become visible when they commit; a read ticks (a batch = what committed since the
 previous tick) and returns the rows after the relay's position in (tick, id) order.
 Every commit also sends its live message to the relay, in commit order, like
-NOTIFY. A random schedule interleaves inserts, commits, reads, joins of a second
-socket and events too large to go live (barriers), and bursts without reads that
-fill a socket's cursor (refusals, held frames). Checked per socket, at the end:
+NOTIFY (heard at once or later). A random schedule interleaves inserts, commits,
+reads, joins of a second socket, events too large to go live (barriers), bursts
+without reads that fill a socket's cursor (refusals, held frames), late hearing,
+and commits heard while a read's rows are on the way (after its snapshot).
+Checked per socket, at the end:
 every event it should get, exactly once; nothing that committed before another
 event's transaction began arrives after it; and its final cursor covers every
 event it has (a resume from it repeats nothing).
@@ -48,6 +50,7 @@ class World:
         self.ticked: list[dict[str, Any]] = []   # with "tick", in (tick, id) order
         self.tick = 0
         self.pending: list[str] = []          # live messages sent, not yet heard (NOTIFY lag)
+        self.during_read = 0                  # commits (heard at once) after the next read's tick
         self.relay: Relay | None = None
 
     def insert(self, to_room: bool, big: bool) -> None:
@@ -95,7 +98,16 @@ class World:
                 e["tick"] = self.tick
                 self.ticked.append(e)
             self.unticked = []
-        return self.tick, await self.relay_read_v2(conn, after, eph, max_rows)
+        rows = await self.relay_read_v2(conn, after, eph, max_rows)
+        # Transactions that commit after this read's snapshot, heard while its rows are
+        # still on the way: the read confirms older ids and frees cursor room, but these
+        # are not in it.
+        for _ in range(self.during_read):
+            self.insert(False, False)
+            self.commit(len(self.open) - 1)
+        self.during_read = 0
+        self.hear(len(self.pending))
+        return self.tick, rows
 
     async def relay_read_v2(self, conn: Any, after: tuple[int, int], eph: list[int],
                             max_rows: int) -> list[dict[str, Any]]:
@@ -125,6 +137,7 @@ OPS = st.lists(st.one_of(
     st.tuples(st.just("read"), st.just(False), st.just(0)),
     st.tuples(st.just("burst"), st.integers(20, 150), st.just(0)),      # many commits, no read
     st.tuples(st.just("hear"), st.integers(1, 200), st.just(0)),        # NOTIFY delivery lags
+    st.tuples(st.just("racing"), st.integers(1, 80), st.just(0)),       # commits during the next read
     st.tuples(st.just("join"), st.just(False), st.just(0)),             # the second socket joins the room
 ), min_size=5, max_size=60)
 
@@ -162,6 +175,8 @@ def test_live_frames_and_reads_merge_exactly_once_in_commit_order(ops: list[tupl
                 world.hear(len(world.pending))
             elif op == "hear":
                 world.hear(x)
+            elif op == "racing":
+                world.during_read = x
             elif op == "join" and b not in joined_at:
                 registry.join(b, ROOM)
                 joined_at[b] = world.clock
