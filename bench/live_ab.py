@@ -17,10 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -82,9 +84,6 @@ def main() -> None:
                 f"{bare['postgres_cpu_us_per_event']} us")
         # How many frames went out live (the rest were held behind a barrier or a gate and
         # sent by the read): per replica, from its own counters.
-        import re
-
-        import httpx
         shares = []
         for p in sb:
             text = httpx.get(p.base + "/metrics", timeout=10).text

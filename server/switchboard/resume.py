@@ -94,7 +94,7 @@ async def resume(db: Database, client: Client, after: Position | int, stall: flo
                 for r in rows:
                     rpos, f = replay_frame(r)
                     pos = rpos
-                    if r.id in client.sent_ids or r.id in client.ahead:
+                    if client.has(r.id):
                         client.confirm(r.id, rpos)   # the client has it (sent live, or earlier)
                         continue
                     if not await client.offer_wait(f, stall, replay=True, pos=rpos):

@@ -141,14 +141,13 @@ class Client:
             self.buffer.append((pos, f))
             # An event this socket has already (sent live, now read) is buffered only so
             # the replay's flush can place it (confirm); it is not a frame to send.
-            return pos is None or f["id"] not in self.sent_ids
+            return pos is None or not self.has(f["id"])
         if pos is not None:
             if pos <= self.position and not replay:
                 return False              # a catch-up overlapping what was already queued
             eid = f["id"]
-            if eid in self.sent_ids or (self.ahead and eid in self.ahead):
-                if self.ahead and eid in self.ahead:   # sent live: now its position is known
-                    self.confirm(eid, pos)
+            if self.has(eid):
+                self.confirm(eid, pos)    # if it was sent live: now its position is known
                 return False
             self.sent_ids[eid] = None
             if len(self.sent_ids) > self.SENT_IDS_MAX:
@@ -164,6 +163,11 @@ class Client:
             self._on_overflow(self)
             return False
         return True
+
+    def has(self, eid: int) -> bool:
+        """Whether stored event ``eid`` was queued to this socket (or its client holds it,
+        named ahead in the cursor it resumed from)."""
+        return eid in self.sent_ids or (bool(self.ahead) and eid in self.ahead)
 
     def cursor(self) -> str:
         """Where this socket's stream stands, as the cursor a client resumes from."""
