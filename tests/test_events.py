@@ -415,3 +415,26 @@ def test_one_notify_per_transaction_and_none_when_publishers_are_silent(db: str)
                 assert since_v2(r, uid, (k - 1, END))[-1] == (k, quiet)
     finally:
         lst.close()
+
+
+def test_a_payload_nested_too_deep_is_refused_at_publish(server_factory, db: str) -> None:  # type: ignore[no-untyped-def]
+    """A payload nested thousands of levels deep is valid jsonb, but readers parse
+    recursively: one such event made every relay with a socket of its user fail its read
+    and reconnect, forever. Refused at publish (22023, the limit named, a HINT); 64 levels,
+    the HTTP API's bound, still go through and are delivered, and so is what follows."""
+    from harness import make_user as mk
+
+    uid = mk(db, "deep")
+    s = server_factory(name="deep")
+    ws = s.ws(s.login("deep"))
+    with psycopg.connect(db, autocommit=True) as c:
+        for n in (65, 5000):   # n nested arrays around a value
+            with pytest.raises(psycopg.Error) as exc:
+                c.execute("SELECT switchboard.notify_user(%s, 'deep', %s::jsonb)", (uid, "[" * n + "1" + "]" * n))
+            assert exc.value.sqlstate == "22023" and "64" in str(exc.value) and exc.value.diag.message_hint
+        ok = c.execute("SELECT switchboard.notify_user(%s, 'deep', %s::jsonb)",
+                       (uid, "[" * 64 + "1" + "]" * 64)).fetchone()[0]
+        after = c.execute("SELECT switchboard.notify_user(%s, 'after', '{}')", (uid,)).fetchone()[0]
+    got = [ws.recv_until(lambda f: f.get("id") is not None)["id"] for _ in range(2)]
+    assert got == [ok, after]
+    ws.close()

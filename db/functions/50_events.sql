@@ -44,6 +44,16 @@ BEGIN
         RAISE EXCEPTION 'event payload is % bytes, the limit is %', v_size, max_bytes
             USING ERRCODE = '22023', HINT = 'Store large data elsewhere and send a reference.';
     END IF;
+    -- Depth (V0020): a payload nested thousands of levels deep is valid jsonb, but every
+    -- reader parses it recursively (Python's json stops near 1,000 levels). A relay that
+    -- could not parse one event reconnected and read it again, forever: one such event
+    -- stopped all delivery on the replicas its user was connected to. Refused at the
+    -- door instead, at the HTTP API's bound (bounded.DEFAULT_MAX_DEPTH: 64 nested
+    -- containers). lax $.**{65}: some value sits inside 65 containers (C, one pass).
+    IF jsonb_path_exists(payload, 'lax $.**{65}') THEN
+        RAISE EXCEPTION 'event payload is nested more than 64 levels deep' USING ERRCODE = '22023',
+            HINT = 'At most 64 nested arrays/objects: flatten the payload or send a reference.';
+    END IF;
 END
 $$;
 REVOKE ALL ON FUNCTION switchboard._check_event(text, jsonb, integer) FROM PUBLIC;

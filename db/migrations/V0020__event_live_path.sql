@@ -36,7 +36,9 @@ COMMENT ON COLUMN switchboard.event_live.key_created_at IS 'When the key was dra
 COMMENT ON TABLE switchboard.event_live IS
     'The verified live path (off by default): switch it with event_live_path(). The key signs live NOTIFYs; only the owner and switchboard_app (relay_live_key()) can read it.';
 
--- Function changes (applied by afterAll): _live_pads, event_live_path,
+-- Function changes (applied by afterAll): _check_event refuses payloads nested more
+-- than 64 levels (22023; readers parse recursively, and one such event made relays
+-- reconnect forever); _live_pads, event_live_path,
 -- relay_live_key (new); _publish sends the live message when enabled.
 INSERT INTO switchboard.event_live (key)
 VALUES (decode(replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''), 'hex'));
