@@ -96,6 +96,22 @@ async def _abandon(task: asyncio.Task[Any], conn: psycopg.AsyncConnection[Any] |
     await asyncio.wait({task}, timeout=grace)
 
 
+def _nothing_to_send(targets: set[Client] | None, pos: Position) -> bool:
+    """Whether a stored event read at ``pos`` needs no frame here: no local socket it
+    goes to, or every one has it already (sent live before the read). Those are
+    confirmed here, as Client.offer() would have (the id leaves the cursor). A socket
+    that is resuming needs the offer all the same: its replay's flush places the id."""
+    if not targets:
+        return True
+    eid = pos[1]
+    for c in targets:
+        if c.resuming or not c.has(eid):
+            return False
+    for c in targets:
+        c.confirm(eid, pos)
+    return True
+
+
 class Relay:
     """Hears the three channels and acts on this replica's sockets.
 
@@ -286,31 +302,84 @@ class Relay:
             self.last_error = None
             LOG.info("LISTEN connection up (%s)", ", ".join(CHANNELS))
             self.on_run_wake()
+            await self._hear(conn, reader)
+        finally:
+            # Down from this moment (readiness 503, the deaf-close clock starts), not after
+            # the clean-up below: it may wait on a dead network.
+            self._mark_down()
+            await _abandon(reader, self._reader)
+
+    async def _hear(self, conn: psycopg.AsyncConnection[Any], reader: asyncio.Task[None]) -> None:
+        """Dispatch every notification as it arrives; when none came for
+        ``listen_check_interval``, prove the connection alive. Returns only by raising
+        (the connection or the reader failed), or when the relay stops.
+
+        The socket stays registered with the event loop for the whole session and each
+        readable event drains libpq's queue (consume_input, notifies: C calls), as
+        asyncpg's listener does. psycopg's ``notifies()`` generator instead registers and
+        unregisters the socket and arms a timeout for every batch: with one or two
+        notifications per batch that machinery was about a quarter of a replica's CPU
+        under figure 5's load (py-spy). During a liveness check psycopg owns the socket
+        and hands what arrives meanwhile to the notify handler."""
+        loop = asyncio.get_running_loop()
+        pgconn = conn.pgconn
+        enc = conn.info.encoding
+        fd = pgconn.socket
+        interval = self.cfg.listen_check_interval
+        failed: asyncio.Future[None] = loop.create_future()
+        heard = 0
+
+        def readable() -> None:
+            nonlocal heard
+            try:
+                pgconn.consume_input()
+                while (n := pgconn.notifies()) is not None:
+                    heard += 1
+                    self._dispatch(n.relname.decode(enc), n.extra.decode(enc))
+            except Exception as exc:   # the connection broke (or a dispatch bug): reconnect
+                loop.remove_reader(fd)
+                if not failed.done():
+                    failed.set_exception(exc)
+
+        def during_check(n: psycopg.Notify) -> None:
+            nonlocal heard
+            heard += 1
+            self._dispatch(n.channel, n.payload)
+
+        # Heard while LISTEN ran and the relay caught up, dispatched only now: after
+        # _after_connect's barrier (nothing of it goes live before the catch-up read).
+        async for n in conn.notifies(timeout=0):
+            heard += 1
+            self._dispatch(n.channel, n.payload)
+        conn.add_notify_handler(during_check)
+        loop.add_reader(fd, readable)
+        try:
             while not self._stop.is_set():
-                got = False
-                async for n in conn.notifies(timeout=interval):
-                    got = True
-                    self._dispatch(n.channel, n.payload)
-                    if reader.done():
-                        break
+                before = heard
+                await asyncio.wait({reader, failed}, timeout=interval)
+                if failed.done():
+                    failed.result()
                 if reader.done():
                     reader.result()  # the reader's connection failed: reconnect both
                     raise RuntimeError("relay reader stopped")
-                if not got:
+                if heard == before:
                     # Nothing heard for a while: prove the connection is alive. Bounded without
                     # cancelling the query (see _bounded): a dead connection is noticed within
                     # listen_check_interval + max(listen_check_interval, 1 s).
+                    loop.remove_reader(fd)
                     await _bounded(conn.execute("SELECT 1"), max(interval, 1.0), "liveness check")
+                    loop.add_reader(fd, readable)
                     # And tick: a publisher's wake-up is the fast path, this bounds the slow
                     # one (a tick attempt that found the ticker busy and gave up). And look
                     # whether a DBA switched publishers_notify.
                     self._hints.tick = self._hints.events = self._hints.window = True
                     self._wake.set()
         finally:
-            # Down from this moment (readiness 503, the deaf-close clock starts), not after
-            # the clean-up below: it may wait on a dead network.
-            self._mark_down()
-            await _abandon(reader, self._reader)
+            loop.remove_reader(fd)
+            if not failed.done():
+                failed.cancel()
+            elif not failed.cancelled():
+                failed.exception()     # retrieved: raised above, or superseded by another error
 
     async def _after_connect(self) -> None:
         rconn = self._reader
@@ -656,10 +725,12 @@ class Relay:
                         if pos <= self.position:
                             continue
                         self._read_row(pos[1], r["ts"], pos)
-                        if not self._catching_up and not registry.targets(r["user_id"], r["room"]):
-                            # Every replica reads every event; most have no socket here. The
-                            # position moves all the same, but no frame is built and the
-                            # payload (read as text) is never parsed.
+                        if not self._catching_up and _nothing_to_send(
+                                registry.targets(r["user_id"], r["room"]), pos):
+                            # Every replica reads every event; most have no socket here, and
+                            # with the live path the ones here have it already. The position
+                            # moves all the same, but no frame is built and the payload (read
+                            # as text) is never parsed.
                             self.position = pos
                             if pos[1] > self.last_seen_id:
                                 self.last_seen_id = pos[1]
