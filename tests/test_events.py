@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import threading
 import time
 
+import httpx
 import psycopg
 import pytest
 from pgtap import listener, notifications, race, throws_ok
@@ -438,3 +440,56 @@ def test_a_payload_nested_too_deep_is_refused_at_publish(server_factory, db: str
     got = [ws.recv_until(lambda f: f.get("id") is not None)["id"] for _ in range(2)]
     assert got == [ok, after]
     ws.close()
+
+
+def test_a_stored_payload_too_deep_to_parse_is_skipped_and_counted(server_factory, db: str) -> None:  # type: ignore[no-untyped-def]
+    """A row that no Python reader can parse (5,000 nested arrays: stored before V0020's
+    publish check, or written by hand as the owner) must not stop delivery. Before, the
+    relay's read raised on it, the relay reconnected and read it again, forever, and a
+    resume across it failed every time. Now: skipped and counted
+    (switchboard_bad_input_total{source="event_row"}); the events around it are
+    delivered live, and a resume from before it replays exactly those two."""
+    from harness import make_user as mk
+
+    uid = mk(db, "poison")
+    s = server_factory(name="poison")
+    ws = s.ws(s.login("poison"))
+    deep = "[" * 5000 + "1" + "]" * 5000
+    with psycopg.connect(db, autocommit=True) as c:
+        before = c.execute("SELECT switchboard.notify_user(%s, 'before', '{}')", (uid,)).fetchone()[0]
+        first = ws.recv_until(lambda f: f.get("id") == before)
+        with c.transaction():
+            poison = c.execute(
+                "INSERT INTO switchboard.events (id, user_id, event, payload, created_at) "
+                "VALUES (nextval('switchboard.event_id_seq'), %s, 'poison', %s::jsonb, now()) RETURNING id",
+                (uid, deep)).fetchone()[0]
+            c.execute("SELECT pg_notify('switchboard_events', json_build_object('id', %s::bigint)::text)", (poison,))
+        after = c.execute("SELECT switchboard.notify_user(%s, 'after', '{}')", (uid,)).fetchone()[0]
+    got = ws.recv_until(lambda f: f.get("id") is not None)
+    assert got["id"] == after, got
+    text = httpx.get(s.base + "/metrics", timeout=10).text
+    assert re.search(r'^switchboard_bad_input_total\{[^}]*source="event_row"[^}]*\} 1\.0$', text, re.M), text
+    # A resume from the frame before the poison row, on the socket that has the one after
+    # it: nothing again, and no error.
+    ws.send({"action": "resume", "cursor": first["cursor"]})
+    frames = []
+    while True:
+        f = ws.recv(timeout=15)
+        frames.append(f)
+        if f["event"] == "resumed":
+            break
+    assert [f for f in frames if f.get("id") is not None or f["event"] == "error"] == []
+    assert frames[-1]["payload"]["replayed"] == 0
+    # A fresh socket resuming from there (the handshake's after=) gets it replayed.
+    ws2 = s.ws(s.login("poison"))
+    ws2.send({"action": "resume", "cursor": first["cursor"]})
+    frames = []
+    while True:
+        f = ws2.recv(timeout=15)
+        frames.append(f)
+        if f["event"] == "resumed":
+            break
+    assert [f["id"] for f in frames if f.get("id") is not None] == [after], frames
+    assert frames[-1]["payload"]["replayed"] == 1
+    ws.close()
+    ws2.close()

@@ -83,6 +83,20 @@ def loads(data: str | bytes, *, max_bytes: int, max_depth: int = DEFAULT_MAX_DEP
     return value
 
 
+def stored_json(text: str) -> Any:
+    """A jsonb value read as text from a stored row (an event's payload).
+
+    PostgreSQL's jsonb nests as deep as its stack allows (thousands of levels); Python's
+    json stops near 1,000 with RecursionError. Publishing refuses more than 64 levels
+    since V0020 (_check_event), but a row stored before, or written by hand, may be
+    deeper: refused here as BadInput("too_deep"), so that one row cannot stop a reader
+    (the relay skips and counts it; see Relay._read)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise BadInput("too_deep", "a stored JSON value nested too deep for this reader") from None
+
+
 def _refuse_constant(name: str) -> Any:
     raise BadInput("malformed", f"{name} is not valid JSON")
 
@@ -143,7 +157,7 @@ def _short(text: str) -> str:
 # -- what a refusal looks like from outside: a counted, rate-limited log line ------------
 # The label values of switchboard_bad_input_total. Closed sets: a reason or a
 # source that is not listed is counted as "other", so no input can add a series.
-SOURCES = ("http", "ws", "handshake", "job", "other")
+SOURCES = ("http", "ws", "handshake", "job", "event_row", "other")
 REASONS = ("too_large", "too_deep", "malformed", "bad_number", "out_of_range", "bad_type",
            "bad_content_type", "bad_text", "too_slow", "other")
 

@@ -42,7 +42,6 @@ Channels (documented for programs in other languages):
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
@@ -58,10 +57,12 @@ from .auth import AuthState
 from .config import Config
 from .db import Database, conninfo_with_keepalives
 from . import cursor, latency_trace
+from . import bounded
 from .bounded import BadInput
 from .cursor import END, Position
 from .hints import CHANNELS, LIVE_CHANNEL, REJECT_REASONS, Hints, RejectLog, parse, parse_live
 from .metrics import Metrics
+from .rows import UNREADABLE
 from .sockets import Client, Registry, encode, event_frame, frame
 
 LOG = logging.getLogger("switchboard.relay")
@@ -181,6 +182,8 @@ class Relay:
         self._unconfirmed: dict[int, list[Client]] = {}
         self._holding: set[Client] = set()
         self._reject_log = RejectLog(LOG)
+        self._rejections = bounded.Rejections(
+            lambda source, reason: metrics.inc("switchboard_bad_input_total", source=source, reason=reason), LOG)
         self._stop = asyncio.Event()
         self._conn: psycopg.AsyncConnection | None = None
         self._reader: psycopg.AsyncConnection | None = None
@@ -716,7 +719,10 @@ class Relay:
                         self._eph_seen[r["id"]] = None
                         if len(self._eph_seen) > self.EPHEMERAL_SEEN_MAX:
                             self._eph_seen.popitem(last=False)
-                        f = frame(r["event"], json.loads(r["payload"]), room=r["room"], ts=r["ts"])
+                        value = self._stored_payload(r)
+                        if value is UNREADABLE:
+                            continue
+                        f = frame(r["event"], value, room=r["room"], ts=r["ts"])
                         if r["sender"] is not None:
                             f["from"] = str(r["sender"])
                     else:
@@ -735,7 +741,11 @@ class Relay:
                             if pos[1] > self.last_seen_id:
                                 self.last_seen_id = pos[1]
                             continue
-                        pos, f = event_frame(r, r["ts"], json.loads(r["payload"]))
+                        value = self._stored_payload(r)
+                        if value is UNREADABLE:
+                            self.position = pos
+                            continue
+                        pos, f = event_frame(r, r["ts"], value)
                     if self._catching_up:
                         await self._deliver_wait(r["user_id"], r["room"], f, pos)
                     else:
@@ -807,6 +817,17 @@ class Relay:
             self.metrics.inc("switchboard_events_relayed_total", n)
             # Commit (the event's database timestamp) to frame offered, once per event.
             self.metrics.observe("switchboard_delivery_latency_seconds", time.time() - f["ts"] / 1000)
+
+    def _stored_payload(self, r: dict[str, Any]) -> Any:
+        """A read row's payload, parsed; UNREADABLE (counted, logged at most once a
+        minute) for one no Python reader can parse. Skipping it is the only way on: the
+        read would otherwise fail on it, the relay reconnect and read it again, forever,
+        and every later event for that user or room would wait behind it."""
+        try:
+            return bounded.stored_json(r["payload"])
+        except BadInput as exc:
+            self._rejections.record("event_row", exc.reason, f"event {r['id']} skipped: {exc}")
+            return UNREADABLE
 
     # -- closing ----------------------------------------------------------------------
     async def _recheck_users(self, rconn: psycopg.AsyncConnection, ids: list[uuid.UUID]) -> None:

@@ -23,12 +23,16 @@ so replay + buffer cover every event after the position exactly once.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from . import cursor
 from .cursor import END, Position
 from .db import Database
+from .rows import UNREADABLE
 from .sockets import Client, frame, replay_frame
+
+LOG = logging.getLogger("switchboard.resume")
 
 REPLAY_PAGE = 200   # events per events_since_v2() call during a resume
 
@@ -92,6 +96,10 @@ async def resume(db: Database, client: Client, after: Position | int, stall: flo
             while True:
                 rows = await db.events_since_v2(client.user_id, pos, sorted(client.rooms), through, REPLAY_PAGE)
                 for r in rows:
+                    if r.payload is UNREADABLE:
+                        pos = r.position        # skipped, as the relay skips it (Relay._stored_payload)
+                        LOG.warning("resume skipped event %d: its payload is nested too deep to parse", r.id)
+                        continue
                     rpos, f = replay_frame(r)
                     pos = rpos
                     if client.has(r.id):

@@ -105,6 +105,10 @@ class Task(_Row):
 TASK_FIELDS = Task.FIELDS = _names(Task)
 
 
+# A stored payload no reader here can parse (bounded.stored_json): its event is skipped.
+UNREADABLE: Any = object()
+
+
 @dataclass(frozen=True, slots=True)
 class Event(_Row):
     """A stored event as a reader replays it (events_since_v2): at (tick, id) in delivery order."""
