@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Figure 5 with the verified live path on, against the bare relay, in alternating rounds.
 
-    python bench/live_ab.py [--rounds 4] [--users 1000] [--rate 1000] [--events 5000]
+    python bench/live_ab.py [--rounds 4] [--users 1000] [--rate 1000] [--events 5000] [--id-hints on|off]
 
 Both stacks are up at once on one throwaway cluster: 3 Switchboard replicas with
 `event_live_path(true)` and 3 bare Falcon apps relaying raw NOTIFYs
@@ -36,18 +36,20 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=1000)
     ap.add_argument("--events", type=int, default=5000)
+    ap.add_argument("--id-hints", choices=("on", "off"), default="on",
+                    help="event_live_path(send_id_hints => ...): off once no previous-release replica runs")
     a = ap.parse_args()
     users, n, rate = a.users, a.events, a.rate
     cluster = Cluster()
     procs: list[e2e.Proc] = []
     rcvs: list[Any] = []
-    out: dict[str, Any] = {"users": users, "events": n, "rate": rate, "rounds": []}
+    out: dict[str, Any] = {"users": users, "events": n, "rate": rate, "id_hints": a.id_hints, "rounds": []}
     try:
         db = cluster.new_db("sb_live_ab")
         url = cluster.url(db)
         ids = e2e._users(url, users, "bench_u", room="bench-room")
         with psycopg.connect(url, autocommit=True) as c:
-            c.execute("SELECT switchboard.event_live_path(true)")
+            c.execute("SELECT switchboard.event_live_path(true, send_id_hints => %s)", (a.id_hints == "on",))
         sb = e2e._start([e2e.replica(cluster, db, f"live-r{i}") for i in range(3)])
         env = dict(os.environ, DATABASE_URL=cluster.url(db, e2e.APP_LOGIN))
         bares = []

@@ -67,6 +67,33 @@ def test_off_by_default_then_signed_messages_in_commit_order(db: str) -> None:
             lst.close()
 
 
+def test_id_hints_stop_only_while_the_live_path_carries_the_event(db: str) -> None:
+    """send_id_hints => false drops the {"id"} hint on switchboard_events while the path
+    is on (the live message wakes this release's relays); with the path off the hint is
+    the only wake-up and is sent whatever the setting."""
+    with psycopg.connect(db, autocommit=True) as admin:
+        uid = _user(admin, "hal")
+        lst = listener(db, "switchboard_events", LIVE)
+        try:
+            admin.execute("SELECT switchboard.event_live_path(true)")
+            a = admin.execute("SELECT switchboard.notify_user(%s, 'a', '{}')", (uid,)).fetchone()[0]
+            got = notifications(lst, 3.0, stop_after=2)
+            assert sorted(n.channel for n in got) == ["switchboard_events", LIVE]
+            assert [json.loads(n.payload) for n in got if n.channel == "switchboard_events"] == [{"id": a}]
+            row = admin.execute("SELECT id_hints FROM switchboard.event_live_path(true, send_id_hints => false)"
+                                ).fetchone()
+            assert row == (False,)
+            admin.execute("SELECT switchboard.notify_user(%s, 'b', '{}')", (uid,))
+            got = notifications(lst, 1.0)
+            assert [n.channel for n in got] == [LIVE], got
+            admin.execute("SELECT switchboard.event_live_path(false)")
+            c = admin.execute("SELECT switchboard.notify_user(%s, 'c', '{}')", (uid,)).fetchone()[0]
+            got = notifications(lst, 3.0, stop_after=1)
+            assert [(n.channel, json.loads(n.payload)) for n in got] == [("switchboard_events", {"id": c})]
+        finally:
+            lst.close()
+
+
 def test_a_rotated_key_signs_from_the_next_publish_and_off_stops_everything(db: str) -> None:
     with psycopg.connect(db, autocommit=True) as admin:
         uid = _user(admin, "bob")

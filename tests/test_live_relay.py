@@ -24,9 +24,9 @@ import pytest
 from harness import events_of, make_user
 
 
-def _live(db: str, on: bool) -> None:
+def _live(db: str, on: bool, id_hints: bool = True) -> None:
     with psycopg.connect(db, autocommit=True) as c:
-        c.execute("SELECT switchboard.event_live_path(%s)", (on,))
+        c.execute("SELECT switchboard.event_live_path(%s, send_id_hints => %s)", (on, id_hints))
 
 
 class TickerHeld:
@@ -86,9 +86,13 @@ def test_control_without_the_live_path_a_held_ticker_holds_every_frame(server_fa
     ws.close()
 
 
-def test_a_signed_event_is_delivered_before_any_read_and_confirmed_by_the_read(server_factory, db: str) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("id_hints", [True, False], ids=["id-hints", "live-messages-only"])
+def test_a_signed_event_is_delivered_before_any_read_and_confirmed_by_the_read(server_factory, db: str,  # type: ignore[no-untyped-def]
+                                                                              id_hints: bool) -> None:
+    """Also with send_id_hints => false: then no {"id"} hint wakes the relay, only the
+    live messages do, and every event is still read (its cursor settles to v1)."""
     uid = make_user(db, "ann")
-    _live(db, True)
+    _live(db, True, id_hints)
     s = server_factory(name="on")
     ws = s.ws(s.login("ann"))
     # A first event, read the usual way: a socket registered just now is gated until a

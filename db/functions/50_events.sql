@@ -82,26 +82,31 @@ DECLARE
     v_ipad bytea;
     v_opad bytea;
     v_msg text;
+    v_hints boolean := true;
+    v_live boolean;
 BEGIN
     -- No lock: order comes from ticks (events.xid defaults to this transaction's id).
     v_id := nextval('switchboard.event_id_seq');
     INSERT INTO switchboard.events (id, user_id, room, event, payload, created_at)
     VALUES (v_id, _publish.user_id, _publish.room, _publish.event, _publish.payload, v_now);
+    SELECT l.max_bytes, l.ipad, l.opad, l.id_hints INTO v_max, v_ipad, v_opad, v_hints
+      FROM switchboard.event_live l WHERE l.singleton AND l.enabled;
+    v_live := FOUND;
     -- A hint only: the relay ticks and reads what the ticks say it has not read. One
     -- per transaction is enough (the relay reads everything the next tick covers): the
     -- marker is transaction-local and is undone with a rolled-back subtransaction,
     -- exactly like the NOTIFY it stands for. With publishers_notify off there is none:
-    -- the relays' ticker polls (see event_ticker).
-    IF current_setting('switchboard.event_notified', true) IS DISTINCT FROM 'on' THEN
+    -- the relays' ticker polls (see event_ticker). With the live path on and id_hints
+    -- off there is none either: the live message (or its barrier) wakes the relays.
+    IF (NOT v_live OR v_hints)
+       AND current_setting('switchboard.event_notified', true) IS DISTINCT FROM 'on' THEN
         SELECT t.publishers_notify INTO v_notify FROM switchboard.event_ticker t WHERE t.singleton;
         IF v_notify THEN
             PERFORM pg_notify('switchboard_events', '{"id":' || v_id || '}');
             PERFORM set_config('switchboard.event_notified', 'on', true);
         END IF;
     END IF;
-    SELECT l.max_bytes, l.ipad, l.opad INTO v_max, v_ipad, v_opad
-      FROM switchboard.event_live l WHERE l.singleton AND l.enabled;
-    IF FOUND THEN
+    IF v_live THEN
         v_msg := '{"id":' || v_id
               || ',"u":' || coalesce('"' || _publish.user_id::text || '"', 'null')
               || ',"r":' || coalesce(to_json(_publish.room)::text, 'null')
@@ -860,9 +865,17 @@ REVOKE ALL ON FUNCTION switchboard._live_pads(bytea) FROM PUBLIC;
 
 -- The DBA's switch for the live path. Not granted to anybody: the owner (or a
 -- superuser) decides whether event contents may travel on the bus.
+--
+-- send_id_hints (NULL: unchanged): whether publishers keep sending the {"id": N} hint on
+-- switchboard_events while the path is on. Keep it on (the default) while a previous
+-- release's replicas run: they do not LISTEN on switchboard_live and wake on the hint.
+-- Off once every replica runs this release: one NOTIFY per transaction fewer, heard by
+-- every replica (README "The live path").
+DROP FUNCTION IF EXISTS switchboard.event_live_path(boolean, integer, boolean);  -- before id_hints (unreleased)
 CREATE OR REPLACE FUNCTION switchboard.event_live_path(enable boolean, message_max_bytes integer DEFAULT NULL,
-                                                       rotate_key boolean DEFAULT false)
-RETURNS TABLE (enabled boolean, max_bytes integer, key_created_at timestamptz)
+                                                       rotate_key boolean DEFAULT false,
+                                                       send_id_hints boolean DEFAULT NULL)
+RETURNS TABLE (enabled boolean, max_bytes integer, key_created_at timestamptz, id_hints boolean)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -890,17 +903,19 @@ BEGIN
        SET enabled = event_live_path.enable,
            max_bytes = coalesce(event_live_path.message_max_bytes, l.max_bytes),
            key = v_key, ipad = v_pads.ipad, opad = v_pads.opad,
-           key_created_at = CASE WHEN rotate_key THEN now() ELSE l.key_created_at END
+           key_created_at = CASE WHEN rotate_key THEN now() ELSE l.key_created_at END,
+           id_hints = coalesce(event_live_path.send_id_hints, l.id_hints)
      WHERE l.singleton;
     -- A relay re-reads the key after a reconnect, at each idle check, and when a message
     -- does not verify; a message signed with a key it does not hold yet is read like any
     -- event, never lost.
-    RETURN QUERY SELECT l.enabled, l.max_bytes, l.key_created_at FROM switchboard.event_live l WHERE l.singleton;
+    RETURN QUERY SELECT l.enabled, l.max_bytes, l.key_created_at, l.id_hints
+                   FROM switchboard.event_live l WHERE l.singleton;
 END
 $$;
-COMMENT ON FUNCTION switchboard.event_live_path(boolean, integer, boolean) IS
-    'Switch the verified live path on or off (off by default): publishers also NOTIFY each event (up to max_bytes) signed with HMAC-SHA256 on channel switchboard_live, and relays deliver it without reading first. Event contents then travel on the bus, readable by any role that can LISTEN. rotate_key draws a new key.';
-REVOKE ALL ON FUNCTION switchboard.event_live_path(boolean, integer, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION switchboard.event_live_path(boolean, integer, boolean, boolean) IS
+    'Switch the verified live path on or off (off by default): publishers also NOTIFY each event (up to max_bytes) signed with HMAC-SHA256 on channel switchboard_live, and relays deliver it without reading first. Event contents then travel on the bus, readable by any role that can LISTEN. rotate_key draws a new key. send_id_hints false stops the {"id": N} hints on switchboard_events while the path is on (only once no previous-release replica runs).';
+REVOKE ALL ON FUNCTION switchboard.event_live_path(boolean, integer, boolean, boolean) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION switchboard.relay_live_key()
 RETURNS bytea

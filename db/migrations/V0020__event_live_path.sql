@@ -23,6 +23,10 @@ CREATE TABLE switchboard.event_live (
     ipad bytea NOT NULL DEFAULT '',
     opad bytea NOT NULL DEFAULT '',
     key_created_at timestamptz NOT NULL DEFAULT now(),
+    -- Whether publishers still send the per-transaction {"id": N} hint on switchboard_events
+    -- while the path is on (new relays need only the live message; previous-release
+    -- relays, which do not LISTEN on switchboard_live, need the hint).
+    id_hints boolean NOT NULL DEFAULT true,
     CONSTRAINT event_live_pads CHECK (NOT enabled OR (octet_length(ipad) = 64 AND octet_length(opad) = 64))
 );
 REVOKE ALL ON TABLE switchboard.event_live FROM PUBLIC;
@@ -33,6 +37,7 @@ COMMENT ON COLUMN switchboard.event_live.key IS 'The HMAC-SHA256 key (32 bytes);
 COMMENT ON COLUMN switchboard.event_live.ipad IS 'The key zero-padded to 64 bytes XOR 0x36 (RFC 2104), set by event_live_path().';
 COMMENT ON COLUMN switchboard.event_live.opad IS 'The key zero-padded to 64 bytes XOR 0x5c (RFC 2104), set by event_live_path().';
 COMMENT ON COLUMN switchboard.event_live.key_created_at IS 'When the key was drawn (event_live_path(..., rotate_key => true)).';
+COMMENT ON COLUMN switchboard.event_live.id_hints IS 'While enabled: whether publishers also send the {"id": N} hint on switchboard_events (true by default; previous-release relays need it during a rolling update, this release''s do not).';
 COMMENT ON TABLE switchboard.event_live IS
     'The verified live path (off by default): switch it with event_live_path(). The key signs live NOTIFYs; only the owner and switchboard_app (relay_live_key()) can read it.';
 

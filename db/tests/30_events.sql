@@ -16,7 +16,7 @@
 \pset pager off
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
-SELECT plan(56);
+SELECT plan(59);
 
 SELECT switchboard.create_user('pgtap.a' || txid_current(), '$2b$12$abcdefghijklmnopqrstuv') AS a \gset
 SELECT switchboard.create_user('pgtap.b' || txid_current(), '$2b$12$abcdefghijklmnopqrstuv') AS b \gset
@@ -145,7 +145,13 @@ SELECT is((SELECT ipad = (switchboard._live_pads(key)).ipad AND opad = (switchbo
 SELECT throws_ok('SELECT * FROM switchboard.event_live_path(true, 7901)', '22023');
 SELECT throws_ok('SELECT * FROM switchboard.event_live_path(NULL)', '22004');
 SELECT function_privs_are('switchboard', 'relay_live_key', ARRAY[]::text[], 'switchboard_app', ARRAY['EXECUTE']);
-SELECT function_privs_are('switchboard', 'event_live_path', ARRAY['boolean', 'integer', 'boolean'],
+SELECT is((SELECT id_hints FROM switchboard.event_live_path(true)), true,
+          'event_live_path: {"id"} hints stay on by default (previous-release relays need them)');
+SELECT is((SELECT id_hints FROM switchboard.event_live_path(true, send_id_hints => false)), false,
+          'event_live_path: send_id_hints => false stops them');
+SELECT is((SELECT id_hints FROM switchboard.event_live_path(true, 600)), false,
+          'event_live_path: send_id_hints NULL leaves the setting as it was');
+SELECT function_privs_are('switchboard', 'event_live_path', ARRAY['boolean', 'integer', 'boolean', 'boolean'],
                           'switchboard_app', ARRAY[]::text[]);
 
 SELECT * FROM finish();

@@ -616,11 +616,11 @@ BEGIN
     IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._live_pads(bytea)'))) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._live_pads(bytea)' USING ERRCODE = 'P0004';
     END IF;
-    IF (to_regprocedure('switchboard.event_live_path(boolean, integer, boolean)') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected function switchboard.event_live_path(boolean, integer, boolean)' USING ERRCODE = 'P0004';
+    IF (to_regprocedure('switchboard.event_live_path(boolean, integer, boolean, boolean)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.event_live_path(boolean, integer, boolean, boolean)' USING ERRCODE = 'P0004';
     END IF;
-    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.event_live_path(boolean, integer, boolean)'))) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.event_live_path(boolean, integer, boolean)' USING ERRCODE = 'P0004';
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.event_live_path(boolean, integer, boolean, boolean)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.event_live_path(boolean, integer, boolean, boolean)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.relay_live_key()') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.relay_live_key()' USING ERRCODE = 'P0004';
@@ -1252,8 +1252,8 @@ BEGIN
     IF (obj_description(to_regprocedure('switchboard.tool_call_collect(uuid, boolean)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.tool_call_collect(uuid, boolean)' USING ERRCODE = 'P0004';
     END IF;
-    IF (obj_description(to_regprocedure('switchboard.event_live_path(boolean, integer, boolean)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.event_live_path(boolean, integer, boolean)' USING ERRCODE = 'P0004';
+    IF (obj_description(to_regprocedure('switchboard.event_live_path(boolean, integer, boolean, boolean)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.event_live_path(boolean, integer, boolean, boolean)' USING ERRCODE = 'P0004';
     END IF;
     IF (obj_description(to_regprocedure('switchboard.relay_live_key()'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.relay_live_key()' USING ERRCODE = 'P0004';
