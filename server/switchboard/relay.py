@@ -356,6 +356,7 @@ class Relay:
             self._dispatch(n.channel, n.payload)
         conn.add_notify_handler(during_check)
         loop.add_reader(fd, readable)
+        readable()      # anything libpq holds already: epoll only reports new bytes
         try:
             while not self._stop.is_set():
                 before = heard
@@ -372,6 +373,7 @@ class Relay:
                     loop.remove_reader(fd)
                     await _bounded(conn.execute("SELECT 1"), max(interval, 1.0), "liveness check")
                     loop.add_reader(fd, readable)
+                    readable()
                     # And tick: a publisher's wake-up is the fast path, this bounds the slow
                     # one (a tick attempt that found the ticker busy and gave up). And look
                     # whether a DBA switched publishers_notify.
