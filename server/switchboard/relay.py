@@ -360,7 +360,7 @@ class Relay:
         try:
             while not self._stop.is_set():
                 before = heard
-                await asyncio.wait({reader, failed}, timeout=interval)
+                await asyncio.wait({reader, failed}, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
                 if failed.done():
                     failed.result()
                 if reader.done():
