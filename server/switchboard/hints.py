@@ -15,8 +15,7 @@ import hmac
 import json
 import re
 import uuid
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import bounded
 from .bounded import BadInput
@@ -25,10 +24,12 @@ CHANNELS = ("switchboard_events", "switchboard_control", "switchboard_runs")
 LIVE_CHANNEL = "switchboard_live"   # the verified live path (V0020): parse_live, not parse
 
 
-@dataclass(frozen=True)
-class Notice:
+class Notice(NamedTuple):
     """One parsed notification. ``kind`` is one of: run, event, eph, tick, user,
-    revoke, member, tool_result, session; the other fields are set as the kind needs."""
+    revoke, member, tool_result, session; the other fields are set as the kind needs.
+    A NamedTuple, not a frozen dataclass: every replica builds one per notification,
+    and a frozen dataclass's __init__ (object.__setattr__ per field) cost 3 us of
+    the 13 us a {"id"} hint took to dispatch."""
 
     kind: str
     id: int | None = None
@@ -119,9 +120,9 @@ def parse(channel: str, payload: str) -> Notice:
     raise BadInput("unknown_kind", "unknown control kind")
 
 
-@dataclass(frozen=True)
-class LiveEvent:
-    """A stored event as its publisher signed it on switchboard_live (50_events.sql)."""
+class LiveEvent(NamedTuple):
+    """A stored event as its publisher signed it on switchboard_live (50_events.sql).
+    (A NamedTuple for the same reason as Notice: one per live message per replica.)"""
 
     id: int
     user_id: uuid.UUID | None
