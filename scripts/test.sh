@@ -151,16 +151,16 @@ else
   lane2=(tests/image tests/pgha tests/faults)
   lane3=(tests/test_sessions.py tests/test_js_client.py tests/test_sqitch.py tests/browser
          tests/test_trust_boundary.py tests/test_event_bus_proof.py tests/test_live_relay.py
-         tests/test_wheel_install.py tests/test_server_limits.py)
+         tests/test_wheel_install.py tests/test_server_limits.py tests/test_relay_hear.py)
   lane2_log=$(mktemp /tmp/switchboard-lane2.XXXXXX)
   lane3_log=$(mktemp /tmp/switchboard-lane3.XXXXXX)
-  python3 -m pytest -p no:cacheprovider "${lane2[@]}" >"$lane2_log" 2>&1 &
+  python3 -m pytest -p no:cacheprovider --durations=8 "${lane2[@]}" >"$lane2_log" 2>&1 &
   lane2_pid=$!
-  python3 -m pytest -p no:cacheprovider "${lane3[@]}" >"$lane3_log" 2>&1 &
+  python3 -m pytest -p no:cacheprovider --durations=8 "${lane3[@]}" >"$lane3_log" 2>&1 &
   lane3_pid=$!
   ignore=()
   for d in "${lane2[@]}" "${lane3[@]}"; do ignore+=("--ignore=$d"); done
-  python3 -m pytest "${ignore[@]}"
+  python3 -m pytest --durations=8 "${ignore[@]}"
   rc1=$(pytest_rc $?)
   wait "$lane2_pid"
   rc2=$(pytest_rc $?)
