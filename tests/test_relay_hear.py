@@ -30,6 +30,23 @@ from switchboard.sockets import Registry
 CH = "switchboard_events"
 
 
+@pytest.fixture(params=["asyncio", "uvloop"])
+def loop_kind(request: pytest.FixtureRequest) -> str:
+    """Both event loops a replica can run on (SWITCHBOARD_UVLOOP): add_reader and the
+    socket's readiness behave alike, or these tests say so."""
+    return str(request.param)
+
+
+def _run(kind: str, coro: Any) -> None:
+    if kind == "uvloop":
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(coro)
+    else:
+        asyncio.run(coro)
+
+
 def _relay(url: str, interval: float) -> tuple[Relay, list[tuple[str, str]]]:
     cfg = Config(database_url=url, jwt_secret="x" * 32, listen_check_interval=interval)
     r = Relay(None, AuthState("x" * 32, 60), Registry(), Metrics(), cfg, "r1",  # type: ignore[arg-type]
@@ -52,7 +69,7 @@ async def _until(pred: Any, timeout: float) -> None:
         await asyncio.sleep(0.01)
 
 
-def test_every_notification_once_in_order_across_liveness_checks(db: str) -> None:
+def test_every_notification_once_in_order_across_liveness_checks(db: str, loop_kind: str) -> None:
     async def run() -> None:
         relay, got = _relay(db, interval=0.1)
         conn = await psycopg.AsyncConnection.connect(db, autocommit=True)
@@ -102,10 +119,10 @@ def test_every_notification_once_in_order_across_liveness_checks(db: str) -> Non
         assert len(payloads) == len(set(payloads))
         assert {ch for ch, _ in got} == {CH}
 
-    asyncio.run(run())
+    _run(loop_kind, run())
 
 
-def test_a_terminated_backend_ends_the_loop_at_once(db: str) -> None:
+def test_a_terminated_backend_ends_the_loop_at_once(db: str, loop_kind: str) -> None:
     async def run() -> None:
         relay, got = _relay(db, interval=60.0)    # no liveness check would notice in time
         conn = await psycopg.AsyncConnection.connect(db, autocommit=True)
@@ -124,4 +141,4 @@ def test_a_terminated_backend_ends_the_loop_at_once(db: str) -> None:
         reader.cancel()
         await conn.close()
 
-    asyncio.run(run())
+    _run(loop_kind, run())
