@@ -186,6 +186,7 @@ class Relay:
             lambda source, reason: metrics.inc("switchboard_bad_input_total", source=source, reason=reason), LOG)
         self._stop = asyncio.Event()
         self._conn: psycopg.AsyncConnection | None = None
+        self._hearing: int | None = None    # the LISTEN socket's fd while the loop watches it
         self._reader: psycopg.AsyncConnection | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -233,6 +234,11 @@ class Relay:
 
     async def stop(self) -> None:
         self._stop.set()
+        if self._hearing is not None:
+            # Unregister the LISTEN socket before its connection closes: once closed, its
+            # fd number may be reused by a new socket while the loop still watches it.
+            asyncio.get_running_loop().remove_reader(self._hearing)
+            self._hearing = None
         for conn in (self._conn, self._reader):
             if conn is not None:
                 try:
@@ -341,6 +347,7 @@ class Relay:
                     self._dispatch(n.relname.decode(enc), n.extra.decode(enc))
             except Exception as exc:   # the connection broke (or a dispatch bug): reconnect
                 loop.remove_reader(fd)
+                self._hearing = None
                 if not failed.done():
                     failed.set_exception(exc)
 
@@ -356,6 +363,7 @@ class Relay:
             self._dispatch(n.channel, n.payload)
         conn.add_notify_handler(during_check)
         loop.add_reader(fd, readable)
+        self._hearing = fd
         readable()      # anything libpq holds already: epoll only reports new bytes
         try:
             while not self._stop.is_set():
@@ -371,8 +379,10 @@ class Relay:
                     # cancelling the query (see _bounded): a dead connection is noticed within
                     # listen_check_interval + max(listen_check_interval, 1 s).
                     loop.remove_reader(fd)
+                    self._hearing = None
                     await _bounded(conn.execute("SELECT 1"), max(interval, 1.0), "liveness check")
                     loop.add_reader(fd, readable)
+                    self._hearing = fd
                     readable()
                     # And tick: a publisher's wake-up is the fast path, this bounds the slow
                     # one (a tick attempt that found the ticker busy and gave up). And look
@@ -380,7 +390,9 @@ class Relay:
                     self._hints.tick = self._hints.events = self._hints.window = True
                     self._wake.set()
         finally:
-            loop.remove_reader(fd)
+            if self._hearing == fd:
+                loop.remove_reader(fd)
+                self._hearing = None
             if not failed.done():
                 failed.cancel()
             elif not failed.cancelled():
