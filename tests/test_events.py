@@ -442,6 +442,15 @@ def test_a_payload_nested_too_deep_is_refused_at_publish(server_factory, db: str
     ws.close()
 
 
+def _resume(ws, cur: str) -> list[dict]:  # type: ignore[no-untyped-def]
+    """Send a resume action; every frame up to and including its "resumed"."""
+    ws.send({"action": "resume", "cursor": cur})
+    frames = [ws.recv(timeout=15)]
+    while frames[-1]["event"] != "resumed":
+        frames.append(ws.recv(timeout=15))
+    return frames
+
+
 def test_a_stored_payload_too_deep_to_parse_is_skipped_and_counted(server_factory, db: str) -> None:  # type: ignore[no-untyped-def]
     """A row that no Python reader can parse (5,000 nested arrays: stored before V0020's
     publish check, or written by hand as the owner) must not stop delivery. Before, the
@@ -471,24 +480,12 @@ def test_a_stored_payload_too_deep_to_parse_is_skipped_and_counted(server_factor
     assert re.search(r'^switchboard_bad_input_total\{[^}]*source="event_row"[^}]*\} 1\.0$', text, re.M), text
     # A resume from the frame before the poison row, on the socket that has the one after
     # it: nothing again, and no error.
-    ws.send({"action": "resume", "cursor": first["cursor"]})
-    frames = []
-    while True:
-        f = ws.recv(timeout=15)
-        frames.append(f)
-        if f["event"] == "resumed":
-            break
+    frames = _resume(ws, first["cursor"])
     assert [f for f in frames if f.get("id") is not None or f["event"] == "error"] == []
     assert frames[-1]["payload"]["replayed"] == 0
-    # A fresh socket resuming from there (the handshake's after=) gets it replayed.
+    # A fresh socket resuming from there gets it replayed.
     ws2 = s.ws(s.login("poison"))
-    ws2.send({"action": "resume", "cursor": first["cursor"]})
-    frames = []
-    while True:
-        f = ws2.recv(timeout=15)
-        frames.append(f)
-        if f["event"] == "resumed":
-            break
+    frames = _resume(ws2, first["cursor"])
     assert [f["id"] for f in frames if f.get("id") is not None] == [after], frames
     assert frames[-1]["payload"]["replayed"] == 1
     ws.close()
