@@ -758,6 +758,7 @@ class Relay:
                         value = self._stored_payload(r)
                         if value is UNREADABLE:
                             self.position = pos
+                            self.last_seen_id = max(self.last_seen_id, pos[1])
                             continue
                         pos, f = event_frame(r, r["ts"], value)
                     if self._catching_up:
