@@ -144,14 +144,15 @@ else
   #   namespaces with injected faults);
   # - lane 3: the longest multi-replica and tool suites (sessions on two
   #   replicas, the JS client's node suites, sqitch, the browser, the event-bus
-  #   proof and the live path's relay tests, the wheel install), listed here by name;
+  #   proof and the live path's relay tests, the wheel install, the HA trio), listed here by name;
   # - lane 1: everything else, so a new test file lands there by default.
   # Each lane starts its own PostgreSQL, ports are always free ones, and names
   # carry the pid, so the lanes share nothing. Lanes 2 and 3 print after lane 1.
   lane2=(tests/image tests/pgha tests/faults)
   lane3=(tests/test_sessions.py tests/test_js_client.py tests/test_sqitch.py tests/browser
          tests/test_trust_boundary.py tests/test_event_bus_proof.py tests/test_live_relay.py
-         tests/test_wheel_install.py tests/test_server_limits.py tests/test_relay_hear.py)
+         tests/test_wheel_install.py tests/test_server_limits.py tests/test_relay_hear.py
+         tests/ha/test_ha_trio.py)
   lane2_log=$(mktemp /tmp/switchboard-lane2.XXXXXX)
   lane3_log=$(mktemp /tmp/switchboard-lane3.XXXXXX)
   python3 -m pytest -p no:cacheprovider --durations=8 "${lane2[@]}" >"$lane2_log" 2>&1 &
