@@ -8,7 +8,11 @@ also relays NOTIFYs on channel bare_events to its sockets (the delivery floor
 of the same stack: LISTEN -> one encode -> ws.send_text, no events table, no
 ticket, no per-socket queue). Served by
 uvicorn with the same settings `switchboard serve` uses: 1 worker,
-proxy_headers off, access log off, permessage-deflate as SWITCHBOARD_WS_COMPRESSION says.
+proxy_headers off, access log off, permessage-deflate as SWITCHBOARD_WS_COMPRESSION says,
+and the same event loop and HTTP parser as SWITCHBOARD_UVLOOP says (asyncio + h11 by
+default). Left to itself uvicorn picks uvloop + httptools whenever they are installed
+(they are dependencies since issue 23), which made this baseline faster than the
+replicas it is compared with.
 
     DATABASE_URL=... python bench/bare_app.py --port 9000
 """
@@ -32,7 +36,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from switchboard.config import ws_compression_enabled
+from switchboard.config import server_io, uvloop_enabled, ws_compression_enabled
 from switchboard.db import TASK_COLUMNS
 
 LIST_TASKS = f"SELECT {TASK_COLUMNS} FROM switchboard.tasks ORDER BY name"
@@ -139,7 +143,8 @@ def main() -> None:
     a = p.parse_args()
     url = os.environ["DATABASE_URL"]
     app = create_app(url, a.pool_min, a.pool_size, url if a.listen else None)
-    uvicorn.run(app, host="127.0.0.1", port=a.port, lifespan="on", proxy_headers=False,
+    io = server_io(uvloop_enabled())
+    uvicorn.run(app, host="127.0.0.1", port=a.port, lifespan="on", proxy_headers=False, loop=io["loop"], http=io["http"],
                 forwarded_allow_ips="", access_log=False, ws_max_size=2 * 1024 * 1024,
                 ws_per_message_deflate=ws_compression_enabled(), log_level="warning", server_header=False)
 
