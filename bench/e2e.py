@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -492,91 +493,119 @@ def _fan_out_runs(rcv: Receiver, url: str, sql: str, params: Any, n: int, rate: 
             "runs": out}
 
 
+def _side_by_side(runs: int, ours: Callable[[], dict[str, Any]],
+                  bare: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``runs`` rounds of one Switchboard measurement and the bare relay's, alternating
+    (ours first in even rounds, the bare relay first in odd ones), both stacks up and
+    their sockets open throughout. On a shared 2-core box the tail moves by several
+    times from one minute to the next, so each p99 is compared with the bare relay's of
+    the same round: ``p99_vs_bare`` is the median of the per-round ratios. Each side's
+    p50 / p99 is the median over its rounds, as before."""
+    a: list[dict[str, Any]] = []
+    b: list[dict[str, Any]] = []
+    for r in range(runs):
+        for side in ((ours, bare) if r % 2 == 0 else (bare, ours)):
+            (a if side is ours else b).append(side())
+    ratios = sorted(round(x["p99_ms"] / y["p99_ms"], 2) for x, y in zip(a, b) if y["p99_ms"])
+
+    def summary(xs: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"p50_ms": median([x["p50_ms"] for x in xs]), "p99_ms": median([x["p99_ms"] for x in xs]),
+                "runs": xs}
+    mine = summary(a) | {"p99_vs_bare_rounds": ratios, "p99_vs_bare": median(ratios) if ratios else None}
+    return mine, summary(b)
+
+
 def bench_events(cluster: Cluster, replicas: int = 3, users: int = 1000, rate: float = 1000,
                  seconds: float = 5, fan_rate: float = 10, fan_seconds: float = 10,
                  runs: int = 3) -> dict[str, Any]:
     log(f"5 events: {users} sockets over {replicas} replicas; {rate:.0f} ev/s x {seconds:.0f} s x {runs} runs; "
-        f"fan-out {fan_rate:.0f} ev/s x {fan_seconds:.0f} s to {users} members")
+        f"fan-out {fan_rate:.0f} ev/s x {fan_seconds:.0f} s to {users} members; each against the bare relay "
+        f"in alternating rounds")
     db = cluster.new_db("sb_events")
     url = cluster.url(db)
     ids = _users(url, users, "bench_u", room="bench-room")
     n, nf = int(rate * seconds), int(fan_rate * fan_seconds)
     out: dict[str, Any] = {"replicas": replicas, "users": users, "rate_per_s": rate, "seconds": seconds,
                            "fan_rate_per_s": fan_rate, "fan_seconds": fan_seconds, "runs": runs,
-                           "client": "one asyncio process (websockets library) holding every socket, "
-                                     "on the same 2-core host"}
-    # Switchboard: notify_user / notify_room -> relay on each replica -> socket.
+                           "client": "one asyncio process (websockets library) per stack holding every socket, "
+                                     "on the same 2-core host",
+                           "method": "Switchboard and the bare relay both up, rounds alternating; "
+                                     "p99_vs_bare = median of the per-round p99 ratios"}
+    # Switchboard: notify_user / notify_room -> relay on each replica -> socket; and the
+    # same stack without Switchboard: bare Falcon apps relaying raw NOTIFYs to their sockets.
     procs = _start([replica(cluster, db, f"events-r{i}") for i in range(replicas)])
-    rcv = None
+    env = dict(os.environ, DATABASE_URL=cluster.url(db, APP_LOGIN))
+    bares = [Proc([sys.executable, str(BENCH / "bare_app.py"), "--port", str(port), "--listen"],
+                  env, port, f"events-bare{i}") for i, port in enumerate(free_port() for _ in range(replicas))]
+    rcvs: list[Receiver] = []
     try:
+        _start(bares)
         tickets = _tickets(url, ids)
         spec = _spec([f"{procs[i % replicas].ws_base}/ws?ticket={t}" for i, t in enumerate(tickets)])
         t0 = time.time()
         rcv = Receiver("ws", spec)
+        rcvs.append(rcv)
         os.unlink(spec)
         log(f"   {users} sockets open in {time.time() - t0:.1f} s ({rcv.first})")
-        meter = CpuMeter(cluster, [p.pid for p in procs] + [rcv.proc.pid])
-        out["per_user"] = _per_user_runs(
-            rcv, url, "SELECT switchboard.notify_user(%s, 'bench', %s)",
-            lambda k: (ids[k % users], json.dumps({"k": k})), n, rate, runs, "switchboard")
-        out["per_user"]["cpu_s"] = meter.stop()
+        rcvb = Receiver("ws", _spec([f"{bares[i % replicas].ws_base}/ws?u={i}" for i in range(users)], hello=False))
+        rcvs.append(rcvb)
+        time.sleep(0.5)
+        frames = nf * users
+
+        def per_user(label: str) -> Callable[[], dict[str, Any]]:
+            def one() -> dict[str, Any]:
+                meter = CpuMeter(cluster, [p.pid for p in procs])
+                s = _per_user_runs(rcv, url, "SELECT switchboard.notify_user(%s, 'bench', %s)",
+                                   lambda k: (ids[k % users], json.dumps({"k": k})), n, rate, 1, label)["runs"][0]
+                return s | {"cpu": meter.stop()}
+            return one
+
+        def bare_per_user() -> dict[str, Any]:
+            meter = CpuMeter(cluster, [p.pid for p in bares])
+            s = _per_user_runs(rcvb, url, "SELECT pg_notify('bare_events', %s)",
+                               lambda k: (json.dumps({"u": str(k % users), "k": k}),), n, rate, 1, "bare")["runs"][0]
+            return s | {"cpu": meter.stop()}
+
+        def fan_out(label: str) -> Callable[[], dict[str, Any]]:
+            def one() -> dict[str, Any]:
+                meter = CpuMeter(cluster, [p.pid for p in procs])
+                client = CpuMeter(cluster, [rcv.proc.pid])
+                s = _fan_out_runs(rcv, url, "SELECT switchboard.notify_room('bench-room', 'bench', %s)",
+                                  lambda k: (json.dumps({"k": k}),), nf, fan_rate, users, 1, label)["runs"][0]
+                return s | {"cpu_us_per_frame": {"replicas": round(meter.stop()["workers_cpu_s"] / frames * 1e6, 1),
+                                                 "client": round(client.stop()["workers_cpu_s"] / frames * 1e6, 1)}}
+            return one
+
+        def bare_fan_out() -> dict[str, Any]:
+            meter = CpuMeter(cluster, [p.pid for p in bares])
+            client = CpuMeter(cluster, [rcvb.proc.pid])
+            s = _fan_out_runs(rcvb, url, "SELECT pg_notify('bare_events', %s)",
+                              lambda k: (json.dumps({"u": None, "k": k}),), nf, fan_rate, users, 1, "bare")["runs"][0]
+            return s | {"cpu_us_per_frame": {"servers": round(meter.stop()["workers_cpu_s"] / frames * 1e6, 1),
+                                             "client": round(client.stop()["workers_cpu_s"] / frames * 1e6, 1)}}
+
+        def cpu_per_frame(summary: dict[str, Any], *keys: str) -> dict[str, float]:
+            return {k: median([r["cpu_us_per_frame"][k] for r in summary["runs"]]) for k in keys}
+
+        out["per_user"], out["bare_per_user"] = _side_by_side(runs, per_user("switchboard"), bare_per_user)
         log(f"   room join: {rcv.cmd('join bench-room')}")
-        meter = CpuMeter(cluster, [p.pid for p in procs])
-        client = CpuMeter(cluster, [rcv.proc.pid])
-        out["fan_out"] = _fan_out_runs(
-            rcv, url, "SELECT switchboard.notify_room('bench-room', 'bench', %s)",
-            lambda k: (json.dumps({"k": k}),), nf, fan_rate, users, runs, "switchboard")
-        frames = nf * users * runs
-        out["fan_out"]["cpu_us_per_frame"] = {"replicas": round(meter.stop()["workers_cpu_s"] / frames * 1e6, 1),
-                                              "client": round(client.stop()["workers_cpu_s"] / frames * 1e6, 1)}
+        out["fan_out"], out["bare_fan_out"] = _side_by_side(runs, fan_out("switchboard"), bare_fan_out)
+        out["fan_out"]["cpu_us_per_frame"] = cpu_per_frame(out["fan_out"], "replicas", "client")
+        out["bare_fan_out"]["cpu_us_per_frame"] = cpu_per_frame(out["bare_fan_out"], "servers", "client")
         # The same replicas and sockets with the verified live path on (V0020, off by
         # default): frames from signed NOTIFYs, every event still read once per replica.
         with psycopg.connect(url, autocommit=True) as c:
             c.execute("SELECT switchboard.event_live_path(true)")
         _publish_warm(url, ids[0])
-        meter = CpuMeter(cluster, [p.pid for p in procs] + [rcv.proc.pid])
-        out["per_user_live"] = _per_user_runs(
-            rcv, url, "SELECT switchboard.notify_user(%s, 'bench', %s)",
-            lambda k: (ids[k % users], json.dumps({"k": k})), n, rate, runs, "switchboard live path")
-        out["per_user_live"]["cpu_s"] = meter.stop()
-        meter = CpuMeter(cluster, [p.pid for p in procs])
-        out["fan_out_live"] = _fan_out_runs(
-            rcv, url, "SELECT switchboard.notify_room('bench-room', 'bench', %s)",
-            lambda k: (json.dumps({"k": k}),), nf, fan_rate, users, runs, "switchboard live path")
-        out["fan_out_live"]["cpu_us_per_frame"] = {"replicas": round(meter.stop()["workers_cpu_s"] / frames * 1e6, 1)}
+        out["per_user_live"], out["bare_per_user_live"] = _side_by_side(
+            runs, per_user("switchboard live path"), bare_per_user)
+        out["fan_out_live"], out["bare_fan_out_live"] = _side_by_side(
+            runs, fan_out("switchboard live path"), bare_fan_out)
+        out["fan_out_live"]["cpu_us_per_frame"] = cpu_per_frame(out["fan_out_live"], "replicas")
     finally:
-        if rcv:
-            rcv.close()
-        stop_all(procs)
-
-    # The same stack without Switchboard: bare Falcon apps relaying raw NOTIFYs to their sockets.
-    env = dict(os.environ, DATABASE_URL=cluster.url(db, APP_LOGIN))
-    bares = []
-    for i in range(replicas):
-        port = free_port()
-        bares.append(Proc([sys.executable, str(BENCH / "bare_app.py"), "--port", str(port), "--listen"],
-                          env, port, f"events-bare{i}"))
-    _start(bares)
-    rcv = None
-    try:
-        rcv = Receiver("ws", _spec([f"{bares[i % replicas].ws_base}/ws?u={i}" for i in range(users)], hello=False))
-        time.sleep(0.5)
-        out["bare_per_user"] = _per_user_runs(
-            rcv, url, "SELECT pg_notify('bare_events', %s)",
-            lambda k: (json.dumps({"u": str(k % users), "k": k}),), n, rate, runs, "bare")
-        meter = CpuMeter(cluster, [p.pid for p in bares])
-        client = CpuMeter(cluster, [rcv.proc.pid])
-        out["bare_fan_out"] = _fan_out_runs(
-            rcv, url, "SELECT pg_notify('bare_events', %s)",
-            lambda k: (json.dumps({"u": None, "k": k}),), nf, fan_rate, users, runs, "bare")
-        frames = nf * users * runs
-        out["bare_fan_out"]["cpu_us_per_frame"] = {
-            "servers": round(meter.stop()["workers_cpu_s"] / frames * 1e6, 1),
-            "client": round(client.stop()["workers_cpu_s"] / frames * 1e6, 1)}
-    finally:
-        if rcv:
-            rcv.close()
-        stop_all(bares)
+        for r in rcvs:
+            r.close()
+        stop_all(procs + bares)
 
     # The floor: raw NOTIFY at COMMIT -> one LISTENing process, no socket at all.
     base_runs = []

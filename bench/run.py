@@ -133,34 +133,49 @@ def rows_from(res: dict[str, Any]) -> list[dict[str, str]]:
     ev = e.get("events", {})
     if "per_user" in ev:
         pu, bp, raw = ev["per_user"], ev["bare_per_user"], ev["raw_notify"]
+
+        def vs_bare(ours: dict[str, Any], bare: dict[str, Any]) -> tuple[str, float | None]:
+            """Median of the per-round p99 ratios (alternating rounds, bench/e2e.py
+            _side_by_side); a result from before that has only the two medians."""
+            r = ours.get("p99_vs_bare")
+            if r is None:
+                return _ratio(ours["p99_ms"], bare["p99_ms"], 1) + " (p99 vs bare)", (
+                    ours["p99_ms"] / bare["p99_ms"] if bare["p99_ms"] else None)
+            return f"{r:.1f}× (p99 vs bare, median of {len(ours['p99_vs_bare_rounds'])} alternating rounds)", r
+
+        text, _ = vs_bare(pu, bp)
         add("5", f"notify_user → WebSocket frame, {ev['users']:,} sockets on {ev['replicas']} replicas, "
                  f"{ev['rate_per_s']:.0f} ev/s, p50 / p99",
             f"{pu['p50_ms']:.2f} / {pu['p99_ms']:.2f} ms",
             f"{bp['p50_ms']:.2f} / {bp['p99_ms']:.2f} ms (bare Falcon relaying raw NOTIFY); "
             f"raw NOTIFY → LISTEN {raw['p50_ms']:.2f} / {raw['p99_ms']:.2f} ms",
-            _ratio(pu["p99_ms"], bp["p99_ms"], 1) + " (p99 vs bare)", "p99 ≤ 25 ms", pu["p99_ms"] <= 25)
+            text, "p99 ≤ 25 ms", pu["p99_ms"] <= 25)
         if "per_user_live" in ev:
             pl = ev["per_user_live"]
+            bl = ev.get("bare_per_user_live", bp)
+            text, r = vs_bare(pl, bl)
             add("5", "the same with the verified live path on (`event_live_path(true)`, off by default), p50 / p99",
                 f"{pl['p50_ms']:.2f} / {pl['p99_ms']:.2f} ms",
-                f"{bp['p50_ms']:.2f} / {bp['p99_ms']:.2f} ms (bare Falcon relaying raw NOTIFY)",
-                _ratio(pl["p99_ms"], bp["p99_ms"], 1) + " (p99 vs bare)", "p99 ≤ 2× bare",
-                pl["p99_ms"] <= 2 * bp["p99_ms"])
+                f"{bl['p50_ms']:.2f} / {bl['p99_ms']:.2f} ms (bare Falcon relaying raw NOTIFY)",
+                text, "p99 ≤ 2× bare", r is not None and r <= 2)
         fo, bf = ev["fan_out"], ev["bare_fan_out"]
         cpu = fo.get("cpu_us_per_frame", {})
         bcpu = bf.get("cpu_us_per_frame", {})
+        text, _ = vs_bare(fo, bf)
         add("5", f"notify_room → last of {ev['users']:,} members, {ev['fan_rate_per_s']:.0f} ev/s, p50 / p99",
             f"{fo['p50_ms']:.1f} / {fo['p99_ms']:.1f} ms",
             f"{bf['p50_ms']:.1f} / {bf['p99_ms']:.1f} ms (bare Falcon relaying raw NOTIFY)",
-            _ratio(fo["p99_ms"], bf["p99_ms"], 1) + " (p99 vs bare)", "p99 ≤ 25 ms", fo["p99_ms"] <= 25,
+            text, "p99 ≤ 25 ms", fo["p99_ms"] <= 25,
             f"CPU per frame: replicas {cpu.get('replicas', '?')} µs vs bare {bcpu.get('servers', '?')} µs; "
             f"the receiving client {cpu.get('client', '?')} µs")
         if "fan_out_live" in ev:
             fl = ev["fan_out_live"]
+            bfl = ev.get("bare_fan_out_live", bf)
+            text, _ = vs_bare(fl, bfl)
             add("5", f"notify_room → last of {ev['users']:,} members with the live path on, p50 / p99",
                 f"{fl['p50_ms']:.1f} / {fl['p99_ms']:.1f} ms",
-                f"{bf['p50_ms']:.1f} / {bf['p99_ms']:.1f} ms (bare Falcon relaying raw NOTIFY)",
-                _ratio(fl["p99_ms"], bf["p99_ms"], 1) + " (p99 vs bare)", "p99 ≤ 25 ms", fl["p99_ms"] <= 25,
+                f"{bfl['p50_ms']:.1f} / {bfl['p99_ms']:.1f} ms (bare Falcon relaying raw NOTIFY)",
+                text, "p99 ≤ 25 ms", fl["p99_ms"] <= 25,
                 f"CPU per frame: replicas {fl.get('cpu_us_per_frame', {}).get('replicas', '?')} µs")
     elif ev:
         add("5", "event delivery", "—", "—", "—", "p99 ≤ 25 ms", None, ev.get("error", ""))
