@@ -144,7 +144,8 @@ def main() -> None:
     url = os.environ["DATABASE_URL"]
     app = create_app(url, a.pool_min, a.pool_size, url if a.listen else None)
     io = server_io(uvloop_enabled())
-    uvicorn.run(app, host="127.0.0.1", port=a.port, lifespan="on", proxy_headers=False, loop=io["loop"], http=io["http"],
+    uvicorn.run(app, host="127.0.0.1", port=a.port, lifespan="on", proxy_headers=False,
+                loop=io["loop"], http=io["http"],
                 forwarded_allow_ips="", access_log=False, ws_max_size=2 * 1024 * 1024,
                 ws_per_message_deflate=ws_compression_enabled(), log_level="warning", server_header=False)
 

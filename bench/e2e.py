@@ -31,8 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -552,44 +552,40 @@ def bench_events(cluster: Cluster, replicas: int = 3, users: int = 1000, rate: f
         time.sleep(0.5)
         frames = nf * users
 
-        def per_user(label: str) -> Callable[[], dict[str, Any]]:
+        def per_user(rc: Receiver, servers: list[Proc], sql: str, params: Any,
+                     label: str) -> Callable[[], dict[str, Any]]:
             def one() -> dict[str, Any]:
-                meter = CpuMeter(cluster, [p.pid for p in procs])
-                s = _per_user_runs(rcv, url, "SELECT switchboard.notify_user(%s, 'bench', %s)",
-                                   lambda k: (ids[k % users], json.dumps({"k": k})), n, rate, 1, label)["runs"][0]
+                meter = CpuMeter(cluster, [p.pid for p in servers])
+                s = _per_user_runs(rc, url, sql, params, n, rate, 1, label)["runs"][0]
                 return s | {"cpu": meter.stop()}
             return one
 
-        def bare_per_user() -> dict[str, Any]:
-            meter = CpuMeter(cluster, [p.pid for p in bares])
-            s = _per_user_runs(rcvb, url, "SELECT pg_notify('bare_events', %s)",
-                               lambda k: (json.dumps({"u": str(k % users), "k": k}),), n, rate, 1, "bare")["runs"][0]
-            return s | {"cpu": meter.stop()}
-
-        def fan_out(label: str) -> Callable[[], dict[str, Any]]:
+        def fan_out(rc: Receiver, servers: list[Proc], sql: str, params: Any, label: str,
+                    servers_key: str) -> Callable[[], dict[str, Any]]:
             def one() -> dict[str, Any]:
-                meter = CpuMeter(cluster, [p.pid for p in procs])
-                client = CpuMeter(cluster, [rcv.proc.pid])
-                s = _fan_out_runs(rcv, url, "SELECT switchboard.notify_room('bench-room', 'bench', %s)",
-                                  lambda k: (json.dumps({"k": k}),), nf, fan_rate, users, 1, label)["runs"][0]
-                return s | {"cpu_us_per_frame": {"replicas": round(meter.stop()["workers_cpu_s"] / frames * 1e6, 1),
+                meter = CpuMeter(cluster, [p.pid for p in servers])
+                client = CpuMeter(cluster, [rc.proc.pid])
+                s = _fan_out_runs(rc, url, sql, params, nf, fan_rate, users, 1, label)["runs"][0]
+                return s | {"cpu_us_per_frame": {servers_key: round(meter.stop()["workers_cpu_s"] / frames * 1e6, 1),
                                                  "client": round(client.stop()["workers_cpu_s"] / frames * 1e6, 1)}}
             return one
 
-        def bare_fan_out() -> dict[str, Any]:
-            meter = CpuMeter(cluster, [p.pid for p in bares])
-            client = CpuMeter(cluster, [rcvb.proc.pid])
-            s = _fan_out_runs(rcvb, url, "SELECT pg_notify('bare_events', %s)",
-                              lambda k: (json.dumps({"u": None, "k": k}),), nf, fan_rate, users, 1, "bare")["runs"][0]
-            return s | {"cpu_us_per_frame": {"servers": round(meter.stop()["workers_cpu_s"] / frames * 1e6, 1),
-                                             "client": round(client.stop()["workers_cpu_s"] / frames * 1e6, 1)}}
+        sb_user = ("SELECT switchboard.notify_user(%s, 'bench', %s)",
+                   lambda k: (ids[k % users], json.dumps({"k": k})))
+        sb_room = ("SELECT switchboard.notify_room('bench-room', 'bench', %s)", lambda k: (json.dumps({"k": k}),))
+        bare_per_user = per_user(rcvb, bares, "SELECT pg_notify('bare_events', %s)",
+                                 lambda k: (json.dumps({"u": str(k % users), "k": k}),), "bare")
+        bare_fan_out = fan_out(rcvb, bares, "SELECT pg_notify('bare_events', %s)",
+                               lambda k: (json.dumps({"u": None, "k": k}),), "bare", "servers")
 
         def cpu_per_frame(summary: dict[str, Any], *keys: str) -> dict[str, float]:
             return {k: median([r["cpu_us_per_frame"][k] for r in summary["runs"]]) for k in keys}
 
-        out["per_user"], out["bare_per_user"] = _side_by_side(runs, per_user("switchboard"), bare_per_user)
+        out["per_user"], out["bare_per_user"] = _side_by_side(
+            runs, per_user(rcv, procs, *sb_user, "switchboard"), bare_per_user)
         log(f"   room join: {rcv.cmd('join bench-room')}")
-        out["fan_out"], out["bare_fan_out"] = _side_by_side(runs, fan_out("switchboard"), bare_fan_out)
+        out["fan_out"], out["bare_fan_out"] = _side_by_side(
+            runs, fan_out(rcv, procs, *sb_room, "switchboard", "replicas"), bare_fan_out)
         out["fan_out"]["cpu_us_per_frame"] = cpu_per_frame(out["fan_out"], "replicas", "client")
         out["bare_fan_out"]["cpu_us_per_frame"] = cpu_per_frame(out["bare_fan_out"], "servers", "client")
         # The same replicas and sockets with the verified live path on (V0020, off by
@@ -598,9 +594,9 @@ def bench_events(cluster: Cluster, replicas: int = 3, users: int = 1000, rate: f
             c.execute("SELECT switchboard.event_live_path(true)")
         _publish_warm(url, ids[0])
         out["per_user_live"], out["bare_per_user_live"] = _side_by_side(
-            runs, per_user("switchboard live path"), bare_per_user)
+            runs, per_user(rcv, procs, *sb_user, "switchboard live path"), bare_per_user)
         out["fan_out_live"], out["bare_fan_out_live"] = _side_by_side(
-            runs, fan_out("switchboard live path"), bare_fan_out)
+            runs, fan_out(rcv, procs, *sb_room, "switchboard live path", "replicas"), bare_fan_out)
         out["fan_out_live"]["cpu_us_per_frame"] = cpu_per_frame(out["fan_out_live"], "replicas")
     finally:
         for r in rcvs:
