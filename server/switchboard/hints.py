@@ -15,6 +15,7 @@ import hmac
 import json
 import re
 import uuid
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from . import bounded
@@ -96,28 +97,38 @@ def parse(channel: str, payload: str) -> Notice:
     if not isinstance(msg, dict):
         raise BadInput("bad_type", "a hint is a JSON object")
     if channel == "switchboard_events":
-        keys = set(msg)
-        if keys == {"id"}:
-            return Notice("event", id=_int(msg, "id"))
-        if keys == {"eph"}:
-            return Notice("eph", id=_int(msg, "eph"))
-        if keys == {"tick"}:
-            return Notice("tick", id=_int(msg, "tick"))
-        raise BadInput("bad_field", "an events hint is {\"id\": N}, {\"eph\": N} or {\"tick\": N}")
+        return _events_notice(msg)
+    return _control_notice(msg)
+
+
+def _events_notice(msg: dict[str, Any]) -> Notice:
+    """An events hint off the general path: exactly one key, id, eph or tick."""
+    if len(msg) == 1:
+        (key,) = msg
+        kind = _EVENTS_KIND.get(key)
+        if kind is not None:
+            return Notice(kind, id=_int(msg, key))
+    raise BadInput("bad_field", "an events hint is {\"id\": N}, {\"eph\": N} or {\"tick\": N}")
+
+
+# switchboard_control: each kind's notice, from the fields that kind carries.
+_CONTROL: dict[str, Callable[[dict[str, Any]], Notice]] = {
+    "user": lambda m: Notice("user", user_id=_uuid(m.get("user_id"), "user_id")),
+    "revoke": lambda m: Notice("revoke", jti=_text(m.get("jti"), "jti", 200)),
+    "member": lambda m: Notice("member", room=_text(m.get("room"), "room", 128),
+                               user_id=_uuid(m.get("user_id"), "user_id")),
+    "tool_result": lambda m: Notice("tool_result", call_id=_uuid(m.get("call_id"), "call_id"),
+                                    replica_id=_text(m.get("replica_id"), "replica_id", 200)),
+    "session": lambda m: Notice("session", session_id=_uuid(m.get("session_id"), "session_id")),
+}
+
+
+def _control_notice(msg: dict[str, Any]) -> Notice:
     kind = msg.get("kind")
-    if kind == "user":
-        return Notice("user", user_id=_uuid(msg.get("user_id"), "user_id"))
-    if kind == "revoke":
-        return Notice("revoke", jti=_text(msg.get("jti"), "jti", 200))
-    if kind == "member":
-        return Notice("member", room=_text(msg.get("room"), "room", 128),
-                      user_id=_uuid(msg.get("user_id"), "user_id"))
-    if kind == "tool_result":
-        return Notice("tool_result", call_id=_uuid(msg.get("call_id"), "call_id"),
-                      replica_id=_text(msg.get("replica_id"), "replica_id", 200))
-    if kind == "session":
-        return Notice("session", session_id=_uuid(msg.get("session_id"), "session_id"))
-    raise BadInput("unknown_kind", "unknown control kind")
+    build = _CONTROL.get(kind) if isinstance(kind, str) else None   # a list or object is no kind
+    if build is None:
+        raise BadInput("unknown_kind", "unknown control kind")
+    return build(msg)
 
 
 class LiveEvent(NamedTuple):
