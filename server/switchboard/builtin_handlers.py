@@ -27,57 +27,62 @@ REAP_BATCH = 10_000
 REAPED_IN_BATCHES = ("runs", "rate_limits", "events")
 # How long one maintenance tick keeps sweeping while a reaper comes back full.
 MAINTENANCE_BUDGET_S = 5.0
+NOTIFY_USAGE = 'notify needs args {"user_id" or "room", "event": "<name>", "payload": {...}}'
 
 
 def builtin_handlers(db: Database, config: Config, rejections: bounded.Rejections | None = None) -> HandlerRegistry:
     """``rejections`` counts refused job arguments (switchboard_bad_input_total{source="job"})."""
+    b = _Builtins(db, config, rejections)
     reg = HandlerRegistry()
+    reg.add("noop", _noop)
+    reg.add("sleep", b.sleep)
+    reg.add("fail", _fail)
+    reg.add("sql", b.sql)
+    reg.add("notify", b.notify)
+    reg.add("maintenance", b.maintenance)
+    return reg
 
-    def refused(ctx: HandlerContext, reason: str, message: str) -> HandlerError:
+
+async def _noop(ctx: HandlerContext) -> Any:
+    return None
+
+
+async def _fail(ctx: HandlerContext) -> Any:
+    raise HandlerError(str(ctx.args.get("message", "failed on purpose")))
+
+
+class _Builtins:
+    """The handlers that need more than the context: what the composition root handed
+    ``builtin_handlers`` (the data layer, the settings, the bad-input counter)."""
+
+    def __init__(self, db: Database, config: Config, rejections: bounded.Rejections | None) -> None:
+        self.db = db
+        self.config = config
+        self.rejections = rejections
+
+    def refused(self, ctx: HandlerContext, reason: str, message: str) -> HandlerError:
         """Job args are outside input (whoever created the task or job): a refusal fails
         the run with ``message`` and is counted and logged like any refused input."""
-        if rejections is not None:
-            rejections.record("job", reason, f"{ctx.handler} run {ctx.run_id}: {message}")
+        if self.rejections is not None:
+            self.rejections.record("job", reason, f"{ctx.handler} run {ctx.run_id}: {message}")
         return HandlerError(message)
 
-    @reg.register("noop")
-    async def noop(ctx: HandlerContext) -> Any:
-        return None
-
-    @reg.register("sleep")
-    async def sleep(ctx: HandlerContext) -> Any:
+    async def sleep(self, ctx: HandlerContext) -> Any:
         raw = ctx.args.get("seconds", 1)
         if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 <= raw <= 3600:
-            raise refused(ctx, _number_reason(raw),
-                          f"args.seconds must be a number of seconds in [0, 3600], not {raw!r:.50}")
+            raise self.refused(ctx, _number_reason(raw),
+                               f"args.seconds must be a number of seconds in [0, 3600], not {raw!r:.50}")
         seconds = float(raw)
         await asyncio.sleep(seconds)
         return {"slept": seconds}
 
-    @reg.register("fail")
-    async def fail(ctx: HandlerContext) -> Any:
-        raise HandlerError(str(ctx.args.get("message", "failed on purpose")))
-
-    @reg.register("sql")
-    async def sql(ctx: HandlerContext) -> Any:
+    async def sql(self, ctx: HandlerContext) -> Any:
         """Run args.sql as the restricted role switchboard_job (tasks only, never one-off jobs:
         tasks are created by admins or DBAs, jobs by application code)."""
-        if ctx.task_id is None:
-            raise HandlerError("the sql handler runs only for tasks (admin-created), not enqueued jobs")
-        statement = ctx.args.get("sql")
-        if not isinstance(statement, str) or not statement.strip():
-            raise refused(ctx, "bad_type" if not isinstance(statement, str) else "bad_text",
-                          'args.sql must be a SQL statement, e.g. {"sql": "SELECT 1"}')
-        raw = ctx.args.get("timeout_seconds", config.lease_seconds)
-        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 <= raw <= 86400:
-            raise refused(ctx, _number_reason(raw),
-                          f"args.timeout_seconds must be a number of seconds (0 < t <= 86400), not {raw!r:.50}")
-        if raw == 0 and not config.sql_allow_no_timeout:
-            raise HandlerError("args.timeout_seconds 0 (no timeout) is refused; give a bound, or set "
-                               "SWITCHBOARD_SQL_ALLOW_NO_TIMEOUT=on on the replicas to allow it")
+        statement, timeout = self._sql_args(ctx)
         try:
-            return await db.run_job_sql(statement, float(raw), run_id=ctx.run_id,
-                                        grace_s=config.sql_kill_grace_seconds)
+            return await self.db.run_job_sql(statement, timeout, run_id=ctx.run_id,
+                                             grace_s=self.config.sql_kill_grace_seconds)
         except SqlJobTimeout as exc:
             if exc.terminated:
                 ctx.logger.warning("sql run %s: %s", ctx.run_id, exc)
@@ -85,12 +90,27 @@ def builtin_handlers(db: Database, config: Config, rejections: bounded.Rejection
         except psycopg.Error as exc:   # the statement's own error: the run's error, not a traceback
             raise HandlerError(_db_message(exc)) from None
 
-    @reg.register("notify")
-    async def notify(ctx: HandlerContext) -> Any:
+    def _sql_args(self, ctx: HandlerContext) -> tuple[str, float]:
+        """The sql handler's statement and timeout, or a HandlerError saying what is wrong."""
+        if ctx.task_id is None:
+            raise HandlerError("the sql handler runs only for tasks (admin-created), not enqueued jobs")
+        statement = ctx.args.get("sql")
+        if not isinstance(statement, str) or not statement.strip():
+            raise self.refused(ctx, "bad_type" if not isinstance(statement, str) else "bad_text",
+                               'args.sql must be a SQL statement, e.g. {"sql": "SELECT 1"}')
+        raw = ctx.args.get("timeout_seconds", self.config.lease_seconds)
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 <= raw <= 86400:
+            raise self.refused(ctx, _number_reason(raw),
+                               f"args.timeout_seconds must be a number of seconds (0 < t <= 86400), not {raw!r:.50}")
+        if raw == 0 and not self.config.sql_allow_no_timeout:
+            raise HandlerError("args.timeout_seconds 0 (no timeout) is refused; give a bound, or set "
+                               "SWITCHBOARD_SQL_ALLOW_NO_TIMEOUT=on on the replicas to allow it")
+        return statement, float(raw)
+
+    async def notify(self, ctx: HandlerContext) -> Any:
         # Job args are outside input too (whoever created the task or job): checked
         # here, so a bad one fails the run with a message, not a traceback.
         a = ctx.args
-        usage = 'notify needs args {"user_id" or "room", "event": "<name>", "payload": {...}}'
         try:
             event = bounded.text(a.get("event"), name="args.event", max_len=128)
             payload = a.get("payload", {})
@@ -98,22 +118,22 @@ def builtin_handlers(db: Database, config: Config, rejections: bounded.Rejection
                 try:
                     user_id = UUID(str(a["user_id"]))
                 except ValueError:
-                    raise refused(ctx, "malformed", f"args.user_id must be a UUID; {usage}") from None
+                    raise self.refused(ctx, "malformed", f"args.user_id must be a UUID; {NOTIFY_USAGE}") from None
                 return {"event_id": await ctx.notify_user(user_id, event, payload)}
             if a.get("room"):
                 room = bounded.text(a.get("room"), name="args.room", max_len=128)
                 return {"event_id": await ctx.notify_room(room, event, payload)}
         except bounded.BadInput as exc:
-            raise refused(ctx, exc.reason, f"{exc}; {usage}") from None
+            raise self.refused(ctx, exc.reason, f"{exc}; {NOTIFY_USAGE}") from None
         except psycopg.Error as exc:
             raise HandlerError(_db_message(exc)) from None
-        raise HandlerError(usage)
+        raise HandlerError(NOTIFY_USAGE)
 
-    @reg.register("maintenance")
-    async def maintenance(ctx: HandlerContext) -> Any:
+    async def maintenance(self, ctx: HandlerContext) -> Any:
         # Every sweep is one short transaction with bounded reapers; a backlog
         # (a first run over a big history) drains sweep by sweep, not in one
         # transaction that would stall publishers, claims and vacuum.
+        db, config = self.db, self.config
         total = await db.maintenance(config.event_retention_seconds, config.replica_stale_seconds, REAP_BATCH)
         res = total
         deadline = time.monotonic() + MAINTENANCE_BUDGET_S
@@ -123,8 +143,6 @@ def builtin_handlers(db: Database, config: Config, rejections: bounded.Rejection
             res = await db.maintenance(config.event_retention_seconds, config.replica_stale_seconds, REAP_BATCH)
             total = {k: int(total.get(k) or 0) + int(v or 0) for k, v in res.items()}
         return total
-
-    return reg
 
 
 def _number_reason(raw: object) -> str:
