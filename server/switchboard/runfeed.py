@@ -177,42 +177,13 @@ class RunFeed:
             self._reset()   # the next activation starts from "now", not from a stale mark
 
     async def poll_once(self) -> None:
-        loop = asyncio.get_running_loop()
-        t = loop.time()
-        while len(self._floors) > 1 and t - self._floors[1][0] >= self.LOOKBACK:
-            self._floors.popleft()
-        floor = self._floors[0][1] if self._floors else None
-        since = self._prev_now - timedelta(seconds=self.LOOKBACK) if self._prev_now is not None else None
-        row = await self.db.fetchone(
-            FEED_SQL,
-            {"floor": floor, "since": since, "lookback": timedelta(seconds=self.LOOKBACK),
-             "n": self.MAX_RUNS, "err": self.ERROR_CHARS})
-        self.polls += 1
-        assert row is not None
         first = self._prev_now is None
         prev_now, prev_max = self._prev_now, self._prev_max
-        self._prev_now = row["now"]
-        max_id = int(row["max_id"] or 0)
-        self._prev_max = max_id
-        self._floors.append((t, max_id))
-        truncated = False
-        if not first:
-            # A part that hit its LIMIT with all its rows newer than the previous poll may
-            # have left some out: say so (the console re-reads its page).
-            n = self.MAX_RUNS
-            truncated = (row["fresh_n"] >= n and prev_max is not None and row["fresh_min"] > prev_max) or any(
-                row[f"{p}_n"] >= n and prev_now is not None and row[f"{p}_min"] > prev_now
-                for p in ("claimed", "finished", "released"))
-        new: list[int] = []
-        for rid, ver in zip(row["ids"], row["versions"]):
-            key = (rid, ver)
-            if key in self._sent:
-                continue
-            self._sent[key] = None
-            if len(self._sent) > self.SENT_MAX:
-                self._sent.popitem(last=False)
-            if not new or new[-1] != rid:
-                new.append(rid)
+        row = await self._read_versions()
+        # A part that hit its LIMIT with all its rows newer than the previous poll may
+        # have left some out: say so (the console re-reads its page).
+        truncated = not first and self._hit_limit(row, prev_now, prev_max)
+        new = self._unsent(row["ids"], row["versions"])
         if len(new) > self.MAX_RUNS:        # four parts of up to MAX_RUNS each: a frame holds MAX_RUNS
             new = new[: self.MAX_RUNS]      # newest first (by id): keep the newest
             truncated = True
@@ -223,16 +194,60 @@ class RunFeed:
             runs = list(got["runs"]) if got is not None else []
         if not runs and not truncated:
             return
+        f, text = self._frame(runs, truncated)
+        for c in self._live():
+            c.offer(f, text)
+            self._count("switchboard_runfeed_frames_total")
+
+    async def _read_versions(self) -> dict[str, Any]:
+        """Step 1 (FEED_SQL): the run versions in the windows; moves the windows on."""
+        t = asyncio.get_running_loop().time()
+        while len(self._floors) > 1 and t - self._floors[1][0] >= self.LOOKBACK:
+            self._floors.popleft()
+        floor = self._floors[0][1] if self._floors else None
+        since = self._prev_now - timedelta(seconds=self.LOOKBACK) if self._prev_now is not None else None
+        row = await self.db.fetchone(
+            FEED_SQL,
+            {"floor": floor, "since": since, "lookback": timedelta(seconds=self.LOOKBACK),
+             "n": self.MAX_RUNS, "err": self.ERROR_CHARS})
+        self.polls += 1
+        assert row is not None
+        self._prev_now = row["now"]
+        max_id = int(row["max_id"] or 0)
+        self._prev_max = max_id
+        self._floors.append((t, max_id))
+        return row
+
+    def _hit_limit(self, row: dict[str, Any], prev_now: datetime | None, prev_max: int | None) -> bool:
+        """Whether a part of FEED_SQL came back full with rows all newer than the previous poll."""
+        n = self.MAX_RUNS
+        return (row["fresh_n"] >= n and prev_max is not None and row["fresh_min"] > prev_max) or any(
+            row[f"{p}_n"] >= n and prev_now is not None and row[f"{p}_min"] > prev_now
+            for p in ("claimed", "finished", "released"))
+
+    def _unsent(self, ids: list[int], versions: list[int]) -> list[int]:
+        """The run ids (newest first, once each) with a version not sent yet; remembers them."""
+        new: list[int] = []
+        for rid, ver in zip(ids, versions):
+            key = (rid, ver)
+            if key in self._sent:
+                continue
+            self._sent[key] = None
+            if len(self._sent) > self.SENT_MAX:
+                self._sent.popitem(last=False)
+            if not new or new[-1] != rid:
+                new.append(rid)
+        return new
+
+    def _frame(self, runs: list[dict[str, Any]], truncated: bool) -> tuple[dict[str, Any], str]:
+        """The run.updated frame and its text, cut to MAX_FRAME_BYTES (newest runs kept)."""
         while True:
             f = frame("run.updated", {"feed": "runs", "runs": runs, "truncated": truncated})
             text = encode(f)
             if len(text) <= self.MAX_FRAME_BYTES or not runs:
-                break
+                return f, text
             runs = runs[: len(runs) // 2]     # newest first: keep the newest half
             truncated = True
-        for c in self._live():
-            c.offer(f, text)
-            self._count("switchboard_runfeed_frames_total")
 
     def _count(self, name: str, **labels: str) -> None:
         if self.metrics is not None:
