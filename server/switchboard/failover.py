@@ -57,16 +57,7 @@ class FailoverWatch:
         pool) describes exactly the server the relay now listens on, and it is fresh: a
         pooled connection may still be one the restart killed (the first query on it fails)."""
         try:
-            if conn is not None:
-                cur = await conn.execute(
-                    "SELECT timeline, in_recovery, started_at, unlogged_since FROM switchboard.db_instance()")
-                rec = await cur.fetchone()
-                if rec is None or isinstance(rec, dict):
-                    row = rec
-                else:
-                    row = dict(zip(("timeline", "in_recovery", "started_at", "unlogged_since"), rec))
-            else:
-                row = await self.db.db_instance()
+            row = await self._instance(conn)
         except Exception as exc:
             LOG.warning("cannot tell whether PostgreSQL failed over (switchboard.db_instance(): %s)",
                         str(exc).strip() or type(exc).__name__)
@@ -94,22 +85,37 @@ class FailoverWatch:
             LOG.warning("PostgreSQL restarted (or is another server): started %s, before %s", started, prev[1])
         if since != prev[2]:
             changed = True
-            self.metrics.inc("switchboard_db_unlogged_resets_total")
-            LOG.warning("PostgreSQL lost its UNLOGGED state (crash recovery or promotion): tickets, rate "
-                        "buckets, replica registry, presence and tool calls start empty")
-            for cb in self.on_unlogged_reset:
-                try:
-                    res = cb()
-                    if inspect.isawaitable(res):
-                        await res
-                except Exception as exc:  # one callback must not stop the others or the relay
-                    LOG.warning("after the UNLOGGED reset, %s failed: %s", getattr(cb, "__qualname__", cb), exc)
+            await self._unlogged_reset()
         if changed:
             self.last_change = time.time()
             self.metrics.set("switchboard_db_last_change_timestamp_seconds", self.last_change)
             # connections opened to the old server are dead: weed them out now rather
             # than one failed request at a time
             self._check = asyncio.get_running_loop().create_task(self._weed_pool())
+
+    async def _instance(self, conn: psycopg.AsyncConnection[Any] | None) -> dict[str, Any] | None:
+        """switchboard.db_instance(), asked on ``conn`` if given, else through the pool."""
+        if conn is None:
+            return await self.db.db_instance()
+        cur = await conn.execute(
+            "SELECT timeline, in_recovery, started_at, unlogged_since FROM switchboard.db_instance()")
+        rec = await cur.fetchone()
+        if rec is None or isinstance(rec, dict):
+            return rec
+        return dict(zip(("timeline", "in_recovery", "started_at", "unlogged_since"), rec))
+
+    async def _unlogged_reset(self) -> None:
+        """Count and log the loss of the UNLOGGED state and run every on_unlogged_reset callback."""
+        self.metrics.inc("switchboard_db_unlogged_resets_total")
+        LOG.warning("PostgreSQL lost its UNLOGGED state (crash recovery or promotion): tickets, rate "
+                    "buckets, replica registry, presence and tool calls start empty")
+        for cb in self.on_unlogged_reset:
+            try:
+                res = cb()
+                if inspect.isawaitable(res):
+                    await res
+            except Exception as exc:  # one callback must not stop the others or the relay
+                LOG.warning("after the UNLOGGED reset, %s failed: %s", getattr(cb, "__qualname__", cb), exc)
 
     async def _weed_pool(self) -> None:
         try:
