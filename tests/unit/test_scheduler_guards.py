@@ -13,7 +13,7 @@ from switchboard.handlers import HandlerRegistry
 from switchboard.metrics import Metrics
 from switchboard.replica import ReplicaState
 from switchboard.rows import RUN_FIELDS, Run
-from switchboard.scheduler import Scheduler
+from switchboard.scheduler import RunSlot, Scheduler
 
 
 class _FakeDB:
@@ -60,14 +60,17 @@ def test_a_short_job_creates_no_guard_task_and_a_long_one_is_heartbeaten() -> No
         s = _scheduler(db, lease)
         before = set(asyncio.all_tasks())
         sent = time.time()
-        s._lease_until[1] = sent + lease
-        quick = asyncio.create_task(s._execute(_run(1, "quick")))
+        quick = s.start_run(_run(1, "quick"), sent + lease)
+        assert s.slots[1] is quick and s.running == 1
         await asyncio.sleep(0)           # the handler is running, no guard yet
         extra = sorted(t.get_coro().__qualname__ for t in asyncio.all_tasks() - before)  # type: ignore[union-attr]
-        await quick
-        s._lease_until[2] = time.time() + lease
+        assert quick.guard_timer is not None and not quick.guards
+        await quick.task
         t0 = time.time()
-        await s._execute(_run(2, "slow"))
+        slow = s.start_run(_run(2, "slow"), time.time() + lease)
+        await slow.task
+        assert len(slow.guards) == 2     # heartbeat and lease watch, started at lease/3
+        assert all(g.cancelled() for g in slow.guards)
         await asyncio.sleep(0)
         left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         return extra, [h - t0 for h in db.heartbeats], db.finished, len(left)
@@ -108,7 +111,7 @@ def test_a_rescued_runs_handler_is_cancelled_in_place_and_its_outcome_never_reco
     (fenced), and a cooperative handler that returns first is not cancelled afterwards."""
     seen: dict[str, Any] = {}
 
-    async def main() -> Scheduler:
+    async def main() -> tuple[Scheduler, list[RunSlot]]:
         db = _RescuedDB()
         lease = 0.6                                   # heartbeat at 0.2 s: refused
         s = _scheduler(db, lease)
@@ -129,18 +132,19 @@ def test_a_rescued_runs_handler_is_cancelled_in_place_and_its_outcome_never_reco
             seen["polite_finished"] = True
             return {"late": True}
 
-        for rid, name in ((1, "stubborn"), (2, "polite")):
-            s._lease_until[rid] = time.time() + lease
+        slots = [s.start_run(_run(rid, name), time.time() + lease)
+                 for rid, name in ((1, "stubborn"), (2, "polite"))]
         t0 = time.time()
-        await asyncio.wait_for(asyncio.gather(s._execute(_run(1, "stubborn")), s._execute(_run(2, "polite"))), 10)
+        await asyncio.wait_for(asyncio.gather(*(slot.task for slot in slots)), 10)
         seen["seconds"] = time.time() - t0
         await asyncio.sleep(1.2)                      # the fenced hand-backs; the polite one's cancel timer fires
         seen["finished"], seen["released"] = db.finished, sorted(db.released)
-        return s
+        return s, slots
 
-    s = asyncio.run(main())
+    s, slots = asyncio.run(main())
     assert seen["stubborn_cancelled_after_lost"] is True
     assert seen["polite_saw_loss"] is True and seen["polite_finished"] is True
     assert seen["finished"] == []                     # neither outcome was recorded
     assert seen["released"] == [1, 2]                 # both handed back (fenced: false)
-    assert not s._htasks and not s._running and not s._contexts
+    assert all(slot.lost and not slot.in_handler for slot in slots)
+    assert s.running == 0 and not s.slots              # both slots freed
