@@ -191,8 +191,8 @@ LAYERS = [
      "switchboard.catalog", "switchboard.tools", "switchboard.ratelimit", "switchboard.builtin_handlers",
      "switchboard.failover", "switchboard.sessions", "switchboard.runfeed"},
     {"switchboard.handlers"},
-    {"switchboard", "switchboard.db", "switchboard.auth", "switchboard.metrics", "switchboard.replica",
-     "switchboard.sockets", "switchboard.hints", "switchboard.bounded", "switchboard.cursor",
+    {"switchboard", "switchboard.db", "switchboard.data", "switchboard.auth", "switchboard.metrics",
+     "switchboard.replica", "switchboard.sockets", "switchboard.hints", "switchboard.bounded", "switchboard.cursor",
      "switchboard.config", "switchboard.migrate", "switchboard.pgtest",
      "switchboard.domain_errors", "switchboard.rows", "switchboard.latency_trace"},
 ]

@@ -1,0 +1,106 @@
+"""The relay's own reads.
+
+On the relay's dedicated reader connection (not the request pool: a busy pool
+must not delay delivery). NOTIFY payloads are hints; these reads are what a
+replica acts on (docs/security.md). Static methods: the caller passes its
+connection."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg import sql
+
+from .pool import Row
+
+
+class RelayReads:
+    """Events after a position, the live key, the auth snapshot and the checks of
+    what a replica holds (user states, revocations, room memberships)."""
+
+    @staticmethod
+    async def relay_read_v2(conn: psycopg.AsyncConnection[Any], after: tuple[int, int], ephemeral_ids: list[int],
+                            max_rows: int) -> list[Row]:
+        cur = await conn.execute(
+            "SELECT tick, id, ephemeral, user_id, room, event, sender, payload::text AS payload, ts "
+            "FROM switchboard.relay_read_v2(%s, %s, %s, %s)", (after[0], after[1], ephemeral_ids, max_rows))
+        return await cur.fetchall()
+
+    @staticmethod
+    async def relay_live_key(conn: psycopg.AsyncConnection[Any]) -> tuple[bytes | None, int]:
+        """The live path's HMAC key (V0020; None while the path is off) and the database
+        clock in epoch milliseconds (the clock live messages are stamped with)."""
+        cur = await conn.execute("SELECT switchboard.relay_live_key() AS key, "
+                                 "(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms")
+        row = await cur.fetchone()
+        assert row is not None
+        return (None if row["key"] is None else bytes(row["key"])), int(row["now_ms"])
+
+    @staticmethod
+    async def relay_ephemeral_missed(conn: psycopg.AsyncConnection[Any], lookback: float,
+                                     max_rows: int) -> list[int]:
+        cur = await conn.execute("SELECT id FROM switchboard.relay_ephemeral_missed(%s, %s)",
+                                 (timedelta(seconds=lookback), max_rows))
+        return [int(r["id"]) for r in await cur.fetchall()]
+
+    @staticmethod
+    async def relay_tick_read(conn: psycopg.AsyncConnection[Any], after: tuple[int, int], ephemeral_ids: list[int],
+                              max_rows: int) -> tuple[int, list[Row]]:
+        """event_tick() in a transaction of its own, then relay_read_v2() after it, in ONE
+        round trip (one simple-query string: BEGIN; tick; COMMIT; read). The tick commits
+        before the read starts, so the read sees it, and the ticker row is not held while
+        reading. The values are the relay's own integers (its position, bounded hint ids),
+        passed as psycopg.sql.Literal: the simple-query protocol takes no parameters."""
+        q = sql.SQL(
+            "BEGIN; SELECT switchboard.event_tick() AS tick; COMMIT; "
+            "SELECT tick, id, ephemeral, user_id, room, event, sender, payload::text AS payload, ts "
+            "FROM switchboard.relay_read_v2({}::bigint, {}::bigint, {}::bigint[], {}::integer)").format(
+                sql.Literal(int(after[0])), sql.Literal(int(after[1])),
+                sql.Literal([int(i) for i in ephemeral_ids]), sql.Literal(int(max_rows)))
+        cur = await conn.execute(q)
+        sets: list[list[Row]] = []
+        while True:
+            if cur.description is not None:
+                sets.append(await cur.fetchall())
+            if not cur.nextset():
+                break
+        return int(sets[0][0]["tick"]), sets[1]
+
+    @staticmethod
+    async def event_tick(conn: psycopg.AsyncConnection[Any]) -> int:
+        cur = await conn.execute("SELECT switchboard.event_tick() AS tick")
+        return int((await cur.fetchone())["tick"])  # type: ignore[index]  # SELECT f(): always one row
+
+    @staticmethod
+    async def event_window_on(conn: psycopg.AsyncConnection[Any]) -> Row:
+        cur = await conn.execute("SELECT first_tick, last_tick, reaped_through, publishers_notify FROM switchboard.event_window()")
+        row: Row | None = await cur.fetchone()
+        assert row is not None
+        return row
+
+    @staticmethod
+    async def auth_snapshot(conn: psycopg.AsyncConnection[Any], since_seconds: int) -> list[Row]:
+        cur = await conn.execute("SELECT * FROM switchboard.auth_snapshot_v3(%s)", (timedelta(seconds=since_seconds),))
+        return await cur.fetchall()
+
+    @staticmethod
+    async def user_states(conn: psycopg.AsyncConnection[Any], user_ids: list[UUID]) -> list[Row]:
+        cur = await conn.execute("SELECT user_id, role, disabled, token_epoch FROM switchboard.user_states(%s)",
+                                 (user_ids,))
+        return await cur.fetchall()
+
+    @staticmethod
+    async def revoked_among(conn: psycopg.AsyncConnection[Any], jtis: list[str]) -> list[Row]:
+        cur = await conn.execute("SELECT jti, expires_at FROM switchboard.revoked_among(%s)", (jtis,))
+        return await cur.fetchall()
+
+    @staticmethod
+    async def still_members(conn: psycopg.AsyncConnection[Any], pairs: list[tuple[str, UUID]]) -> set[tuple[str, UUID]]:
+        cur = await conn.execute(
+            "SELECT t.room, t.user_id FROM unnest(%s::text[], %s::uuid[]) AS t(room, user_id) "
+            "WHERE switchboard.is_room_member(t.room, t.user_id)",
+            ([p[0] for p in pairs], [p[1] for p in pairs]))
+        return {(r["room"], r["user_id"]) for r in await cur.fetchall()}
