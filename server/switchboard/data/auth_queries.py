@@ -18,25 +18,15 @@ class AuthQueries(PoolBase):
     async def login_lookup(self, username: str) -> Row | None:
         return await self.fetchone("SELECT * FROM switchboard.login_lookup_v2(%s)", (username,))
 
-    async def get_user(self, user_id: UUID) -> Row | None:
-        return await self.fetchone(
-            "SELECT id, username, role, disabled FROM switchboard.users WHERE id = %s", (user_id,))
-
     async def get_user_session(self, user_id: UUID) -> Row | None:
-        """get_user plus token_epoch (read through user_states(): the app role may not
-        SELECT the column): what a WebSocket remembers when it is accepted."""
+        """The user (id, username, role, disabled) plus token_epoch (read through user_states():
+        the app role may not SELECT the column): what a WebSocket remembers when it is accepted."""
         return await self.fetchone(
             "SELECT u.id, u.username, s.role, s.disabled, s.token_epoch FROM switchboard.users u"
             " JOIN switchboard.user_states(ARRAY[%s]::uuid[]) s ON s.user_id = u.id", (user_id,))
 
     async def revoke_token(self, jti: str, user_id: UUID, expires_at: Any) -> None:
         await self.fetchone("SELECT switchboard.revoke_token(%s, %s, %s)", (jti, user_id, expires_at))
-
-    async def issue_ticket(self, user_id: UUID, ttl: int) -> str:
-        return cast("str", await self.scalar("SELECT switchboard.issue_ticket(%s, %s)", (user_id, timedelta(seconds=ttl))))
-
-    async def consume_ticket(self, ticket: str) -> UUID | None:
-        return cast("UUID | None", await self.scalar("SELECT switchboard.consume_ticket(%s)", (ticket,)))
 
     async def issue_ticket_v2(self, user_id: UUID, session_id: UUID | None, ttl: int) -> str:
         return cast("str", await self.scalar("SELECT switchboard.issue_ticket_v2(%s, %s, %s)",

@@ -70,11 +70,6 @@ class RelayReads:
         return int(sets[0][0]["tick"]), sets[1]
 
     @staticmethod
-    async def event_tick(conn: psycopg.AsyncConnection[Any]) -> int:
-        cur = await conn.execute("SELECT switchboard.event_tick() AS tick")
-        return int((await cur.fetchone())["tick"])  # type: ignore[index]  # SELECT f(): always one row
-
-    @staticmethod
     async def event_window_on(conn: psycopg.AsyncConnection[Any]) -> Row:
         cur = await conn.execute("SELECT first_tick, last_tick, reaped_through, publishers_notify FROM switchboard.event_window()")
         row: Row | None = await cur.fetchone()
