@@ -1,4 +1,4 @@
-"""The relay's hearing loop (Relay._hear) on a real LISTEN connection.
+"""The relay's hearing loop (NotifyListener.hear) on a real LISTEN connection.
 
 The relay keeps its LISTEN socket registered with the event loop and drains libpq
 on each readable event; during a liveness check psycopg owns the socket and a
@@ -21,11 +21,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from switchboard.auth import AuthState
-from switchboard.config import Config
 from switchboard.metrics import Metrics
-from switchboard.relay import Relay
-from switchboard.sockets import Registry
+from switchboard.relay.listener import NotifyListener
 
 CH = "switchboard_events"
 
@@ -47,12 +44,13 @@ def _run(kind: str, coro: Any) -> None:
         asyncio.run(coro)
 
 
-def _relay(url: str, interval: float) -> tuple[Relay, list[tuple[str, str]]]:
-    cfg = Config(database_url=url, jwt_secret="x" * 32, listen_check_interval=interval)
-    r = Relay(None, AuthState("x" * 32, 60), Registry(), Metrics(), cfg, "r1",  # type: ignore[arg-type]
-              on_run_wake=lambda: None, on_tool_result=lambda _c: None)
+def _relay(url: str, interval: float) -> tuple[NotifyListener, list[tuple[str, str]]]:
     got: list[tuple[str, str]] = []
-    r._dispatch = lambda channel, payload: got.append((channel, payload))  # type: ignore[method-assign]
+
+    async def no_session(conn: Any) -> Any:
+        raise AssertionError("hear() alone: no session")
+    r = NotifyListener(url, [CH], interval, Metrics(), dispatch=lambda channel, payload: got.append((channel, payload)),
+                       on_session=no_session, on_idle=lambda: None)
     return r, got
 
 
@@ -93,7 +91,7 @@ def test_every_notification_once_in_order_across_liveness_checks(db: str, loop_k
 
         conn.execute = execute  # type: ignore[method-assign]
         reader = asyncio.ensure_future(asyncio.sleep(3600))
-        hear = asyncio.ensure_future(relay._hear(conn, reader))
+        hear = asyncio.ensure_future(relay.hear(conn, reader))
         rng = random.Random(18)
         sent = ["early-0", "early-1"]
         for burst in range(12):
@@ -129,7 +127,7 @@ def test_a_terminated_backend_ends_the_loop_at_once(db: str, loop_kind: str) -> 
         await conn.execute(f"LISTEN {CH}")
         pid = conn.info.backend_pid
         reader = asyncio.ensure_future(asyncio.sleep(3600))
-        hear = asyncio.ensure_future(relay._hear(conn, reader))
+        hear = asyncio.ensure_future(relay.hear(conn, reader))
         await asyncio.to_thread(_send, db, ["before"])
         await _until(lambda: got == [(CH, "before")], 10)
         t0 = time.monotonic()

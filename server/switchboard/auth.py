@@ -128,18 +128,31 @@ class AuthState:
             sid = _session_claim(claims)
         except ValueError:
             raise AuthError("The token is invalid.") from None
-        if sid is not None and sid in self.ended_sessions:
-            raise AuthError("The session has ended; log in again.")
-        role = str(claims.get("role", "member"))
+        gen = claims.get("gen", 0)
+        refused = self.verdict(user_id, None, gen if isinstance(gen, int) else -1, sid)
+        if refused is not None:
+            raise AuthError(_TOKEN_REFUSALS[refused])
+        known = self.users.get(user_id)
+        role = known[0] if known is not None else str(claims.get("role", "member"))
+        return Principal(user_id, str(claims.get("name", "")), role, jti, int(claims["exp"]), sid)
+
+    def verdict(self, user_id: uuid.UUID, role: str | None, epoch: int,
+                session_id: uuid.UUID | None) -> str | None:
+        """The one access rule, for a token (HTTP) and for an open socket alike: None if
+        what was granted at ``epoch`` (with ``role``, under ``session_id``) still stands,
+        else the close reason: "user disabled", "session revoked" (the user's token epoch
+        moved on: a password or role change; or the role differs from the one granted),
+        "session ended". ``role`` None: the role is not part of the grant (a token takes
+        the current role)."""
         known = self.users.get(user_id)
         if known is not None:
-            role, disabled, epoch = known
-            if disabled:
-                raise AuthError("The user is disabled.")
-            gen = claims.get("gen", 0)
-            if not isinstance(gen, int) or gen < epoch:
-                raise AuthError("The token was revoked (the user's role or password changed); log in again.")
-        return Principal(user_id, str(claims.get("name", "")), role, jti, int(claims["exp"]), sid)
+            if known[1]:
+                return "user disabled"
+            if epoch < known[2] or (role is not None and role != known[0]):
+                return "session revoked"
+        if session_id is not None and session_id in self.ended_sessions:
+            return "session ended"
+        return None
 
     # -- fed by the relay's control channel ------------------------------------
     def apply_revoke(self, jti: str, exp: float | None = None) -> None:
@@ -176,6 +189,13 @@ class AuthState:
         now = time.time()
         self.revoked = {k: v for k, v in self.revoked.items() if v > now}
         self.ended_sessions = {k: v for k, v in self.ended_sessions.items() if v > now}
+
+
+_TOKEN_REFUSALS = {
+    "user disabled": "The user is disabled.",
+    "session revoked": "The token was revoked (the user's role or password changed); log in again.",
+    "session ended": "The session has ended; log in again.",
+}
 
 
 def _session_claim(claims: dict[str, Any]) -> uuid.UUID | None:

@@ -51,6 +51,13 @@ _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "switchboard_live_frames_total": (
         "Event frames sent from a verified live message before the relay read the event (live path, V0020)", ()),
     "switchboard_relay_reads_total": ("Event reads of the relay (at most one per SWITCHBOARD_RELAY_READ_GAP)", ()),
+    "switchboard_relay_gaps_total": (
+        "Times the relay found events after its position reaped before it read them (every local socket "
+        "got resume_gap)", ()),
+    "switchboard_ws_behind_total": (
+        "Sockets whose send queue was full during the relay's catch-up (each then caught up on its own)", ()),
+    "switchboard_live_unconfirmed_dropped_total": (
+        "Ids sent live that no read confirmed in time (they left the cursors; the read path covers them)", ()),
     "switchboard_notifications_total": ("NOTIFY messages received by the relay", ("channel",)),
     "switchboard_notify_rejected_total": (
         "NOTIFY payloads the relay refused (oversized, nested, wrong types, ids past bigint, unknown kinds)",
@@ -107,6 +114,9 @@ _GAUGES: dict[str, tuple[str, _Mode]] = {
     "switchboard_relay_cache_entries": (
         "Entries the relay keeps per hint (auth cache users, ephemeral ids seen); bounded", "livesum"),
     "switchboard_runfeed_subscribers": ("Admin sockets subscribed to the run feed on this replica", "livesum"),
+    "switchboard_live_unconfirmed": (
+        "Ids sent live waiting for the read that confirms them (bounded; back to ~0 when idle)", "livesum"),
+    "switchboard_ws_queued_bytes": ("Bytes queued in the send queues of this replica's sockets", "livesum"),
     # From switchboard.metrics_snapshot(): the same for every replica.
     "switchboard_expired_leases": ("Running task runs whose lease has expired", "livemostrecent"),
     "switchboard_runs_due": ("Queued task runs that are due", "livemostrecent"),

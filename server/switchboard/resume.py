@@ -60,7 +60,7 @@ async def start_position(db: Database, after: Position | int) -> tuple[Position,
 
 
 async def resume(db: Database, client: Client, after: Position | int, stall: float,
-                 ahead: tuple[int, ...] = ()) -> None:
+                 ahead: tuple[int, ...] = (), quiet: bool = False) -> None:
     """Replay what was missed after ``after`` (a position, or a bare event id), then live.
 
     ``ahead``: the ids a v2 cursor names (events sent live beyond its position, before
@@ -72,65 +72,94 @@ async def resume(db: Database, client: Client, after: Position | int, stall: flo
     completely, at the client's pace (a client that stops reading for ``stall``
     seconds is closed 1013). If the live buffer fills meanwhile, its stored events
     are dropped and the replay runs once more from where it stopped: they were in a
-    tick before the relay read them, so that read has them."""
-    if not client.resuming:  # (a handshake-time resume is already buffering)
-        client.resuming = True
-        client.buffer = []
-    client.refetch = False
-    replayed = 0
-    shown: Any = after if isinstance(after, int) else cursor.encode(after, ahead)
+    tick before the relay read them, so that read has them. One resume at a time per
+    socket (the relay's own catch-up of a slow socket, or the client's resume action).
+    ``quiet``: no "resumed" frame (the relay's catch-up: the client asked for nothing)."""
+    async with client.resume_lock:
+        if not client.resuming:  # (a handshake-time or relay catch-up is already buffering)
+            client.resuming = True
+            client.buffer = []
+        client.refetch = False
+        shown: Any = after if isinstance(after, int) else cursor.encode(after, ahead)
+        _take_ahead(client, ahead)
+        try:
+            replayed = await _replay(db, client, after, shown, stall)
+        except BaseException:
+            buffered, client.buffer, client.resuming = client.buffer, [], False
+            for bpos, f in buffered:
+                client.offer(f, pos=bpos)
+            raise
+        client.resuming = False
+        if replayed >= 0 and not quiet:
+            here = client.cursor()
+            client.offer(frame("resumed", {"after": shown, "replayed": replayed, "cursor": here}, cursor=here))
+
+
+def _take_ahead(client: Client, ahead: tuple[int, ...]) -> None:
     for eid in ahead:
         if eid not in client.sent_ids and eid not in client.ahead:
             client.sent_ids[eid] = None
             if len(cursor.encode(client.position, client.ahead + [eid])) <= cursor.MAX_LEN:
                 client.ahead.append(eid)
-    try:
-        pos, gap = await start_position(db, after)
-        if gap:
-            win = await db.event_window()
-            client.offer(frame("resume_gap", {"after": shown, "horizon": int(win["reaped_through"]),
-                                              "cursor": cursor.encode(pos)}, cursor=cursor.encode(pos)),
-                         replay=True)
-        while True:
-            through = int((await db.event_window())["last_tick"])
-            while True:
-                rows = await db.events_since_v2(client.user_id, pos, sorted(client.rooms), through, REPLAY_PAGE)
-                for r in rows:
-                    if r.payload is UNREADABLE:
-                        pos = r.position        # skipped, as the relay skips it (Relay._stored_payload)
-                        LOG.warning("resume skipped event %d: its payload is nested too deep to parse", r.id)
-                        continue
-                    rpos, f = replay_frame(r)
-                    pos = rpos
-                    if client.has(r.id):
-                        client.confirm(r.id, rpos)   # the client has it (sent live, or earlier)
-                        continue
-                    if not await client.offer_wait(f, stall, replay=True, pos=rpos):
-                        return                  # closed (too slow, or going away)
-                    replayed += 1
-                if len(rows) < REPLAY_PAGE:
-                    break
-            pos = max(pos, (through, END))
-            if client.position < pos:
-                client.position = pos
-            # The buffered live frames, in position order; new arrivals keep going to the
-            # buffer until it is empty, so nothing live can overtake them.
-            while client.buffer:
-                client.buffer.sort(key=lambda b: (b[0] is None, b[0] or (0, 0)))
-                bpos, f = client.buffer.pop(0)
-                if bpos is not None and bpos <= pos:
-                    continue                    # the replay had it
-                if not await client.offer_wait(f, stall, replay=True, pos=bpos):
-                    return
-            if not client.refetch:
-                break
-            client.refetch = False              # live events were dropped: read once more
-            pos = client.position
-    except BaseException:
-        buffered, client.buffer, client.resuming = client.buffer, [], False
-        for bpos, f in buffered:
-            client.offer(f, pos=bpos)
-        raise
-    client.resuming = False
-    here = client.cursor()
-    client.offer(frame("resumed", {"after": shown, "replayed": replayed, "cursor": here}, cursor=here))
+
+
+async def _replay(db: Database, client: Client, after: Position | int, shown: Any, stall: float) -> int:
+    """Replay pages, then the buffered live frames, until nothing was dropped meanwhile.
+    How many events were replayed; -1 if the socket closed (too slow, or going away)."""
+    pos, gap = await start_position(db, after)
+    if gap:
+        win = await db.event_window()
+        client.offer(frame("resume_gap", {"after": shown, "horizon": int(win["reaped_through"]),
+                                          "cursor": cursor.encode(pos)}, cursor=cursor.encode(pos)),
+                     replay=True)
+    replayed = 0
+    while True:
+        through = int((await db.event_window())["last_tick"])
+        n, pos = await _pages(db, client, pos, through, stall)
+        if n < 0:
+            return -1
+        replayed += n
+        pos = max(pos, (through, END))
+        if client.position < pos:
+            client.position = pos
+        if not await _flush_buffer(client, pos, stall):
+            return -1
+        if not client.refetch:
+            return replayed
+        client.refetch = False              # live events were dropped: read once more
+        pos = client.position
+
+
+async def _pages(db: Database, client: Client, pos: Position, through: int,
+                 stall: float) -> tuple[int, Position]:
+    replayed = 0
+    while True:
+        rows = await db.events_since_v2(client.user_id, pos, sorted(client.rooms), through, REPLAY_PAGE)
+        for r in rows:
+            pos = r.position
+            if r.payload is UNREADABLE:
+                # skipped, as the relay skips it (EventStream._payload)
+                LOG.warning("resume skipped event %d: its payload is nested too deep to parse", r.id)
+                continue
+            rpos, f = replay_frame(r)
+            if client.has(r.id):
+                client.confirm(r.id, rpos)   # the client has it (sent live, or earlier)
+                continue
+            if not await client.offer_wait(f, stall, replay=True, pos=rpos):
+                return -1, pos
+            replayed += 1
+        if len(rows) < REPLAY_PAGE:
+            return replayed, pos
+
+
+async def _flush_buffer(client: Client, pos: Position, stall: float) -> bool:
+    """The buffered live frames, in position order; new arrivals keep going to the
+    buffer until it is empty, so nothing live can overtake them."""
+    while client.buffer:
+        client.buffer.sort(key=lambda b: (b[0] is None, b[0] or (0, 0)))
+        bpos, f = client.buffer.pop(0)
+        if bpos is not None and bpos <= pos:
+            continue                    # the replay had it
+        if not await client.offer_wait(f, stall, replay=True, pos=bpos):
+            return False
+    return True

@@ -117,6 +117,8 @@ def build_services(config: Config) -> Services:
             "switchboard_event_retention_seconds": lambda: config.event_retention_seconds,
             "switchboard_relay_cache_entries": relay.cache_entries,
             "switchboard_runfeed_subscribers": lambda: len(feed.subscribers),
+            "switchboard_live_unconfirmed": relay.live.unconfirmed,
+            "switchboard_ws_queued_bytes": lambda: sum(c.queue.bytes for c in registry.clients()),
         },
         snapshot=db.metrics_snapshot,
         # The readiness probe's rule, with the last snapshot standing in for its ping.

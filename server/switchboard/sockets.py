@@ -15,9 +15,9 @@ import itertools
 import json
 import time
 import uuid
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import cursor
 from .rows import Event
@@ -63,6 +63,90 @@ def replay_frame(e: Event) -> tuple[tuple[int, int], dict[str, Any]]:
                       cursor=cursor.encode(pos))
 
 
+class Held(NamedTuple):
+    """A live frame a gated socket holds until a read covers ``need`` (relay/live.py)."""
+
+    need: int
+    eid: int
+    room: str | None
+    text: str
+
+
+class LiveState:
+    """One socket's share of the live path's merge (relay/live.py owns the rules): the
+    hearing count before which everything must be read before a live frame may go out
+    (set when it is registered or joins a room), and the live frames it holds meanwhile."""
+
+    __slots__ = ("gate", "hold")
+    HOLD_MAX = 64
+
+    def __init__(self) -> None:
+        self.gate = 0
+        self.hold: deque[Held] = deque()
+
+
+class Outbox:
+    """A socket's send queue, bounded in frames AND in bytes (a frame may carry a
+    1 MiB payload: a frame bound alone let 1,000 of them hold a gigabyte). The
+    socket's sender task is its only reader. ``clear`` drops everything at once, so
+    a socket closed for being too slow releases its memory the moment it is closed,
+    not when its peer finally goes away."""
+
+    def __init__(self, max_frames: int, max_bytes: int) -> None:
+        self.max_frames = max_frames
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._items: deque[str | None] = deque()
+        self._ready = asyncio.Event()
+        self.closed = False
+
+    def put_nowait(self, text: str | None) -> None:
+        """Queue ``text`` (None: tell the sender to stop); asyncio.QueueFull over a bound."""
+        if text is not None:
+            size = len(text)
+            if self._items and (len(self._items) >= self.max_frames or self.bytes + size > self.max_bytes):
+                raise asyncio.QueueFull
+            self.bytes += size
+        self._items.append(text)
+        self._ready.set()
+
+    def full(self) -> bool:
+        return len(self._items) >= self.max_frames or self.bytes >= self.max_bytes
+
+    def fits(self, size: int) -> bool:
+        return not self._items or (len(self._items) < self.max_frames and self.bytes + size <= self.max_bytes)
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def get_nowait(self) -> str | None:
+        if not self._items:
+            raise asyncio.QueueEmpty
+        text = self._items.popleft()
+        if text is not None:
+            self.bytes -= len(text)
+        if not self._items:
+            self._ready.clear()
+        return text
+
+    async def get(self) -> str | None:
+        while not self._items:
+            if self.closed:
+                return None
+            await self._ready.wait()
+        return self.get_nowait()
+
+    def clear(self) -> None:
+        """Drop every queued frame and stop the sender (its next get() returns None)."""
+        self._items.clear()
+        self.bytes = 0
+        self.closed = True
+        self._ready.set()
+
+
 class Client:
     """One accepted WebSocket: its user, joined rooms and bounded send queue.
 
@@ -74,27 +158,24 @@ class Client:
     action on a socket that already received live events)."""
 
     SENT_IDS_MAX = 20000
-    HOLD_MAX = 64           # live frames held while this socket is gated (relay.py, live path)
+    QUEUE_BYTES = 16 * 1024 * 1024   # default byte bound of the send queue
 
     def __init__(self, user_id: uuid.UUID, username: str, role: str, queue_size: int,
                  position: tuple[int, int], on_overflow: Callable[["Client"], None],
-                 close_hook: CloseHook | None = None) -> None:
+                 close_hook: CloseHook | None = None, queue_bytes: int | None = None) -> None:
         self.cid = next(_ids)
         self.user_id = user_id
         self.username = username
         self.role = role
         self.rooms: set[str] = set()
-        self.queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=queue_size)
+        self.queue = Outbox(queue_size, queue_bytes or self.QUEUE_BYTES)
         self.queue_size = queue_size
         self.sent_ids: OrderedDict[int, None] = OrderedDict()
         self.position = position
-        # The verified live path (relay.py): ids sent ahead of ``position`` (in its cursor
-        # until a read confirms them), the relay's hearing count before which everything
-        # must be read before a live frame may go out (registration, a join), and live
-        # frames held meanwhile: (needed count, id, room, frame text without cursor).
+        # Ids sent live ahead of ``position`` (in its cursor until a read confirms them),
+        # and the socket's share of the live path's merge (relay/live.py: gate, held frames).
         self.ahead: list[int] = []
-        self.gate = 0
-        self.hold: list[tuple[int, int, str | None, str]] = []
+        self.live = LiveState()
         self.resuming = False
         self.refetch = False          # live events were dropped from the buffer: fetch again
         self.buffer: list[tuple[tuple[int, int] | None, dict[str, Any]]] = []
@@ -103,6 +184,8 @@ class Client:
         self.session_id: uuid.UUID | None = None   # its login session (None: a pre-session token)
         self.session_expires: float | None = None  # until when that session is known to live
         self.close_task: asyncio.Task[Any] | None = None
+        self.resume_task: asyncio.Task[Any] | None = None   # a catch-up it does on its own
+        self.resume_lock = asyncio.Lock()                    # one resume at a time
         self.close_hook = close_hook
         self._on_overflow = on_overflow
 
@@ -115,6 +198,8 @@ class Client:
         if self.closing is not None:
             return False
         self.closing = code
+        self.queue.clear()        # nothing more goes out: its memory is released now
+        self.buffer = []
         if self.close_hook is not None:
             # Kept on the client: the socket's handler awaits it before returning, or the
             # ASGI server's implicit close (1000) could overtake this one.
@@ -122,13 +207,14 @@ class Client:
         return True
 
     def offer(self, f: dict[str, Any], text: str | None = None, replay: bool = False,
-              pos: tuple[int, int] | None = None) -> bool:
+              pos: tuple[int, int] | None = None, behind: Callable[["Client"], None] | None = None) -> bool:
         """Queue a frame unless it is a duplicate; overflow closes the socket (1013).
         True if the frame was queued (or buffered during a resume).
 
         ``pos`` is a stored event's position (None for everything else). ``text`` is
         ``f`` already serialised: a room event goes to many sockets and is encoded once,
-        not once per socket."""
+        not once per socket. ``behind``: what to do instead of closing when the queue is
+        full (the relay's catch-up: the socket then catches up on its own, at its pace)."""
         if self.closing is not None:
             return False
         if self.resuming and not replay:
@@ -142,6 +228,12 @@ class Client:
             # An event this socket has already (sent live, now read) is buffered only so
             # the replay's flush can place it (confirm); it is not a frame to send.
             return pos is None or not self.has(f["id"])
+        if behind is not None and not self.queue.fits(len(text) if text is not None else 0):
+            # Full during a catch-up: nothing is recorded, so its own catch-up reads this
+            # event again (an ephemeral frame is best-effort and dropped).
+            if pos is not None and pos > self.position:
+                behind(self)
+            return False
         if pos is not None:
             if pos <= self.position and not replay:
                 return False              # a catch-up overlapping what was already queued
@@ -172,6 +264,13 @@ class Client:
     def cursor(self) -> str:
         """Where this socket's stream stands, as the cursor a client resumes from."""
         return cursor.encode(self.position, self.ahead)
+
+    def unconfirmable(self, eid: int) -> None:
+        """Event ``eid``, sent live, will not be confirmed by a read (relay/live.py): it
+        leaves the cursor, so a resume from it falls back on reading it (at worst one
+        repeat, never a loss)."""
+        if eid in self.ahead:
+            self.ahead.remove(eid)
 
     def confirm(self, eid: int, pos: tuple[int, int]) -> None:
         """Event ``eid``, sent live, was read at ``pos``: it leaves the cursor's ids."""
@@ -208,9 +307,11 @@ class Client:
         False if not sent."""
         if self.closing is not None:
             return False
-        if self.queue.full():
+        if text is None:
+            text = encode(f)
+        if not self.queue.fits(len(text)):
             deadline = time.monotonic() + timeout
-            while self.queue.full():
+            while not self.queue.fits(len(text)):
                 if self.closing is not None:
                     return False  # type: ignore[unreachable]  # closing is set by another task while we sleep
                 if time.monotonic() >= deadline:
@@ -224,25 +325,26 @@ class Client:
 class Registry:
     """Local sockets indexed by user and by room.
 
-    ``heard`` counts the live path's messages the relay has heard (relay.py). A socket
-    that is added or joins a room is gated at the current count: events published
-    before may reach it only through the relay's read, so it gets live frames again
-    once a read has covered them (order: nothing live overtakes an earlier event)."""
+    ``place`` is called with a socket that is added or joins a room (the relay's live
+    merge gates it: events published before may reach it only through a read), and
+    ``forget`` with one that is removed (the merge drops what it kept of it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, place: Callable[[Client], None] | None = None,
+                 forget: Callable[[Client], None] | None = None) -> None:
         self.by_user: dict[uuid.UUID, set[Client]] = defaultdict(set)
         self.by_room: dict[str, set[Client]] = defaultdict(set)
         self.count = 0
-        self.heard = 0
+        self.place = place or (lambda c: None)
+        self.forget = forget or (lambda c: None)
 
     def add(self, c: Client) -> int:
-        c.gate = max(c.gate, self.heard)
+        self.place(c)
         self.by_user[c.user_id].add(c)
         self.count += 1
         return len(self.by_user[c.user_id])
 
     def remove(self, c: Client) -> int:
-        c.hold.clear()
+        self.forget(c)
         for room in list(c.rooms):
             self.leave(c, room)
         peers = self.by_user.get(c.user_id)
@@ -254,7 +356,7 @@ class Registry:
         return len(self.by_user.get(c.user_id, ()))
 
     def join(self, c: Client, room: str) -> None:
-        c.gate = max(c.gate, self.heard)
+        self.place(c)
         c.rooms.add(room)
         self.by_room[room].add(c)
 

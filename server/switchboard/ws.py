@@ -14,7 +14,7 @@ import logging
 import re
 import time
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 import falcon
 import falcon.asgi
@@ -43,6 +43,41 @@ TOOL_RESULT_RE = re.compile(r"^tool\.result\.([0-9a-fA-F-]{36})$")
 TICKET_RE = re.compile(r"[0-9A-Fa-f]{1,64}")   # issue_ticket's 32 hex digits; more is never a ticket
 HANDSHAKE_ROOMS_MAX = 50
 FEED_MAX = 32                                   # a feed name's length bound (FEEDS lists the real ones)
+
+
+class Handshake(NamedTuple):
+    """An upgrade request's query, parsed and bounded before any database call:
+    /ws?ticket=T[&cursor=C | &after=N][&rooms=a,b][&feeds=runs]. A cursor (or the
+    previous release's after=N) asks for a handshake-time resume: the rooms are joined
+    and everything after C is replayed *before* any live frame can be sent, so a
+    reconnecting client has no window in which a live event overtakes the replay."""
+
+    ticket: str
+    after: Position | int | None
+    ahead: tuple[int, ...]
+    rooms: list[str]
+    feeds: list[str]
+
+    @classmethod
+    def parse(cls, ticket: str, cursor_raw: str | None, after_raw: str | None, rooms_raw: str | None,
+              feeds_raw: str | None) -> "Handshake":
+        after: Position | int | None = None
+        ahead: tuple[int, ...] = ()
+        if cursor_raw is not None:
+            after, ahead = cursor.decode_ahead(cursor_raw)
+        elif after_raw is not None:
+            after = bounded.bigint(after_raw, name="after", minimum=0)
+        rooms = [r for r in (rooms_raw or "").split(",") if r]
+        if len(rooms) > HANDSHAKE_ROOMS_MAX:
+            raise BadInput("too_large", f"more than {HANDSHAKE_ROOMS_MAX} rooms")
+        for r in rooms:
+            bounded.text(r, name="room", max_len=ROOM_MAX)
+        feeds = [f for f in (feeds_raw or "").split(",") if f]
+        if len(feeds) > len(FEEDS) + 4:
+            raise BadInput("too_large", "too many feeds")
+        for f in feeds:
+            bounded.text(f, name="feed", max_len=FEED_MAX)
+        return cls(ticket, after, ahead, rooms, feeds)
 
 
 class _FrameBucket:
@@ -83,101 +118,101 @@ class WebSocketResource:
                                                 "with ?ticket= (POST /ws/ticket issues one).")
 
     async def on_websocket(self, req: falcon.asgi.Request, ws: falcon.asgi.WebSocket) -> None:
-        db, relay, registry = self.db, self.relay, self.registry
-        if self.replica.draining:
-            await ws.close(1012)
+        hs = self._parse(req)
+        if isinstance(hs, int):
+            await ws.close(hs)              # refused before accept: the client sees HTTP 403
             return
+        admitted = await self._admit(hs)
+        if isinstance(admitted, int):
+            await ws.close(admitted)
+            return
+        grant, user, rooms, refused = admitted
+        await ws.accept()
+        client = self._register(ws, hs, grant, user, rooms, refused)
+        sender = asyncio.create_task(self._sender(ws, client))
+        try:
+            if hs.after is not None:
+                await resume(self.db, client, hs.after, self.cfg.ws_replay_stall_seconds, hs.ahead)
+            await self._presence(client.user_id, len(self.registry.by_user.get(client.user_id, ())))
+            await self._receive_loop(ws, client)
+        except falcon.WebSocketDisconnected:
+            pass
+        except Exception:
+            LOG.exception("socket of user %s failed", client.user_id)
+            self.relay.close_client(client, 1011, "internal error")
+        finally:
+            await self._unregister(client, sender)
+
+    # -- the handshake, step by step ----------------------------------------------------------
+    def _parse(self, req: falcon.asgi.Request) -> Handshake | int:
+        """What the upgrade request asks for, parsed with bounds; a close code if it is
+        refused before any database call (draining, a foreign Origin, a malformed value)."""
+        if self.replica.draining:
+            return 1012
         if not origin_allowed(req.get_header("Origin"), req.get_header("Host"), self.cfg.allowed_origins):
             LOG.info("refused WebSocket from origin %s", req.get_header("Origin"))
-            await ws.close(1008)
-            return
+            return 1008
         ticket = req.get_param("ticket") or ""
         if not TICKET_RE.fullmatch(ticket):   # never a ticket: refused without a database call
             self.rejections.record("handshake", "malformed", "ticket is not hex")
-            await ws.close(1008)
-            return
+            return 1008
         try:
-            # A ticket minted under a session that has ended since is refused here.
-            grant = await db.consume_ticket_v2(ticket)
-            user = await db.get_user_session(grant["user_id"]) if grant else None
-        except Exception as exc:  # database error, pool timeout, DB down
-            LOG.warning("ticket check failed: %s", exc)
-            await ws.close(1011)
-            return
-        if grant is None or user is None or user["disabled"]:
-            await ws.close(1008)
-            return
-        user_id: uuid.UUID = grant["user_id"]
-        if registry.sockets_of(user_id) >= self.cfg.ws_max_sockets_per_user:
-            await ws.close(1008)
-            return
-        # Optional handshake-time resume: /ws?ticket=T&cursor=C&rooms=a,b (or the previous
-        # release's after=N) joins the rooms and replays everything after C *before* any
-        # live frame can be sent, so a reconnecting client has no window in which a live
-        # event overtakes the replay.
-        after: Position | int | None = None
-        ahead: tuple[int, ...] = ()
-        rooms: list[str] = []
-        refused: list[str] = []
-        try:
-            cursor_raw = req.get_param("cursor")
-            after_raw = req.get_param("after")
-            if cursor_raw is not None:
-                after, ahead = cursor.decode_ahead(cursor_raw)
-            elif after_raw is not None:
-                after = bounded.bigint(after_raw, name="after", minimum=0)
-            rooms_raw = req.get_param("rooms")
-            wanted = [r for r in (rooms_raw or "").split(",") if r]
-            if len(wanted) > HANDSHAKE_ROOMS_MAX:
-                raise BadInput("too_large", f"more than {HANDSHAKE_ROOMS_MAX} rooms")
-            for r in wanted:
-                bounded.text(r, name="room", max_len=ROOM_MAX)
-            feeds_wanted = [f for f in (req.get_param("feeds") or "").split(",") if f]
-            if len(feeds_wanted) > len(FEEDS) + 4:
-                raise BadInput("too_large", "too many feeds")
-            for f in feeds_wanted:
-                bounded.text(f, name="feed", max_len=FEED_MAX)
-        except BadInput as exc:   # refused before accept: the client sees HTTP 403
+            return Handshake.parse(ticket, req.get_param("cursor"), req.get_param("after"),
+                                   req.get_param("rooms"), req.get_param("feeds"))
+        except BadInput as exc:
             self.rejections.record("handshake", exc.reason, str(exc))
-            await ws.close(1008)
-            return
-        if wanted:
-            try:
-                for r in wanted:
-                    (rooms if await db.is_room_member(r, user_id) else refused).append(r)
-            except Exception as exc:
-                LOG.warning("room check failed: %s", exc)
-                await ws.close(1011)
-                return
-        await ws.accept()
+            return 1008
+
+    async def _admit(self, hs: Handshake) -> tuple[dict[str, Any], dict[str, Any], list[str], list[str]] | int:
+        """Consume the ticket, read the user and check the rooms: (grant, user, rooms,
+        refused rooms), or the close code. A ticket minted under a session that has ended
+        since is refused by consume_ticket_v2."""
+        try:
+            grant = await self.db.consume_ticket_v2(hs.ticket)
+            user = await self.db.get_user_session(grant["user_id"]) if grant else None
+            if grant is None or user is None or user["disabled"]:
+                return 1008
+            if self.registry.sockets_of(grant["user_id"]) >= self.cfg.ws_max_sockets_per_user:
+                return 1008
+            rooms: list[str] = []
+            refused: list[str] = []
+            for r in hs.rooms:
+                (rooms if await self.db.is_room_member(r, grant["user_id"]) else refused).append(r)
+        except Exception as exc:  # database error, pool timeout, DB down
+            LOG.warning("WebSocket admission failed: %s", exc)
+            return 1011
+        return grant, user, rooms, refused
+
+    def _register(self, ws: falcon.asgi.WebSocket, hs: Handshake, grant: dict[str, Any], user: dict[str, Any],
+                  rooms: list[str], refused: list[str]) -> Client:
+        """Register the accepted socket and queue hello, in one step (no await): once
+        registered the relay may offer live events, and none may overtake hello (a client
+        that resumes from "the last id seen" would skip what it missed)."""
+        relay, registry = self.relay, self.registry
 
         async def closer(code: int, reason: str) -> None:
             try:
                 await ws.close(code, reason)
             except Exception:
                 pass
+        user_id: uuid.UUID = grant["user_id"]
         client = Client(user_id, user["username"], user["role"], self.cfg.ws_queue_size,
-                        relay.position, relay.overflow, close_hook=closer)
+                        relay.position, relay.overflow, close_hook=closer, queue_bytes=self.cfg.ws_queue_bytes)
         client.epoch = int(user["token_epoch"])
         self.sessions.bind(client, grant["session_id"], grant["session_expires_at"])
-        if after is not None:
+        if hs.after is not None:
             client.resuming = True  # buffer live events from the moment the socket is registered
             client.buffer = []
         for r in rooms:
             registry.join(client, r)
-        # hello is queued in the same step that registers the socket (no await between):
-        # once registered, the relay may offer live events, and none may overtake hello
-        # (a client that resumes from "the last id seen" would skip what it missed).
-        n = registry.add(client)
+        registry.add(client)
         # An announcement the relay applied between our read and add() found no socket to
         # close: its auth cache has the newer state, so check against that now.
-        known = relay.auth.users.get(user_id)
-        if known is not None and (known[1] or known[2] > client.epoch or known[0] != client.role):
-            relay.close_client(client, 1008, "user disabled" if known[1] else "session revoked")
-        elif grant["session_id"] is not None and grant["session_id"] in relay.auth.ended_sessions:
-            relay.close_client(client, 1008, "session ended")
+        reason = relay.auth.verdict(user_id, client.role, client.epoch, client.session_id)
+        if reason is not None:
+            relay.close_client(client, 1008, reason)
         # feeds=runs: subscribed in the same step (no await: no feed frame can precede hello).
-        feed_errors = [e for e in (self._subscribe(client, f) for f in dict.fromkeys(feeds_wanted)) if e]
+        feed_errors = [e for e in (self._subscribe(client, f) for f in dict.fromkeys(hs.feeds)) if e]
         start = client.cursor()
         client.queue.put_nowait(encode(frame(
             "hello", {"replica": self.replica.replica_id, "user_id": str(user_id), "username": user["username"],
@@ -190,29 +225,22 @@ class WebSocketResource:
                           "room": r})))
         for err in feed_errors:
             client.queue.put_nowait(encode(err))
-        sender = asyncio.create_task(self._sender(ws, client))
+        return client
+
+    async def _unregister(self, client: Client, sender: asyncio.Task[None]) -> None:
+        if client.close_task is not None:  # the close code we chose goes out, not 1000
+            await asyncio.gather(client.close_task, return_exceptions=True)
+        if client.resume_task is not None:
+            client.resume_task.cancel()
+        left = self.registry.remove(client)
+        if self.feed is not None:
+            self.feed.unsubscribe(client)
+        client.queue.put_nowait(None)
+        sender.cancel()
         try:
-            if after is not None:
-                await resume(db, client, after, self.cfg.ws_replay_stall_seconds, ahead)
-            await self._presence(user_id, n)
-            await self._receive_loop(ws, client)
-        except falcon.WebSocketDisconnected:
-            pass
+            await self._presence(client.user_id, left)
         except Exception:
-            LOG.exception("socket of user %s failed", user_id)
-            await closer(1011, "internal error")
-        finally:
-            if client.close_task is not None:  # the close code we chose goes out, not 1000
-                await asyncio.gather(client.close_task, return_exceptions=True)
-            left = registry.remove(client)
-            if self.feed is not None:
-                self.feed.unsubscribe(client)
-            client.queue.put_nowait(None) if not client.queue.full() else None
-            sender.cancel()
-            try:
-                await self._presence(user_id, left)
-            except Exception:
-                pass  # the heartbeat's presence_sync repairs it
+            pass  # the heartbeat's presence_sync repairs it
 
     async def _presence(self, user_id: uuid.UUID, n: int) -> None:
         try:

@@ -9,7 +9,7 @@ reader is nearly always inside a query, so the loss was noticed ~10 s late and
 the 1012 deaf-close of a short partition never came.
 
 The relay now marks itself down first and abandons the reader with
-relay._abandon(): close the connection (local, immediate), then cancel. These
+relay.listener.abandon(): close the connection (local, immediate), then cancel. These
 tests drive both through a stalled fault proxy, the reader mid-query.
 """
 
@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from faultproxy import FaultProxy
 
-from switchboard.relay import _abandon
+from switchboard.relay import abandon as _abandon
 
 pytestmark = pytest.mark.faults
 

@@ -1,5 +1,9 @@
 """Unit tier: the live path's merge of live frames and reads, against a model.
 
+Driven through the public methods of the relay's parts only: the Dispatcher hears
+(as the LISTEN loop would call it), the EventStream reads, and the LiveMerge is told
+what each read covered -- exactly the composition relay/core.py wires.
+
 A scripted database plays PostgreSQL: transactions take ids when they insert and
 become visible when they commit; a read ticks (a batch = what committed since the
 previous tick) and returns the rows after the relay's position in (tick, id) order.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import hmac
 import json
 import time
@@ -26,12 +31,15 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from switchboard import cursor
-from switchboard.auth import AuthState
-from switchboard.config import Config
+from switchboard import bounded
 from switchboard.metrics import Metrics
-from switchboard.relay import Relay
+from switchboard.relay.dispatch import Dispatcher
+from switchboard.relay.live import LiveMerge
+from switchboard.relay.reads import Page
+from switchboard.relay.stream import EventStream
 from switchboard.sockets import Client, Registry
 
 KEY = bytes(range(32))
@@ -51,7 +59,13 @@ class World:
         self.tick = 0
         self.pending: list[str] = []          # live messages sent, not yet heard (NOTIFY lag)
         self.during_read = 0                  # commits (heard at once) after the next read's tick
-        self.relay: Relay | None = None
+        self.parts: Parts | None = None
+        self.reaped_tick = 0                  # ticks at or below were reaped (event_window().first_tick)
+        self.reaped_through = 0
+        self.committed: list[dict[str, Any]] = []
+
+    def all_committed(self) -> list[dict[str, Any]]:
+        return self.committed
 
     def insert(self, to_room: bool, big: bool) -> None:
         self.clock += 1
@@ -66,15 +80,24 @@ class World:
         self.clock += 1
         e["commit"] = self.clock
         self.unticked.append(e)
+        self.committed.append(e)
         self.pending.append(self.message(e))
 
     def hear(self, n: int) -> None:
         """The LISTEN connection delivers the next n messages, in commit order: a read may
         have seen their events already (the relay must then skip them)."""
-        assert self.relay is not None
+        assert self.parts is not None
         for m in self.pending[:n]:
-            self.relay._dispatch("switchboard_live", m)
+            self.parts.dispatch("switchboard_live", m)
         del self.pending[:n]
+
+    def reap(self) -> None:
+        """reap_events(): every tick so far goes, with its events."""
+        if self.tick > self.reaped_tick:
+            gone = [e for e in self.ticked if e["tick"] <= self.tick]
+            self.reaped_through = max([self.reaped_through] + [e["id"] for e in gone])
+            self.ticked = [e for e in self.ticked if e["tick"] > self.tick]
+            self.reaped_tick = self.tick
 
     @staticmethod
     def message(e: dict[str, Any]) -> str:
@@ -90,15 +113,14 @@ class World:
                 "room": e["room"], "event": "x", "sender": None, "payload": json.dumps({"id": e["id"]}),
                 "ts": int(time.time() * 1000) + 60_000}
 
-    async def relay_tick_read(self, conn: Any, after: tuple[int, int], eph: list[int],
-                              max_rows: int) -> tuple[int, list[dict[str, Any]]]:
+    async def tick_read(self, conn: Any, after: tuple[int, int], eph: list[int], max_rows: int) -> Page:
         if self.unticked:
             self.tick += 1
             for e in sorted(self.unticked, key=lambda e: e["id"]):
                 e["tick"] = self.tick
                 self.ticked.append(e)
             self.unticked = []
-        rows = await self.relay_read_v2(conn, after, eph, max_rows)
+        page = await self.read(conn, after, eph, max_rows)
         # Transactions that commit after this read's snapshot, heard while its rows are
         # still on the way: the read confirms older ids and frees cursor room, but these
         # are not in it.
@@ -107,28 +129,37 @@ class World:
             self.commit(len(self.open) - 1)
         self.during_read = 0
         self.hear(len(self.pending))
-        return self.tick, rows
+        return page._replace(tick=self.tick)
 
-    async def relay_read_v2(self, conn: Any, after: tuple[int, int], eph: list[int],
-                            max_rows: int) -> list[dict[str, Any]]:
-        return [self._row(e) for e in self.ticked if (e["tick"], e["id"]) > after][:max_rows]
-
-    async def relay_live_key(self, conn: Any) -> tuple[bytes, int]:
-        return KEY, 0
-
-    async def event_window_on(self, conn: Any) -> dict[str, Any]:
-        return {"first_tick": 0, "last_tick": self.tick, "reaped_through": 0, "publishers_notify": True}
+    async def read(self, conn: Any, after: tuple[int, int], eph: list[int], max_rows: int) -> Page:
+        rows = [self._row(e) for e in self.ticked if (e["tick"], e["id"]) > after][:max_rows]
+        return Page(0, self.reaped_tick, self.reaped_through, rows)
 
 
-def _relay(world: World, registry: Registry) -> Relay:
-    cfg = Config(database_url="postgresql://unused", jwt_secret="x" * 32)
-    r = Relay(world, AuthState("x" * 32, 60), registry, Metrics(), cfg, "r1",  # type: ignore[arg-type]
-              on_run_wake=lambda: None, on_tool_result=lambda _c: None)
-    r._reader = object()  # type: ignore[assignment]
-    r._cursor_set = True
-    r._live_key = KEY
-    world.relay = r
-    return r
+class Parts:
+    """The relay's parts as relay/core.py wires them, minus the connections."""
+
+    def __init__(self, world: World, registry: Registry) -> None:
+        self.live = LiveMerge()
+        registry.place, registry.forget = self.live.place, self.live.forget
+        metrics = Metrics()
+        self.stream = EventStream(world, registry, self.live, metrics,
+                                  bounded.Rejections(None, logging.getLogger("test")),
+                                  on_behind=lambda c: None)
+        self.stream.start_at((0, 0))
+        self.dispatch = Dispatcher(self.live, self.stream, registry, metrics, "r1", on_run_wake=lambda: None)
+        self.live.reconnected(KEY, 0)
+        world.parts = self
+
+    async def read(self) -> None:
+        self.dispatch.take()
+        res = await self.stream.read(None, True, [], True, self._between)
+        if res.covers >= 0:
+            self.live.read_covers(res.covers)
+
+    @staticmethod
+    async def _between() -> None:
+        return None
 
 
 OPS = st.lists(st.one_of(
@@ -148,7 +179,7 @@ def test_live_frames_and_reads_merge_exactly_once_in_commit_order(ops: list[tupl
     async def run() -> tuple[World, list[Client], dict[Client, int]]:
         world = World()
         registry = Registry()
-        relay = _relay(world, registry)
+        parts = Parts(world, registry)
         a = Client(ALICE, "alice", "member", 100000, (0, 0), lambda c: None)
         registry.add(a)
         registry.join(a, ROOM)
@@ -156,10 +187,7 @@ def test_live_frames_and_reads_merge_exactly_once_in_commit_order(ops: list[tupl
         registry.add(b)
         joined_at: dict[Client, int] = {a: 0}
 
-        async def read() -> None:
-            h, relay._hints = relay._hints, type(relay._hints)()
-            h.tick = h.events = True
-            await relay._read(h)
+        read = parts.read
 
         for op, x, y in ops:
             if op == "insert":
@@ -215,3 +243,128 @@ def test_live_frames_and_reads_merge_exactly_once_in_commit_order(ops: list[tupl
         for i in got:
             e = events[i]
             assert (e["tick"], e["id"]) <= pos or i in ahead, f"{i} would be replayed from {c.cursor()}"
+
+
+# -- a state machine with reaping, gaps, closing sockets and time ------------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class MergeMachine(RuleBasedStateMachine):
+    """Random schedules that also reap events before the relay reads them (the relay
+    held behind retention), close a socket, and let time pass. Whatever happens, per
+    socket: nothing twice, and every event it should get either arrives or is covered
+    by a resume_gap frame (never skipped silently); the live path's bookkeeping returns
+    to nothing once its causes are gone, and a closed socket is held by nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.world = World()
+        self.registry = Registry()
+        self.clock = Clock()
+        self.parts = Parts(self.world, self.registry)
+        self.parts.live = live = LiveMerge(clock=self.clock)
+        self.registry.place, self.registry.forget = live.place, live.forget
+        self.parts.stream.live = self.parts.dispatch.live = live
+        live.reconnected(KEY, 0)
+        self.a = Client(ALICE, "alice", "member", 100000, (0, 0), lambda c: None)
+        self.b = Client(uuid.UUID(int=2), "bob", "member", 100000, (0, 0), lambda c: None)
+        self.registry.add(self.a)
+        self.registry.join(self.a, ROOM)
+        self.registry.add(self.b)
+        self.registry.join(self.b, ROOM)
+        self.closed: set[Client] = set()
+
+    def _read(self) -> None:
+        asyncio.run(self.parts.read())
+
+    @rule(to_room=st.booleans(), big=st.integers(0, 19))
+    def insert(self, to_room: bool, big: int) -> None:
+        self.world.insert(to_room, big == 0)
+
+    @rule(k=st.integers(0, 10**6))
+    def commit(self, k: int) -> None:
+        self.world.commit(k)
+
+    @rule(n=st.integers(1, 100))
+    def hear(self, n: int) -> None:
+        self.world.hear(n)
+
+    @rule(n=st.integers(1, 120))
+    def burst(self, n: int) -> None:
+        for _ in range(n):
+            self.world.insert(False, False)
+            self.world.commit(len(self.world.open) - 1)
+        self.world.hear(len(self.world.pending))
+
+    @rule()
+    def read(self) -> None:
+        self._read()
+
+    @rule()
+    def tick_and_reap(self) -> None:
+        """A tick lands (another replica ticked), then reap_events() takes it before this
+        relay read it: the relay is behind retention."""
+        w = self.world
+        if w.unticked:
+            w.tick += 1
+            for e in sorted(w.unticked, key=lambda e: e["id"]):
+                e["tick"] = w.tick
+                w.ticked.append(e)
+            w.unticked = []
+        w.reap()
+
+    @rule()
+    def close_bob(self) -> None:
+        if self.b not in self.closed:
+            self.registry.remove(self.b)
+            self.closed.add(self.b)
+
+    @rule(s=st.floats(0, 40))
+    def time_passes(self, s: float) -> None:
+        self.clock.t += s
+
+    @invariant()
+    def bounded_and_nothing_held_for_the_closed(self) -> None:
+        live = self.parts.live
+        assert live.unconfirmed() <= live.UNCONFIRMED_MAX
+        for c in self.closed:
+            assert not c.live.hold
+            assert all(c not in clients for _, clients in live._unconfirmed.values()), "closed socket kept"
+
+    def teardown(self) -> None:
+        w = self.world
+        while w.open:
+            w.commit(0)
+        w.hear(len(w.pending))
+        for _ in range(3):
+            self._read()
+        self.clock.t += LiveMerge.UNCONFIRMED_TTL + 1
+        self._read()
+        live = self.parts.live
+        assert live.unconfirmed() == 0 and live.holding() == 0, "live bookkeeping outlived its cause"
+        for c in (self.a, self.b):
+            frames = []
+            while not c.queue.empty():
+                frames.append(json.loads(c.queue.get_nowait()))  # type: ignore[arg-type]
+            got = [f["id"] for f in frames if f["event"] == "x"]
+            assert len(got) == len(set(got)), f"duplicates: {got}"
+            if c in self.closed:
+                continue
+            gaps = [cursor.decode(f["cursor"]) for f in frames if f["event"] == "resume_gap"]
+            for e in w.all_committed():
+                if e["id"] in got or not (e["user_id"] == c.user_id or e["room"] == ROOM):
+                    continue
+                pos = (e["tick"], e["id"])
+                assert any(pos <= g for g in gaps), f"event {e['id']} at {pos} skipped silently; gaps {gaps}"
+            # the cursor names nothing that can no longer be confirmed
+            _, ahead = cursor.decode_ahead(c.cursor())
+            assert not ahead, f"ids left in the cursor: {ahead}"
+
+
+TestMergeMachine = MergeMachine.TestCase
+TestMergeMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)

@@ -23,6 +23,7 @@ from switchboard.auth import AuthState
 from switchboard.config import Config
 from switchboard.metrics import Metrics
 from switchboard.relay import Relay
+from switchboard.relay.reads import Page
 from switchboard.sockets import Client, Registry
 
 HERE = uuid.uuid4()     # a user with a socket on this replica
@@ -35,7 +36,7 @@ def _row(tick: int, eid: int, user: uuid.UUID, payload: str) -> dict[str, Any]:
 
 
 class ScriptedDB:
-    """relay_tick_read returns one scripted batch per call; at each call it records how
+    """tick_read returns one scripted batch per call; at each call it records how
     many frames were still waiting in the local socket's send queue."""
 
     def __init__(self, batches: list[list[dict[str, Any]]], client: Client) -> None:
@@ -46,26 +47,27 @@ class ScriptedDB:
         self.done = asyncio.Event()
         self.relay: Relay | None = None
 
-    async def relay_tick_read(self, conn: Any, after: tuple[int, int], eph: list[int],
-                              max_rows: int) -> tuple[int, list[dict[str, Any]]]:
+    async def tick_read(self, conn: Any, after: tuple[int, int], eph: list[int], max_rows: int) -> Page:
         self.waiting_at_read.append(self.client.queue.qsize())
         self.positions.append(after)
         if not self.batches:
             self.done.set()
-            return 0, []
+            return Page(0, 0, 0, [])
         # A steady rate: another NOTIFY arrived during this round trip.
         assert self.relay is not None
-        self.relay._hints.tick = self.relay._hints.events = True
-        self.relay._wake.set()
-        return 1, self.batches.pop(0)
+        self.relay.dispatch.want_read()
+        return Page(1, 0, 0, self.batches.pop(0))
+
+    async def read(self, conn: Any, after: tuple[int, int], eph: list[int], max_rows: int) -> Page:
+        return Page(0, 0, 0, [])
 
 
 def _relay(db: ScriptedDB, registry: Registry) -> Relay:
     cfg = Config(database_url="postgresql://unused", jwt_secret="x" * 32, relay_read_gap=0.0)
     r = Relay(db, AuthState("x" * 32, 60), registry, Metrics(), cfg, "r1",  # type: ignore[arg-type]
-              on_run_wake=lambda: None, on_tool_result=lambda _c: None)
-    r._reader = object()  # type: ignore[assignment]  # only handed to the scripted db
-    r._cursor_set = True
+              on_run_wake=lambda: None, on_tool_result=lambda _c: None, reads=db)
+    r.listener.reader = object()  # type: ignore[assignment]  # only handed to the scripted db
+    r.stream.start_at((0, 0))
     return r
 
 
@@ -91,8 +93,7 @@ def test_frames_are_written_before_the_next_read_and_foreign_rows_only_move_the_
         s = asyncio.create_task(sender())
 
         db.relay = relay
-        relay._hints.tick = relay._hints.events = True
-        relay._wake.set()
+        relay.dispatch.want_read()
         reader = asyncio.create_task(relay._read_loop())
         await asyncio.wait_for(db.done.wait(), 5)
         reader.cancel()
