@@ -218,16 +218,7 @@ class Client:
         if self.closing is not None:
             return False
         if self.resuming and not replay:
-            if len(self.buffer) >= self.queue_size:
-                # Every stored event in the buffer was ticked before the relay read it, so
-                # the replay's next page will return it: drop them (and ephemeral frames,
-                # which are best-effort) and let the replay fetch one more page.
-                self.buffer = [b for b in self.buffer if b[0] is None][: self.queue_size // 2]
-                self.refetch = True
-            self.buffer.append((pos, f))
-            # An event this socket has already (sent live, now read) is buffered only so
-            # the replay's flush can place it (confirm); it is not a frame to send.
-            return pos is None or not self.has(f["id"])
+            return self._buffer(f, pos)
         if behind is not None and not self.queue.fits(len(text) if text is not None else 0):
             # Full during a catch-up: nothing is recorded, so its own catch-up reads this
             # event again (an ephemeral frame is best-effort and dropped).
@@ -255,6 +246,19 @@ class Client:
             self._on_overflow(self)
             return False
         return True
+
+    def _buffer(self, f: dict[str, Any], pos: tuple[int, int] | None) -> bool:
+        """A frame offered while the socket resumes: kept for the replay's flush."""
+        if len(self.buffer) >= self.queue_size:
+            # Every stored event in the buffer was ticked before the relay read it, so
+            # the replay's next page will return it: drop them (and ephemeral frames,
+            # which are best-effort) and let the replay fetch one more page.
+            self.buffer = [b for b in self.buffer if b[0] is None][: self.queue_size // 2]
+            self.refetch = True
+        self.buffer.append((pos, f))
+        # An event this socket has already (sent live, now read) is buffered only so
+        # the replay's flush can place it (confirm); it is not a frame to send.
+        return pos is None or not self.has(f["id"])
 
     def has(self, eid: int) -> bool:
         """Whether stored event ``eid`` was queued to this socket (or its client holds it,

@@ -32,17 +32,15 @@ from .resume import resume
 from .runfeed import FEEDS, RunFeed
 from .sessions import SessionWatch
 from .sockets import Client, Registry, encode, frame
+from .ws_actions import FEED_MAX, ROOM_MAX, Actions, error
 
 
 LOG = logging.getLogger("switchboard.ws")
 # A room's naming rule lives in SQL (add_room_member); a name that breaks it can
 # never be a member, so is_room_member() refuses it. Here only a bound on what an
 # untrusted client may make us send to the database.
-ROOM_MAX = 128
-TOOL_RESULT_RE = re.compile(r"^tool\.result\.([0-9a-fA-F-]{36})$")
 TICKET_RE = re.compile(r"[0-9A-Fa-f]{1,64}")   # issue_ticket's 32 hex digits; more is never a ticket
 HANDSHAKE_ROOMS_MAX = 50
-FEED_MAX = 32                                   # a feed name's length bound (FEEDS lists the real ones)
 
 
 class Handshake(NamedTuple):
@@ -111,6 +109,7 @@ class WebSocketResource:
         self.rejections = bounded.Rejections(
             lambda source, reason: relay.metrics.inc("switchboard_bad_input_total", source=source, reason=reason),
             LOG)
+        self.actions = Actions(db, registry, config, feed, self.rejections)
 
     async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         raise falcon.HTTPBadRequest(title="Bad Request",
@@ -212,7 +211,7 @@ class WebSocketResource:
         if reason is not None:
             relay.close_client(client, 1008, reason)
         # feeds=runs: subscribed in the same step (no await: no feed frame can precede hello).
-        feed_errors = [e for e in (self._subscribe(client, f) for f in dict.fromkeys(hs.feeds)) if e]
+        feed_errors = [e for e in (self.actions.subscribe(client, f) for f in dict.fromkeys(hs.feeds)) if e]
         start = client.cursor()
         client.queue.put_nowait(encode(frame(
             "hello", {"replica": self.replica.replica_id, "user_id": str(user_id), "username": user["username"],
@@ -263,7 +262,7 @@ class WebSocketResource:
             LOG.info("send to user %s failed: %s", client.user_id, exc)
 
     def _error(self, client: Client, code: str, message: str, **extra: Any) -> None:
-        client.offer(frame("error", {"code": code, "message": message, **extra}))
+        error(client, code, message, **extra)
 
     async def _receive_loop(self, ws: falcon.asgi.WebSocket, client: Client) -> None:
         bucket = _FrameBucket(self.cfg.ws_frame_rate, self.cfg.ws_frame_burst)
@@ -294,7 +293,7 @@ class WebSocketResource:
                 self._error(client, "bad_frame", "frames must be JSON objects")
                 continue
             try:
-                await self._handle(client, msg)
+                await self.actions.handle(client, msg)
             except psycopg.Error as exc:
                 self._error(client, "refused", exc.diag.message_primary or "refused by the database")
             except falcon.WebSocketDisconnected:
@@ -302,101 +301,3 @@ class WebSocketResource:
             except Exception as exc:  # pool timeout, database down
                 LOG.warning("frame from user %s failed: %s", client.user_id, exc)
                 self._error(client, "unavailable", "temporarily unavailable; retry")
-
-    async def _handle(self, client: Client, msg: dict[str, Any]) -> None:
-        action = msg.get("action")
-        if action is None and "event" in msg:
-            action = "publish"
-        if action == "ping":
-            client.offer(frame("pong", {}))
-        elif action == "join":
-            room = msg.get("room")
-            if not isinstance(room, str) or not 0 < len(room) <= ROOM_MAX or "\x00" in room:
-                self._error(client, "bad_room", "room must be a room name", action="join")
-                return
-            if not await self.db.is_room_member(room, client.user_id):
-                self._error(client, "forbidden", f"not a member of room {room}", action="join", room=room)
-                return
-            self.registry.join(client, room)
-            client.offer(frame("joined", {}, room=room))
-        elif action == "leave":
-            room = msg.get("room")
-            if isinstance(room, str) and room in client.rooms:
-                self.registry.leave(client, room)
-            client.offer(frame("left", {}, room=room if isinstance(room, str) else None))
-        elif action == "resume":
-            after: Position | int
-            ahead: tuple[int, ...] = ()
-            try:
-                if "cursor" in msg:
-                    after, ahead = cursor.decode_ahead(msg["cursor"])
-                else:
-                    after = bounded.bigint(msg.get("after"), name="after", minimum=0)
-                    if not isinstance(msg.get("after"), int):
-                        raise BadInput("bad_number", "after must be an integer")
-            except BadInput as exc:
-                self.rejections.record("ws", exc.reason, str(exc))
-                self._error(client, "bad_resume", "send the cursor of the last event frame processed "
-                                                  "({\"cursor\": \"...\"}; or after: the last event id)")
-                return
-            await resume(self.db, client, after, self.cfg.ws_replay_stall_seconds, ahead)
-        elif action == "publish":
-            await self._publish(client, msg)
-        elif action in ("subscribe", "unsubscribe"):
-            feed = msg.get("feed")
-            if not isinstance(feed, str) or not 0 < len(feed) <= FEED_MAX:
-                self._error(client, "bad_feed", "feed must be a feed name", action=action, allowed=list(FEEDS))
-            elif action == "subscribe":
-                err = self._subscribe(client, feed)
-                if err is not None:
-                    client.offer(err)
-                else:
-                    self._subscribed(client)
-            else:
-                if self.feed is not None:
-                    self.feed.unsubscribe(client)
-                self._subscribed(client)
-        else:
-            self._error(client, "unknown_action", f"unknown action {str(action)[:50]!r}",
-                        allowed=["join", "leave", "resume", "publish", "ping", "subscribe", "unsubscribe"])
-
-    def _subscribe(self, client: Client, feed: str) -> dict[str, Any] | None:
-        """Subscribe to a feed: admins only (the runs feed shows every run). The error
-        frame to send, or None."""
-        if feed not in FEEDS or self.feed is None:
-            return frame("error", {"code": "bad_feed", "message": f"no feed {feed[:FEED_MAX]!r}",
-                                   "action": "subscribe", "allowed": list(FEEDS)})
-        if not self.feed.subscribe(client):
-            return frame("error", {"code": "forbidden", "message": f"the {feed} feed is for admins",
-                                   "action": "subscribe"})
-        return None
-
-    def _subscribed(self, client: Client) -> None:
-        client.offer(frame("subscribed", {"feeds": self.feed.feeds_of(client) if self.feed else []}))
-
-    async def _publish(self, client: Client, msg: dict[str, Any]) -> None:
-        event = msg.get("event")
-        payload = msg.get("payload", {})
-        if not isinstance(event, str):
-            self._error(client, "bad_event", "event must be a string")
-            return
-        if event == "typing":
-            room = msg.get("room")
-            if not isinstance(room, str) or room not in client.rooms:
-                self._error(client, "forbidden", "typing goes to a room you have joined", event=event)
-                return
-            await self.db.publish_client_event(client.user_id, room, "typing", payload)
-            return
-        m = TOOL_RESULT_RE.match(event)
-        if m:
-            try:
-                call_id = uuid.UUID(m.group(1))
-            except ValueError:
-                self._error(client, "bad_event", "bad tool call id")
-                return
-            ok = await self.db.tool_call_answer(call_id, client.user_id, payload)
-            if not ok:
-                self._error(client, "unknown_call", "no pending tool call with that id for you", event=event)
-            return
-        self._error(client, "forbidden_event", "clients may only send typing and tool.result.<id>",
-                    event=event[:100])

@@ -47,7 +47,7 @@ from typing import Any
 
 import psycopg
 
-from .. import bounded, latency_trace
+from .. import bounded, latency_trace, memory
 from ..auth import AuthState
 from ..config import Config
 from ..cursor import END, Position
@@ -92,7 +92,7 @@ class Relay:
         self.cfg = config
         self.replica_id = replica_id
         self.on_connect = on_connect
-        self.live = LiveMerge(on_sent=self._live_sent,
+        self.live = LiveMerge(ttl=config.live_unconfirmed_ttl, on_sent=self._live_sent,
                               on_dropped=lambda: metrics.inc("switchboard_live_unconfirmed_dropped_total"))
         registry.place, registry.forget = self.live.place, self.live.forget
         rejections = bounded.Rejections(
@@ -311,8 +311,11 @@ class Relay:
     def close_client(self, c: Client, code: int, reason: str) -> None:
         """Close ``c`` with ``code`` and unregister it at once: it gets nothing more, its
         queue is released, and it no longer counts against its user's socket cap."""
+        held = c.queue.bytes
         if c.request_close(code, reason):
             self.metrics.inc("switchboard_ws_closed_total", code=str(code))
+            if held >= memory.LARGE:
+                memory.release_soon()
         self.registry.remove(c)
 
     def overflow(self, c: Client) -> None:

@@ -62,7 +62,7 @@ class LiveMerge:
     UNCONFIRMED_MAX = 10000
     UNCONFIRMED_TTL = 30.0      # s an id sent live may wait for the read that confirms it
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, clock: Callable[[], float] = time.monotonic, ttl: float = UNCONFIRMED_TTL,
                  on_sent: Callable[[], None] = lambda: None,
                  on_dropped: Callable[[], None] = lambda: None) -> None:
         self.key: bytes | None = None
@@ -78,6 +78,7 @@ class LiveMerge:
         self._unconfirmed: OrderedDict[int, tuple[float, list[Client]]] = OrderedDict()
         self._holding: set[Client] = set()
         self._clock = clock
+        self.ttl = ttl          # s an id sent live may wait for its read (SWITCHBOARD_LIVE_UNCONFIRMED_TTL)
         self._on_sent = on_sent  # each live frame queued (a metric)
         self._on_dropped = on_dropped   # each id dropped unconfirmed (a metric)
 
@@ -131,8 +132,8 @@ class LiveMerge:
                     del self._unconfirmed[eid]
 
     def expire(self) -> None:
-        """Drop the ids sent live that waited longer than UNCONFIRMED_TTL for their read."""
-        limit = self._clock() - self.UNCONFIRMED_TTL
+        """Drop the ids sent live that waited longer than ``ttl`` for their read."""
+        limit = self._clock() - self.ttl
         while self._unconfirmed:
             eid, (sent, _) = next(iter(self._unconfirmed.items()))
             if sent > limit:
