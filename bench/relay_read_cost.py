@@ -35,7 +35,7 @@ def cpu_s(pid: int) -> float:
 
 
 VARIANTS = {
-    # what the relay sends on every wake-up (Database.relay_tick_read)
+    # what the relay sent on every wake-up before relay/reads.py (which adds event_window())
     "tick+read (relay_tick_read)": "BEGIN; SELECT switchboard.event_tick() AS tick; COMMIT; "
                                    f"SELECT {READ_COLS} FROM switchboard.relay_read_v2({{}}, {{}}, '{{{{}}}}', 1000)",
     "read only (relay_read_v2)": f"SELECT {READ_COLS} FROM switchboard.relay_read_v2({{}}, {{}}, '{{{{}}}}', 1000)",

@@ -152,7 +152,7 @@ else
   lane3=(tests/test_sessions.py tests/test_js_client.py tests/test_sqitch.py tests/browser
          tests/test_trust_boundary.py tests/test_event_bus_proof.py tests/test_live_relay.py
          tests/test_wheel_install.py tests/test_server_limits.py tests/test_relay_hear.py
-         tests/ha/test_ha_trio.py)
+         tests/ha/test_ha_trio.py tests/test_relay_isolation.py)
   lane2_log=$(mktemp /tmp/switchboard-lane2.XXXXXX)
   lane3_log=$(mktemp /tmp/switchboard-lane3.XXXXXX)
   python3 -m pytest -p no:cacheprovider --durations=8 "${lane2[@]}" >"$lane2_log" 2>&1 &

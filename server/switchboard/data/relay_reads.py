@@ -18,16 +18,8 @@ from .pool import Row
 
 
 class RelayReads:
-    """Events after a position, the live key, the auth snapshot and the checks of
+    """(The event pages themselves: relay/reads.py.) The live key, the auth snapshot and the checks of
     what a replica holds (user states, revocations, room memberships)."""
-
-    @staticmethod
-    async def relay_read_v2(conn: psycopg.AsyncConnection[Any], after: tuple[int, int], ephemeral_ids: list[int],
-                            max_rows: int) -> list[Row]:
-        cur = await conn.execute(
-            "SELECT tick, id, ephemeral, user_id, room, event, sender, payload::text AS payload, ts "
-            "FROM switchboard.relay_read_v2(%s, %s, %s, %s)", (after[0], after[1], ephemeral_ids, max_rows))
-        return await cur.fetchall()
 
     @staticmethod
     async def relay_live_key(conn: psycopg.AsyncConnection[Any]) -> tuple[bytes | None, int]:
@@ -45,29 +37,6 @@ class RelayReads:
         cur = await conn.execute("SELECT id FROM switchboard.relay_ephemeral_missed(%s, %s)",
                                  (timedelta(seconds=lookback), max_rows))
         return [int(r["id"]) for r in await cur.fetchall()]
-
-    @staticmethod
-    async def relay_tick_read(conn: psycopg.AsyncConnection[Any], after: tuple[int, int], ephemeral_ids: list[int],
-                              max_rows: int) -> tuple[int, list[Row]]:
-        """event_tick() in a transaction of its own, then relay_read_v2() after it, in ONE
-        round trip (one simple-query string: BEGIN; tick; COMMIT; read). The tick commits
-        before the read starts, so the read sees it, and the ticker row is not held while
-        reading. The values are the relay's own integers (its position, bounded hint ids),
-        passed as psycopg.sql.Literal: the simple-query protocol takes no parameters."""
-        q = sql.SQL(
-            "BEGIN; SELECT switchboard.event_tick() AS tick; COMMIT; "
-            "SELECT tick, id, ephemeral, user_id, room, event, sender, payload::text AS payload, ts "
-            "FROM switchboard.relay_read_v2({}::bigint, {}::bigint, {}::bigint[], {}::integer)").format(
-                sql.Literal(int(after[0])), sql.Literal(int(after[1])),
-                sql.Literal([int(i) for i in ephemeral_ids]), sql.Literal(int(max_rows)))
-        cur = await conn.execute(q)
-        sets: list[list[Row]] = []
-        while True:
-            if cur.description is not None:
-                sets.append(await cur.fetchall())
-            if not cur.nextset():
-                break
-        return int(sets[0][0]["tick"]), sets[1]
 
     @staticmethod
     async def event_window_on(conn: psycopg.AsyncConnection[Any]) -> Row:
