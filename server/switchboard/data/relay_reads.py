@@ -12,7 +12,6 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg import sql
 
 from .pool import Row
 
