@@ -36,6 +36,7 @@ EXPECTED_ALERTS = {
     "SwitchboardRateLimiterFailOpen", "SwitchboardHigh5xxRate", "SwitchboardSlowRequests",
     "SwitchboardPoolExhausted",
     "SwitchboardNotifyQueueFilling",   # issue 21: a pinned NOTIFY queue stops every event
+    "SwitchboardRelayBehindRetention",  # issue 30: events reaped before a relay read them
 }
 
 
