@@ -193,11 +193,13 @@ def test_forged_notifications_change_nothing(server_factory, db: str, intruder_u
 
     def call() -> None:
         result["r"] = httpx.post(s.base + "/tools/call", headers=h_admin, timeout=30,
-                                 json={"user_id": member, "name": "echo", "args": {}, "timeout_ms": 8000})
+                                 json={"user_id": member, "name": "echo", "args": {}, "timeout_ms": 30000})
 
     caller = threading.Thread(target=call)
     caller.start()
-    f = ws.recv_until(lambda f: f["event"].startswith("tool.call."), timeout=5)
+    # 15 s, not the milliseconds it takes: CI runs three lanes on two cores (the call's own
+    # timeout is 30 s, so it is still waiting when the forgeries arrive).
+    f = ws.recv_until(lambda f: f["event"].startswith("tool.call."), timeout=15)
     call_id = f["event"].split(".", 2)[2]
 
     notes = _forgeries(member, admin, _jwt_claims(tok_member)["jti"], secret_id, call_id, replica_id)
@@ -218,7 +220,7 @@ def test_forged_notifications_change_nothing(server_factory, db: str, intruder_u
     # no answer: the caller is still waiting, and the real answer still gets through
     assert caller.is_alive(), result.get("r") and result["r"].text
     ws.send({"action": "publish", "event": f"tool.result.{call_id}", "payload": {"real": True}})
-    caller.join(15)
+    caller.join(30)
     assert result["r"].status_code == 200 and result["r"].json() == {"result": {"real": True}}
     # cursor intact, membership intact: real events published afterwards arrive
     r = httpx.post(s.base + "/events", headers=h_admin, json={"user_id": member, "event": "real.user", "payload": {}})
