@@ -913,9 +913,8 @@ def test_entrypoint_is_the_declared_console_script(stages: list[dict[str, Any]])
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert pyproject["project"]["scripts"]["switchboard"] == "switchboard.cli:main"
     assert pyproject["tool"]["setuptools"]["package-dir"] == {"": "server"}
-    cli = ROOT / "server" / "switchboard" / "cli.py"
-    if cli.exists():
-        assert re.search(r"^def main\(", cli.read_text(), re.MULTILINE), "cli.py has no main()"
+    cli = ROOT / "server" / "switchboard" / "cli" / "__init__.py"
+    assert re.search(r"^def main\(", cli.read_text(), re.MULTILINE), "switchboard.cli has no main()"
 
 
 def test_final_stage_runs_as_the_charts_numeric_non_root_user(stages: list[dict[str, Any]]) -> None:
