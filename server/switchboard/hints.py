@@ -203,6 +203,17 @@ class Hints:
         return bool(self.events or self.tick or self.window or self.ephemeral or self.users or self.revoked
                     or self.members or self.tools or self.sessions)
 
+    def take_announcements(self) -> "Hints":
+        """The announcements collected so far (users, revocations, members, tool answers,
+        sessions), moved to a new Hints; the event hints stay here."""
+        taken = Hints()
+        taken.users, self.users = self.users, set()
+        taken.revoked, self.revoked = self.revoked, set()
+        taken.members, self.members = self.members, set()
+        taken.tools, self.tools = self.tools, set()
+        taken.sessions, self.sessions = self.sessions, set()
+        return taken
+
     @classmethod
     def add(cls, bucket: set[Any], item: Any) -> None:
         if len(bucket) < cls.MAX:

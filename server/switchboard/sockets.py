@@ -110,9 +110,6 @@ class Outbox:
         self._items.append(text)
         self._ready.set()
 
-    def full(self) -> bool:
-        return len(self._items) >= self.max_frames or self.bytes >= self.max_bytes
-
     def fits(self, size: int) -> bool:
         return not self._items or (len(self._items) < self.max_frames and self.bytes + size <= self.max_bytes)
 

@@ -113,13 +113,17 @@ class World:
                 "room": e["room"], "event": "x", "sender": None, "payload": json.dumps({"id": e["id"]}),
                 "ts": int(time.time() * 1000) + 60_000}
 
-    async def tick_read(self, conn: Any, after: tuple[int, int], eph: list[int], max_rows: int) -> Page:
+    def tick_now(self) -> None:
+        """event_tick(): what committed since the last tick becomes the next batch."""
         if self.unticked:
             self.tick += 1
             for e in sorted(self.unticked, key=lambda e: e["id"]):
                 e["tick"] = self.tick
                 self.ticked.append(e)
             self.unticked = []
+
+    async def tick_read(self, conn: Any, after: tuple[int, int], eph: list[int], max_rows: int) -> Page:
+        self.tick_now()
         page = await self.read(conn, after, eph, max_rows)
         # Transactions that commit after this read's snapshot, heard while its rows are
         # still on the way: the read confirms older ids and frees cursor room, but these
@@ -309,14 +313,8 @@ class MergeMachine(RuleBasedStateMachine):
     def tick_and_reap(self) -> None:
         """A tick lands (another replica ticked), then reap_events() takes it before this
         relay read it: the relay is behind retention."""
-        w = self.world
-        if w.unticked:
-            w.tick += 1
-            for e in sorted(w.unticked, key=lambda e: e["id"]):
-                e["tick"] = w.tick
-                w.ticked.append(e)
-            w.unticked = []
-        w.reap()
+        self.world.tick_now()
+        self.world.reap()
 
     @rule()
     def close_bob(self) -> None:

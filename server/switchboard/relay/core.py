@@ -265,13 +265,8 @@ class Relay:
             self.live.read_covers(res.covers)
 
     async def _between_pages(self, rconn: psycopg.AsyncConnection[Any]) -> None:
-        h = self.dispatch.hints
-        if Announcements.pending(h):
-            taken = Hints()
-            taken.users, taken.revoked, taken.members, taken.tools, taken.sessions = (
-                h.users, h.revoked, h.members, h.tools, h.sessions)
-            h.users, h.revoked, h.members, h.tools, h.sessions = set(), set(), set(), set(), set()
-            await self.announce.apply(rconn, taken)
+        if Announcements.pending(self.dispatch.hints):
+            await self.announce.apply(rconn, self.dispatch.hints.take_announcements())
 
     # -- background loops ----------------------------------------------------------------------------
     async def _ticker_loop(self) -> None:

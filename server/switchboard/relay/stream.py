@@ -59,12 +59,11 @@ def nothing_to_send(targets: set[Client] | None, pos: Position) -> bool:
 
 
 class ReadResult:
-    __slots__ = ("busy", "covers", "rows")
+    __slots__ = ("busy", "covers")
 
     def __init__(self) -> None:
         self.busy = False       # another replica was ticking: ask again shortly
         self.covers = -1        # the live hearing count this read covers (-1: none)
-        self.rows = 0
 
 
 class EventStream:
@@ -128,7 +127,6 @@ class EventStream:
                 eph = []
             self._check_window(page)
             stored = await self._deliver_page(page.rows)
-            res.rows += len(page.rows)
             page = None
             if stored < self.READ_ROWS:
                 self.catching_up = False
