@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
+import socket
 import statistics
 import sys
 import time
@@ -69,6 +71,23 @@ def base_tree(rev: str) -> Path:
                          capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(d)], input=tar, check=True)
     return d
+
+
+def stuck_socket(port: int, ticket: str) -> socket.socket:
+    """A WebSocket whose client never reads a byte after the handshake (4 KiB receive
+    buffer): a phone in a tunnel, or a hostile client."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall((f"GET /ws?ticket={ticket} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+                  f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        b = sock.recv(1)
+        if not b:
+            raise RuntimeError("stuck socket closed during the handshake")
+        head += b
+    return sock
 
 
 def prefill(url: str, n: int) -> None:
@@ -198,6 +217,9 @@ def main() -> None:
                     help="load pg_stat_statements (track=all) and report the top statements by total time")
     ap.add_argument("--trace", action="store_true",
                     help="per-stage timestamps from our replicas (SWITCHBOARD_LATENCY_TRACE); costs them some CPU")
+    ap.add_argument("--live", action="store_true", help="the verified live path on in every Switchboard stack")
+    ap.add_argument("--stuck-alt", type=float, default=0.0,
+                    help="percent of extra sockets on the 'alt' stack that never read a byte (issue 30)")
     ap.add_argument("--out", default=str(RESULTS / "latency_ab.json"))
     a = ap.parse_args()
     settings: dict[str, str] = {}
@@ -234,6 +256,7 @@ def main() -> None:
                            "settings": settings, "replica_env": renv, "pairs": [],
                            "load_start": loadavg(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     procs: list[Proc] = []
+    stuck: list[socket.socket] = []
     bares: list[Proc] = []
     rcvs: list[Receiver] = []
     stacks: list[dict[str, Any]] = []   # name, url, receiver, sql, params, pids
@@ -255,6 +278,8 @@ def main() -> None:
                     c.execute(old_event_functions())
                 if name == "base" and base_dir is not None:
                     c.execute((base_dir / "db/functions/50_events.sql").read_text())
+                if a.live:
+                    c.execute("SELECT switchboard.event_live_path(true)")
             if a.prefill:
                 prefill(url_s, a.prefill)
             tdir = None
@@ -289,6 +314,13 @@ def main() -> None:
             st["rcv"] = Receiver("ws", spec)
             rcvs.append(st["rcv"])
             os.unlink(spec)
+        if a.stuck_alt:
+            alt = next(st for st in stacks if st["name"] == "alt")
+            k = int(a.users * a.stuck_alt / 100)
+            tickets = _tickets(alt["url"], alt["ids"][:k])
+            stuck = [stuck_socket(alt["procs"][i % a.replicas].port, t) for i, t in enumerate(tickets)]
+            log(f"{len(stuck)} sockets that never read on the alt stack (users 0..{k - 1}, who also have a "
+                f"reading socket)")
         log(f"{a.users} sockets per stack on {a.replicas} replicas each; {a.rate:.0f} ev/s x {a.seconds} s; "
             f"{a.pairs} rounds of {' '.join(st['name'] for st in stacks)}; prefill {a.prefill}; "
             f"settings {settings or 'bench default (fsync off)'}; load {loadavg()}")
@@ -324,6 +356,8 @@ def main() -> None:
             for r in out["pgss"]:
                 log(f"   {r['calls']:>7} calls {r['total_ms']:>9} ms {r['mean_ms']:>8} ms/call  {r['query']}")
     finally:
+        for s_ in stuck:
+            s_.close()
         for r in rcvs:
             r.close()
         stop_all(procs + bares)
