@@ -524,10 +524,16 @@ COMMENT ON FUNCTION switchboard.events_since_v2(uuid, bigint, bigint, text[], bi
 REVOKE ALL ON FUNCTION switchboard.events_since_v2(uuid, bigint, bigint, text[], bigint, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.events_since_v2(uuid, bigint, bigint, text[], bigint, integer) TO switchboard_app;
 
-CREATE OR REPLACE FUNCTION switchboard.relay_read_v2(after_tick bigint, after_id bigint,
+-- The relay's read (V0021): the retained window first, then the rows, in ONE
+-- snapshot (a STABLE function sees its calling statement's snapshot). A relay
+-- whose position fell below the window -- events after it reaped before it read
+-- them, after a stall of any kind -- knows it from the read itself and sends
+-- resume_gap; before, a relay compared its position with event_window() only
+-- after a reconnect and otherwise skipped the reaped events silently.
+CREATE OR REPLACE FUNCTION switchboard.relay_read_v3(after_tick bigint, after_id bigint,
                                                      ephemeral_ids bigint[] DEFAULT '{}',
                                                      max_rows integer DEFAULT 1000)
-RETURNS TABLE (tick bigint, id bigint, ephemeral boolean, user_id uuid, room text, event text, sender uuid,
+RETURNS TABLE (kind text, tick bigint, id bigint, user_id uuid, room text, event text, sender uuid,
                payload jsonb, ts bigint)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -539,11 +545,15 @@ BEGIN
             HINT = 'At most 10000 per read.';
     END IF;
     RETURN QUERY
-    SELECT a.tick, a.id, false, a.user_id, a.room, a.event, NULL::uuid, a.payload,
+    SELECT 'window'::text, h.reaped_tick, h.reaped_through, NULL::uuid, NULL::text, NULL::text, NULL::uuid,
+           NULL::jsonb, NULL::bigint
+      FROM switchboard.event_horizon h;
+    RETURN QUERY
+    SELECT 'event'::text, a.tick, a.id, a.user_id, a.room, a.event, NULL::uuid, a.payload,
            (extract(epoch FROM a.created_at) * 1000)::bigint
       FROM switchboard._events_after(NULL, NULL, after_tick, after_id, NULL, max_rows) a;
     RETURN QUERY
-    SELECT NULL::bigint, x.id, true, x.user_id, x.room, x.event, x.sender, x.payload,
+    SELECT 'ephemeral'::text, NULL::bigint, x.id, x.user_id, x.room, x.event, x.sender, x.payload,
            (extract(epoch FROM x.created_at) * 1000)::bigint
       FROM switchboard.ephemeral_events x
      WHERE x.id = ANY (coalesce(ephemeral_ids, '{}'))
@@ -551,8 +561,27 @@ BEGIN
      ORDER BY x.id;
 END
 $$;
+COMMENT ON FUNCTION switchboard.relay_read_v3(bigint, bigint, bigint[], integer) IS
+    'Internal (relay): first one row kind ''window'' (tick = event_window().first_tick, id = reaped_through: a position below it means events after it were reaped unread, so resume_gap), then kind ''event'' rows: stored events after the position (after_tick, after_id) in delivery order (tick, then id; at most max_rows), then kind ''ephemeral'' rows with the given ids (younger than 30 s). All in one snapshot. SQLSTATE 22023 for a bad position, max_rows or more than 10000 ids (HINT says the bounds).';
+REVOKE ALL ON FUNCTION switchboard.relay_read_v3(bigint, bigint, bigint[], integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.relay_read_v3(bigint, bigint, bigint[], integer) TO switchboard_app;
+
+-- The previous release's relay reads with relay_read_v2 during a rolling update:
+-- the same read without the window row.
+CREATE OR REPLACE FUNCTION switchboard.relay_read_v2(after_tick bigint, after_id bigint,
+                                                     ephemeral_ids bigint[] DEFAULT '{}',
+                                                     max_rows integer DEFAULT 1000)
+RETURNS TABLE (tick bigint, id bigint, ephemeral boolean, user_id uuid, room text, event text, sender uuid,
+               payload jsonb, ts bigint)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT r.tick, r.id, r.kind = 'ephemeral', r.user_id, r.room, r.event, r.sender, r.payload, r.ts
+      FROM switchboard.relay_read_v3(after_tick, after_id, ephemeral_ids, max_rows) r
+     WHERE r.kind <> 'window'
+$$;
 COMMENT ON FUNCTION switchboard.relay_read_v2(bigint, bigint, bigint[], integer) IS
-    'Internal (relay): stored events after the position (after_tick, after_id) in delivery order (tick, then id; at most max_rows), then the ephemeral events with the given ids (younger than 30 s). What a replica delivers; NOTIFY payloads only say when to call it.';
+    'Previous release (0.2.x relays during a rolling update): relay_read_v3 without its window row. Stored events after the position (after_tick, after_id) in delivery order (tick, then id; at most max_rows), then the ephemeral events with the given ids (younger than 30 s).';
 REVOKE ALL ON FUNCTION switchboard.relay_read_v2(bigint, bigint, bigint[], integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.relay_read_v2(bigint, bigint, bigint[], integer) TO switchboard_app;
 

@@ -16,7 +16,7 @@
 \pset pager off
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
-SELECT plan(59);
+SELECT plan(63);
 
 SELECT switchboard.create_user('pgtap.a' || txid_current(), '$2b$12$abcdefghijklmnopqrstuv') AS a \gset
 SELECT switchboard.create_user('pgtap.b' || txid_current(), '$2b$12$abcdefghijklmnopqrstuv') AS b \gset
@@ -90,6 +90,16 @@ SELECT results_eq(format('SELECT tick, id, ephemeral FROM switchboard.relay_read
                   'relay_read_v2: every event after the position, max_rows of them');
 SELECT throws_ok(format('SELECT * FROM switchboard.events_since_v2(%L, -1, 0)', :'a'), '22023');
 SELECT throws_ok('SELECT * FROM switchboard.relay_read_v2(0, 0, ''{}'', 0)', '22023');
+-- relay_read_v3 (V0021): the window first, then the same rows, in one snapshot.
+SELECT results_eq(format('SELECT kind, tick, id FROM switchboard.relay_read_v3(%s, %s, ''{}'', 2)', :k1, :e1),
+                  format('VALUES (''window'', (SELECT reaped_tick FROM switchboard.event_horizon), '
+                         '(SELECT reaped_through FROM switchboard.event_horizon)), '
+                         '(''event'', %s::bigint, %s::bigint), (''event'', %s, %s)', :k1, :e2, :k1, :e3),
+                  'relay_read_v3: the retained window, then every event after the position');
+SELECT results_eq(format('SELECT kind FROM switchboard.relay_read_v3(%s, 9223372036854775807)', :k1),
+                  $$VALUES ('window'::text)$$, 'relay_read_v3: the window row even when nothing is new');
+SELECT throws_ok('SELECT * FROM switchboard.relay_read_v3(0, 0, ''{}'', 0)', '22023');
+SELECT throws_ok('SELECT * FROM switchboard.relay_read_v3(0, 0, array_fill(1::bigint, ARRAY[10001]))', '22023');
 SELECT is(switchboard.reap_events('1 hour'), 0, 'reap_events keeps what became visible within keep');
 
 -- _events_unticked (V0014): event_tick's "anything not covered by the last tick?",

@@ -4,8 +4,8 @@ BEGIN;
 DO $verify$
 BEGIN
     -- exactly the functions the files define: no left-over overload of an older release
-    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 132) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected exactly 132 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
+    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 133) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected exactly 133 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.cron_next(text, timestamptz, text)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.cron_next(text, timestamptz, text)' USING ERRCODE = 'P0004';
@@ -522,6 +522,15 @@ BEGIN
     END IF;
     IF (has_function_privilege('switchboard_app', 'switchboard.events_since_v2(uuid, bigint, bigint, text[], bigint, integer)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.events_since_v2(uuid, bigint, bigint, text[], bigint, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard.relay_read_v3(bigint, bigint, bigint[], integer)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.relay_read_v3(bigint, bigint, bigint[], integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.relay_read_v3(bigint, bigint, bigint[], integer)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.relay_read_v3(bigint, bigint, bigint[], integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard.relay_read_v3(bigint, bigint, bigint[], integer)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.relay_read_v3(bigint, bigint, bigint[], integer)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.relay_read_v2(bigint, bigint, bigint[], integer)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.relay_read_v2(bigint, bigint, bigint[], integer)' USING ERRCODE = 'P0004';
@@ -1224,6 +1233,9 @@ BEGIN
     END IF;
     IF (obj_description(to_regprocedure('switchboard.events_since_v2(uuid, bigint, bigint, text[], bigint, integer)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.events_since_v2(uuid, bigint, bigint, text[], bigint, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (obj_description(to_regprocedure('switchboard.relay_read_v3(bigint, bigint, bigint[], integer)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.relay_read_v3(bigint, bigint, bigint[], integer)' USING ERRCODE = 'P0004';
     END IF;
     IF (obj_description(to_regprocedure('switchboard.relay_read_v2(bigint, bigint, bigint[], integer)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.relay_read_v2(bigint, bigint, bigint[], integer)' USING ERRCODE = 'P0004';

@@ -1,11 +1,11 @@
 """The relay's event reads, on its own reader connection.
 
-Every page comes with the retained window (event_window()) seen in the SAME
-snapshot as its rows (one statement: STABLE functions share the calling query's
-snapshot). So a relay whose position fell below the window -- events after it
-were reaped before it read them -- knows it from the page itself, whatever path
-brought it there (a stall, a long catch-up, a paused process), and never skips
-reaped events silently (stream.py sends resume_gap).
+relay_read_v3 (V0021) returns the retained window (event_window()'s first_tick
+and reaped_through) as its first row, in the SAME snapshot as the rows after
+the position. So a relay whose position fell below the window -- events after
+it were reaped before it read them -- knows it from the read itself, whatever
+path brought it there (a stall, a long catch-up, a paused process), and never
+skips reaped events silently (stream.py sends resume_gap).
 """
 
 from __future__ import annotations
@@ -19,16 +19,9 @@ from ..cursor import Position
 
 Row = dict[str, Any]
 
-# LIMIT 1: event_window() returns one row, but the planner assumes 1,000 for any set-
-# returning function; joined with relay_read_v2's 1,000 that made a plan of 1,000,000
-# rows, past jit_above_cost, and every read paid ~12 ms of JIT compilation (figure 5's
-# p50 went from 8 to 25 ms, PostgreSQL CPU per event 4x). With it the plan costs ~80.
-_PAGE = (
-    "SELECT w.first_tick AS w_first, w.reaped_through AS w_reaped, r.tick, r.id, r.ephemeral, r.user_id, "
-    "r.room, r.event, r.sender, r.payload::text AS payload, r.ts "
-    "FROM (SELECT first_tick, reaped_through FROM switchboard.event_window() LIMIT 1) w "
-    "LEFT JOIN LATERAL switchboard.relay_read_v2({}::bigint, {}::bigint, {}::bigint[], {}::integer) "
-    "WITH ORDINALITY r ON true ORDER BY r.ordinality")
+_PAGE = ("SELECT kind, tick, id, kind = 'ephemeral' AS ephemeral, user_id, room, event, sender, "
+         "payload::text AS payload, ts "
+         "FROM switchboard.relay_read_v3({}::bigint, {}::bigint, {}::bigint[], {}::integer)")
 
 
 class Page(NamedTuple):
@@ -53,13 +46,12 @@ def _query(after: Position, eph: list[int], max_rows: int) -> sql.Composed:
 
 
 def _page(tick: int, rows: list[Row]) -> Page:
-    first = int(rows[0]["w_first"]) if rows else 0
-    reaped = int(rows[0]["w_reaped"]) if rows else 0
-    return Page(tick, first, reaped, [r for r in rows if r["id"] is not None])
+    window = rows[0]        # relay_read_v3's first row, always
+    return Page(tick, int(window["tick"]), int(window["id"]), rows[1:])
 
 
 class SqlReads:
-    """The reads as PostgreSQL answers them (relay_read_v2 + event_window, V0009/V0020)."""
+    """The reads as PostgreSQL answers them (relay_read_v3, V0021)."""
 
     async def tick_read(self, conn: psycopg.AsyncConnection[Any], after: Position, eph: list[int],
                         max_rows: int) -> Page:

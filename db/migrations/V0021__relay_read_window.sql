@@ -1,0 +1,12 @@
+-- V0021: a relay that falls behind the retention window is told so by its read.
+--
+-- Function changes (applied by afterAll):
+--   relay_read_v3(bigint, bigint, bigint[], integer) (50_events.sql): new. The
+--     relay's read returns the retained window (event_window().first_tick and
+--     reaped_through) as its first row, in the same snapshot as the events
+--     after the position. A relay whose position is below it sends resume_gap
+--     to every local socket instead of skipping the reaped events silently.
+--   relay_read_v2: now relay_read_v3 without the window row (same rows, same
+--     order), for the previous release's relays during a rolling update.
+-- No table changes.
+SELECT 1;
