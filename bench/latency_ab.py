@@ -351,8 +351,9 @@ def main() -> None:
             with psycopg.connect(url, autocommit=True) as c:
                 out["pgss"] = [dict(zip(("calls", "total_ms", "mean_ms", "rows", "query"), r)) for r in c.execute(
                     "SELECT calls, round(total_exec_time::numeric, 1), round(mean_exec_time::numeric, 3), rows,"
-                    " left(regexp_replace(query, '\\s+', ' ', 'g'), 160) FROM pg_stat_statements"
-                    " ORDER BY total_exec_time DESC LIMIT 25").fetchall()]
+                    " d.datname || ': ' || left(regexp_replace(query, '\\s+', ' ', 'g'), 140)"
+                    " FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid"
+                    " ORDER BY total_exec_time DESC LIMIT 30").fetchall()]
             for r in out["pgss"]:
                 log(f"   {r['calls']:>7} calls {r['total_ms']:>9} ms {r['mean_ms']:>8} ms/call  {r['query']}")
     finally:
