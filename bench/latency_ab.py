@@ -4,7 +4,8 @@
                                [--pairs 3] [--fsync] [--settings k=v,...] [--out FILE]
 
 Figure 5 of bench/run.py measures every Switchboard run and then every bare run, so
-the two halves see different moments of a shared, noisy box. Here both stacks run
+the two halves see different moments of a shared, noisy box. The order within a
+round rotates from round to round (the first slot measured worse whatever ran in it). Here both stacks run
 side by side for the whole benchmark (N replicas of `switchboard serve` and N bare
 Falcon apps from bench/bare_app.py, on one throwaway cluster, the same sockets per
 stack) and the runs alternate S B S B ...: each pair is one ratio. Per pair it
@@ -297,7 +298,12 @@ def main() -> None:
                            "sql": "SELECT switchboard.notify_user(%s, 'bench', %s)",
                            "params": (lambda ids_: lambda k: (ids_[k % a.users], json.dumps({"k": k})))(ids)})
             url = url or url_s
-        env = dict(os.environ, DATABASE_URL=cluster.url(stacks[0]["db"], APP_LOGIN))
+        # The bare relay gets a database of its own: NOTIFY wakes every LISTENing backend
+        # of its database, so sharing the first stack's put its 1,000 NOTIFYs/s on that
+        # stack's LISTEN connections (the first stack measured worse, whatever its code).
+        bare_db = cluster.new_db("sb_lat_bare")
+        url = cluster.url(bare_db)
+        env = dict(os.environ, DATABASE_URL=cluster.url(bare_db, APP_LOGIN))
         for i in range(a.replicas):
             port = free_port()
             bares.append(Proc([sys.executable, str(BENCH / "bare_app.py"), "--port", str(port), "--listen"],
@@ -329,7 +335,9 @@ def main() -> None:
             _one(st["rcv"], st["url"], st["sql"], st["params"], min(n, 300), a.rate, trace_dir=st.get("trace"))
         for p in range(a.pairs):
             rnd: dict[str, Any] = {}
-            for st in stacks:
+            # Each round starts with another stack: the first slot of a round measured
+            # worse whatever ran in it (p99 1.6x for the same code, BENCHMARKS.md issue 30).
+            for st in stacks[p % len(stacks):] + stacks[:p % len(stacks)]:
                 meter = CpuMeter(cluster, [x.pid for x in st["procs"]])
                 rnd[st["name"]] = _one(st["rcv"], st["url"], st["sql"], st["params"], n, a.rate, meter,
                                        trace_dir=st.get("trace"))
