@@ -12,6 +12,7 @@ SELECT pg_advisory_xact_lock(hashtext('switchboard.migrate'));
 \ir ../functions/30_tickets.sql
 \ir ../functions/40_ratelimit.sql
 \ir ../functions/50_events.sql
+\ir ../functions/55_streams.sql
 \ir ../functions/60_users.sql
 \ir ../functions/62_sessions.sql
 \ir ../functions/70_replicas.sql

@@ -153,6 +153,7 @@ BEGIN
     v := v || jsonb_build_object('sessions', switchboard.reap_sessions());
     v := v || jsonb_build_object('rate_limits', switchboard.reap_rate_limits(rate_limit_idle, max_rows));
     v := v || jsonb_build_object('events', switchboard.reap_events(keep_events, max_rows));
+    v := v || jsonb_build_object('streams', switchboard.reap_streams(max_rows));
     v := v || jsonb_build_object('replicas', switchboard.reap_replicas(replica_stale));
     DELETE FROM switchboard.revoked_tokens WHERE expires_at < now();
     GET DIAGNOSTICS v_n = ROW_COUNT;
@@ -164,6 +165,6 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.maintenance(integer, interval, interval, interval, interval) IS
-    'Run every reaper once, each bounded to max_rows (old runs, idle rate-limit keys, old events) where a backlog can build; sweep again while any count equals max_rows. Otherwise as maintenance(keep_runs, keep_events, rate_limit_idle, replica_stale). Returns counts per reaper.';
+    'Run every reaper once, each bounded to max_rows (old runs, idle rate-limit keys, old events, streams) where a backlog can build; sweep again while any count equals max_rows. Otherwise as maintenance(keep_runs, keep_events, rate_limit_idle, replica_stale). Returns counts per reaper.';
 REVOKE ALL ON FUNCTION switchboard.maintenance(integer, interval, interval, interval, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.maintenance(integer, interval, interval, interval, interval) TO switchboard_app;
