@@ -21,10 +21,11 @@ import falcon.media
 
 from . import errors
 from .config import Config
-from .http import auth, console, events, operate, ops, rooms, tasks, tools
+from .http import auth, console, events, operate, ops, rooms, streams, tasks, tools
 from .http.cors import cors_middleware
 from .http.middleware import AccessLog, install_log_redaction
 from .services import Services, build_services
+from .streams.actions import StreamActions
 from .ws import WebSocketResource
 
 LOG = logging.getLogger("switchboard.app")
@@ -41,6 +42,7 @@ class Lifecycle:
         install_log_redaction()
         await svc.db.open()
         svc.relay.start()
+        svc.streams.start()
         svc.sessions.start()
         if svc.config.scheduler_enabled:
             svc.scheduler.start()
@@ -82,6 +84,7 @@ class Lifecycle:
         await svc.feed.stop()
         await svc.heartbeat.stop()
         await svc.sampler.stop()
+        await svc.streams.stop()
         await svc.relay.stop()
         await svc.db.close()
 
@@ -114,8 +117,9 @@ def create_app(config: Config) -> SwitchboardApp:
     app.add_route("/auth/logout", auth.Logout(db, au, cfg))
     app.add_route("/me", auth.Me(au, svc.replica.replica_id))
     app.add_route("/ws/ticket", auth.Ticket(db, au, cfg.ticket_ttl, svc.limiter, cfg))
+    stream_actions = StreamActions(db, svc.streams.hub, cfg.ws_replay_stall_seconds)
     app.add_route("/ws", WebSocketResource(db, svc.relay, svc.registry, cfg, svc.replica, svc.sessions,
-                                               svc.feed))
+                                           svc.feed, stream_actions))
     app.add_route("/tasks", tasks.Tasks(db, au, body, svc.catalog))
     app.add_route("/tasks/{task_id:uuid}", tasks.Task(db, au, body, svc.catalog))
     app.add_route("/tasks/{task_id:uuid}/trigger", tasks.Trigger(db, au))
@@ -134,6 +138,9 @@ def create_app(config: Config) -> SwitchboardApp:
     app.add_route("/rooms/{room}/members", rooms.RoomMembers(db, au))
     app.add_route("/rooms/{room}/members/{user_id:uuid}", rooms.RoomMember(db, au))
     app.add_route("/tools/call", tools.ToolCall(svc.tools, au, body))
+    app.add_route("/streams", streams.StreamList(db, au))
+    app.add_route("/streams/{stream_id:uuid}", streams.StreamEvents(db, au, svc.streams.hub))
+    app.add_route("/streams/{stream_id:uuid}/stop", streams.StreamStop(db, au))
     app.add_route("/healthz/live", ops.Live())
     app.add_route("/healthz/ready", ops.Ready(svc.replica, svc.relay, db))
     app.add_route("/metrics", ops.MetricsResource(svc.metrics, svc.sampler))

@@ -208,6 +208,7 @@ class Config:
     ws_queue_size: int = 1000
     ws_queue_bytes: int = 16 * 1024 * 1024
     live_unconfirmed_ttl: float = 30.0
+    stream_flush_seconds: float = 0.002
     ws_deaf_close_seconds: float = 30.0
     ws_replay_stall_seconds: float = 10.0
     ws_max_frame_bytes: int = 65536
@@ -280,6 +281,7 @@ class Config:
             ws_queue_size=_int("SWITCHBOARD_WS_QUEUE_SIZE", 1000, 1, 1_000_000),
             ws_queue_bytes=_int("SWITCHBOARD_WS_QUEUE_BYTES", 16 * 1024 * 1024, 65536, 1 << 31),
             live_unconfirmed_ttl=_float("SWITCHBOARD_LIVE_UNCONFIRMED_TTL", 30.0, 0.5, 3600),
+            stream_flush_seconds=_float("SWITCHBOARD_STREAM_FLUSH_SECONDS", 0.002, 0.0, 1.0),
             ws_deaf_close_seconds=_float("SWITCHBOARD_WS_DEAF_CLOSE_SECONDS", 30.0, 0.5, 3600),
             ws_replay_stall_seconds=_float("SWITCHBOARD_WS_REPLAY_STALL_SECONDS", 10.0, 0.1, 3600),
             ws_max_frame_bytes=_int("SWITCHBOARD_WS_MAX_FRAME_BYTES", 65536, 256, 16 * 1024 * 1024),

@@ -38,11 +38,15 @@ from collections.abc import Callable, Coroutine, Mapping
 from datetime import datetime, timezone
 from importlib.metadata import entry_points
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from .db import Database
 from .rows import Run
+from .streams.producer import Stream
+
+if TYPE_CHECKING:
+    from .streams.writer import Producer
 
 ENTRY_POINT_GROUP = "switchboard.handlers"
 LOG = logging.getLogger("switchboard.handlers")
@@ -76,6 +80,13 @@ class HandlerContext:
       ``await ctx.enqueue(handler, args, run_at=None, queueing_lock=None,
       max_attempts=3)`` -> the new job's run id, or None when queueing_lock is
       already held by a queued or running job.
+    Streams (docs/streams.md): an answer written chunk by chunk to a user on any
+    replica, resumable and stoppable::
+
+        async with ctx.stream(user_id, "completion") as s:
+            async for token in model(prompt):
+                await s.send(token)      # raises StreamStopped once stopped: the block ends quietly
+            s.final = {"text": answer}   # the one durable stream.end event carries it
     Time:
       ``deadline`` (aware UTC datetime): after it the run's result may no
       longer count -- the current lease expiry (pushed forward by every
@@ -93,10 +104,10 @@ class HandlerContext:
     """
 
     __slots__ = ("run_id", "attempt", "max_attempts", "args", "task_id", "handler", "trigger",
-                 "scheduled_for", "_logger", "lease_lost", "cancelled", "_db", "_deadline")
+                 "scheduled_for", "_logger", "lease_lost", "cancelled", "_db", "_deadline", "_streams")
 
     def __init__(self, run: Run | Mapping[str, Any], db: Database, *, lease_seconds: float,
-                 lease_lost: asyncio.Event | None = None) -> None:
+                 lease_lost: asyncio.Event | None = None, streams: Producer | None = None) -> None:
         if not isinstance(run, Run):
             run = Run.from_row(run)  # a row of db.RUN_COLUMNS (bench/ passes those)
         self.run_id: int = run.id
@@ -111,6 +122,7 @@ class HandlerContext:
         self.lease_lost = lease_lost if lease_lost is not None else asyncio.Event()
         self.cancelled = asyncio.Event()
         self._db = db
+        self._streams = streams
         self._deadline = time.time() + lease_seconds
 
     @property
@@ -149,6 +161,15 @@ class HandlerContext:
                       queueing_lock: str | None = None, max_attempts: int = 3) -> int | None:
         row = await self._db.enqueue(handler, args or {}, run_at, queueing_lock, max_attempts)
         return None if row is None else row["id"]
+
+    def stream(self, user_id: UUID | str, kind: str, *, meta: dict[str, Any] | None = None,
+               room: str | None = None, lease: float = 30.0, lifetime: float = 3600.0) -> Stream:
+        """A new stream owned by ``user_id`` (readable by ``room``'s members too, if given):
+        ``async with ctx.stream(user_id, "completion") as s: await s.send(chunk)``. Its chunks
+        are written by this replica's group append; ``s.id`` is what the client follows."""
+        if self._streams is None:
+            raise RuntimeError("streams are not available in this context (no producer)")
+        return self._streams.stream(user_id, kind, meta=meta, room=room, lease=lease, lifetime=lifetime)
 
     def __repr__(self) -> str:
         return f"<HandlerContext run={self.run_id} handler={self.handler!r} attempt={self.attempt}>"

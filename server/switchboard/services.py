@@ -42,6 +42,7 @@ from .metrics import GaugeSampler, Metrics
 from .ratelimit import RateLimiter
 from .relay import Relay
 from .sockets import Registry
+from .streams.runtime import StreamsRuntime
 from .replica import ReplicaState
 from .runfeed import RunFeed
 from .scheduler import Scheduler
@@ -68,6 +69,7 @@ class Services:
     failover: FailoverWatch
     sessions: SessionWatch
     feed: RunFeed
+    streams: StreamsRuntime
 
 
 def build_services(config: Config) -> Services:
@@ -87,7 +89,8 @@ def build_services(config: Config) -> Services:
     catalog = HandlerCatalog(db, handlers, __version__, config.scheduler_enabled)
     tools = ToolBridge(db, replica.replica_id)
     limiter = RateLimiter(db, metrics, config.ratelimit_timeout)
-    scheduler = Scheduler(db, metrics, config, handlers, replica)
+    streams = StreamsRuntime(db, config, metrics)
+    scheduler = Scheduler(db, metrics, config, handlers, replica, producer=streams.producer)
     heartbeat = ReplicaHeartbeat(db, registry, auth, replica, config.heartbeat_interval, served, __version__)
     failover = FailoverWatch(db, metrics, on_unlogged_reset=[tools.database_reset, heartbeat.beat])
     # The watch closes sockets through the relay, and the relay hands the watch its
@@ -119,6 +122,8 @@ def build_services(config: Config) -> Services:
             "switchboard_runfeed_subscribers": lambda: len(feed.subscribers),
             "switchboard_live_unconfirmed": relay.live.unconfirmed,
             "switchboard_ws_queued_bytes": lambda: sum(c.queue.bytes for c in registry.clients()),
+            "switchboard_streams_producing": lambda: len(streams.producer.open),
+            "switchboard_stream_subscriptions": streams.hub.count,
         },
         snapshot=db.metrics_snapshot,
         # The readiness probe's rule, with the last snapshot standing in for its ping.
@@ -127,4 +132,4 @@ def build_services(config: Config) -> Services:
     return Services(config=config, db=db, metrics=metrics, auth=auth, registry=registry, replica=replica,
                     handlers=handlers, catalog=catalog, tools=tools, limiter=limiter, scheduler=scheduler, relay=relay,
                     heartbeat=heartbeat, sampler=sampler, failover=failover, sessions=sessions,
-                    feed=feed)
+                    feed=feed, streams=streams)

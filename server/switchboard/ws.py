@@ -32,6 +32,7 @@ from .resume import resume
 from .runfeed import FEEDS, RunFeed
 from .sessions import SessionWatch
 from .sockets import Client, Registry, encode, frame
+from .streams.actions import StreamActions
 from .ws_actions import FEED_MAX, ROOM_MAX, Actions, error
 
 
@@ -98,7 +99,8 @@ class _FrameBucket:
 
 class WebSocketResource:
     def __init__(self, db: Database, relay: Relay, registry: Registry, config: Config,
-                 replica: ReplicaState, sessions: SessionWatch, feed: RunFeed | None = None) -> None:
+                 replica: ReplicaState, sessions: SessionWatch, feed: RunFeed | None = None,
+                 streams: StreamActions | None = None) -> None:
         self.db = db
         self.feed = feed                # the admin run feed (runfeed.py); None: no feeds
         self.sessions = sessions
@@ -109,7 +111,7 @@ class WebSocketResource:
         self.rejections = bounded.Rejections(
             lambda source, reason: relay.metrics.inc("switchboard_bad_input_total", source=source, reason=reason),
             LOG)
-        self.actions = Actions(db, registry, config, feed, self.rejections)
+        self.actions = Actions(db, registry, config, feed, self.rejections, streams)
 
     async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         raise falcon.HTTPBadRequest(title="Bad Request",
@@ -234,6 +236,8 @@ class WebSocketResource:
         left = self.registry.remove(client)
         if self.feed is not None:
             self.feed.unsubscribe(client)
+        if self.actions.streams is not None:
+            self.actions.streams.drop(client)
         client.queue.put_nowait(None)
         sender.cancel()
         try:

@@ -21,6 +21,7 @@ from .db import Database
 from .resume import resume
 from .runfeed import FEEDS, RunFeed
 from .sockets import Client, Registry, frame
+from .streams.actions import StreamActions
 
 # A room's naming rule lives in SQL (add_room_member); a name that breaks it can
 # never be a member, so is_room_member() refuses it. Here only a bound on what an
@@ -28,7 +29,8 @@ from .sockets import Client, Registry, frame
 ROOM_MAX = 128
 FEED_MAX = 32                                   # a feed name's length bound (FEEDS lists the real ones)
 TOOL_RESULT_RE = re.compile(r"^tool\.result\.([0-9a-fA-F-]{36})$")
-ALLOWED = ["join", "leave", "resume", "publish", "ping", "subscribe", "unsubscribe"]
+ALLOWED = ["join", "leave", "resume", "publish", "ping", "subscribe", "unsubscribe",
+           "stream.subscribe", "stream.unsubscribe", "stream.stop"]
 
 
 def error(client: Client, code: str, message: str, **extra: Any) -> None:
@@ -37,8 +39,9 @@ def error(client: Client, code: str, message: str, **extra: Any) -> None:
 
 class Actions:
     def __init__(self, db: Database, registry: Registry, config: Config, feed: RunFeed | None,
-                 rejections: bounded.Rejections) -> None:
+                 rejections: bounded.Rejections, streams: StreamActions | None = None) -> None:
         self.db = db
+        self.streams = streams
         self.registry = registry
         self.cfg = config
         self.feed = feed
@@ -47,6 +50,9 @@ class Actions:
             "ping": self._ping, "join": self._join, "leave": self._leave, "resume": self._resume,
             "publish": self._publish, "subscribe": self._feed, "unsubscribe": self._feed,
         }
+        if streams is not None:
+            self._table.update({"stream.subscribe": streams.subscribe, "stream.unsubscribe": streams.unsubscribe,
+                                "stream.stop": streams.stop})
 
     async def handle(self, client: Client, msg: dict[str, Any]) -> None:
         """Act on one client frame (a JSON object): its action, or publish for {"event"}."""

@@ -12,12 +12,13 @@ from .replicas import ReplicaQueries
 from .rooms import RoomQueries
 from .scheduling import SchedulerQueries
 from .sql_jobs import SqlJobExecutor
+from .streams import StreamQueries
 from .tasks import TaskQueries
 from .users import UserQueries
 
 
 class Database(AuthQueries, UserQueries, TaskQueries, SchedulerQueries, OperateQueries, EventQueries,
-               RoomQueries, ReplicaQueries, RelayReads):
+               RoomQueries, ReplicaQueries, RelayReads, StreamQueries):
     """The request pool and every statement the server sends, one mixin per area.
     ``prepare_threshold`` is psycopg's (None: never prepare), see
     config.prepare_threshold(). ``job_url`` (default: ``url``) is where sql tasks'

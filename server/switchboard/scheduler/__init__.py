@@ -46,6 +46,7 @@ from ..handlers import Handler, HandlerContext, HandlerError, HandlerRegistry, _
 from ..metrics import Metrics
 from ..replica import ReplicaState
 from ..rows import Run
+from ..streams.writer import Producer
 from .leases import CANCEL_GRACE, FENCE_CHECK_MIN_INTERVAL, LeaseKeeper
 from .slot import RunSlot
 
@@ -56,8 +57,9 @@ LOG = logging.getLogger("switchboard.scheduler")
 
 class Scheduler:
     def __init__(self, db: Database, metrics: Metrics, config: Config, handlers: HandlerRegistry,
-                 replica: ReplicaState) -> None:
+                 replica: ReplicaState, producer: Producer | None = None) -> None:
         self.db = db
+        self.producer = producer          # ctx.stream(): this replica's streams (streams/writer.py)
         self.metrics = metrics
         self.cfg = config
         self.handlers = handlers
@@ -156,7 +158,7 @@ class Scheduler:
         ``lease_until``: the local time its lease is proven until (the claim's send time
         + lease); now + lease when not given."""
         lease = self.cfg.lease_seconds
-        slot = RunSlot(run, HandlerContext(run, self.db, lease_seconds=lease),
+        slot = RunSlot(run, HandlerContext(run, self.db, lease_seconds=lease, streams=self.producer),
                        time.time() + lease if lease_until is None else lease_until)
         self._slots[run.id] = slot
         slot.task = asyncio.create_task(self._execute(slot), name=f"run-{run.id}")

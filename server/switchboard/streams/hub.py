@@ -1,0 +1,261 @@
+"""The reading side: every subscription of this replica to a stream, fed by one read.
+
+A wake-up (channel switchboard_stream) names stream ids, or '*'. It is a hint: an
+id counts only if a local subscription follows that stream, and then the hub
+reads the rows itself (stream_read_many: each stream's state and its chunks after
+``hub_pos``, in one statement for all the streams hinted) and delivers what it
+read. So a forged NOTIFY costs at most one read that returns nothing new.
+
+Each subscription has its own position (the last seq its consumer was given). A
+*live* subscription takes the hub's rows without waiting: a frame is queued only
+if its consumer has room, and a subscription whose consumer is full, or that
+would see a gap, leaves the live set and catches up on its own task from its own
+position (``_catch_up``: reads from the pool, waits for room in its consumer's
+queue, at that consumer's pace), then joins again. A slow reader of one stream
+never delays a frame of any other. A subscription ends with the stream's end
+frame (status, last_seq, final) once every chunk up to last_seq was given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
+from uuid import UUID
+
+from ..sockets import encode, frame
+
+LOG = logging.getLogger("switchboard.streams")
+
+READ_ROWS = 1000               # chunk rows per stream and read
+FRAME_BYTES = 256 * 1024       # a stream.chunks frame carries at most this much text (plus one chunk)
+HINT_IDS_MAX = 256             # ids read from one wake-up payload (8000 bytes hold ~210)
+POLL_S = 5.0                   # a read of every followed stream this often, in case a wake-up was lost
+
+ReadMany = Callable[[Sequence[UUID], Sequence[int], int], Awaitable[list[tuple[Any, ...]]]]
+
+
+class Sink(Protocol):
+    """Where a subscription's frames go: a WebSocket's send queue, an SSE response."""
+
+    def push(self, text: str) -> bool:
+        """Queue without waiting; False when there is no room (the subscription catches up)."""
+
+    async def send(self, text: str) -> bool:
+        """Queue, waiting for room; False when the consumer is gone."""
+
+
+class Subscription:
+    __slots__ = ("sid", "stream", "pos", "sink", "live", "task", "owner")
+    _ids = itertools.count(1)
+
+    def __init__(self, stream: UUID, after: int, sink: Sink, owner: object = None) -> None:
+        self.sid = next(self._ids)
+        self.stream = stream
+        self.pos = after
+        self.sink = sink
+        self.live = False
+        self.task: asyncio.Task[None] | None = None
+        self.owner = owner
+
+
+def chunk_frames(stream: UUID, first: int, chunks: Sequence[str]) -> list[str]:
+    """stream.chunks frames for consecutive chunks from seq ``first``, split by size."""
+    out, start, size = [], 0, 0
+    for i, c in enumerate(chunks):
+        if i > start and size + len(c) > FRAME_BYTES:
+            out.append(encode(frame("stream.chunks", {"stream": str(stream), "seq": first + start,
+                                                      "chunks": list(chunks[start:i])})))
+            start, size = i, 0
+        size += len(c)
+    if start < len(chunks):
+        out.append(encode(frame("stream.chunks", {"stream": str(stream), "seq": first + start,
+                                                  "chunks": list(chunks[start:])})))
+    return out
+
+
+def end_frame(stream: UUID, status: str, last_seq: int, final: Any) -> str:
+    return encode(frame("stream.end", {"stream": str(stream), "status": status, "last_seq": last_seq,
+                                       "final": final}))
+
+
+def gone_frame(stream: UUID) -> str:
+    return encode(frame("error", {"code": "stream_not_found", "stream": str(stream),
+                                  "message": f"stream {stream} no longer exists"}))
+
+
+def split_rows(rows: list[tuple[Any, ...]]) -> dict[UUID, tuple[tuple[Any, ...] | None, list[tuple[int, str]]]]:
+    """stream_read_many rows -> {stream: (state row or None, [(seq, data)...])}."""
+    out: dict[UUID, tuple[tuple[Any, ...] | None, list[tuple[int, str]]]] = {}
+    for r in rows:
+        state, chunks = out.get(r[0], (None, []))
+        if r[1] is None:
+            state = r
+        else:
+            chunks.append((r[1], r[2]))
+        out[r[0]] = (state, chunks)
+    return out
+
+
+class StreamHub:
+    def __init__(self, read_many: ReadMany, on_error: Callable[[str], None] | None = None) -> None:
+        self.read_many = read_many           # the pool's read, for catch-ups
+        self.subs: dict[UUID, dict[int, Subscription]] = {}
+        self.hub_pos: dict[UUID, int] = {}
+        self.dirty: set[UUID] = set()
+        self.all_dirty = False
+        self.wake = asyncio.Event()
+        self.on_error = on_error or (lambda what: None)
+        self.delivered = 0
+
+    # -- subscriptions --------------------------------------------------------------------------------
+    def subscribe(self, sub: Subscription) -> None:
+        self.subs.setdefault(sub.stream, {})[sub.sid] = sub
+        self._behind(sub)
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        if sub.task is not None and sub.task is not asyncio.current_task():
+            sub.task.cancel()
+        subs = self.subs.get(sub.stream)
+        if subs is not None:
+            subs.pop(sub.sid, None)
+            if not subs:
+                del self.subs[sub.stream]
+                self.hub_pos.pop(sub.stream, None)
+                self.dirty.discard(sub.stream)
+
+    def count(self) -> int:
+        return sum(len(s) for s in self.subs.values())
+
+    # -- wake-ups -------------------------------------------------------------------------------------
+    def hint(self, payload: str) -> None:
+        """A switchboard_stream notification (untrusted: only ids we follow count)."""
+        if payload == "*":
+            self.all_dirty = True
+            self.wake.set()
+            return
+        for part in payload.split(",", HINT_IDS_MAX)[:HINT_IDS_MAX]:
+            try:
+                sid = UUID(part) if len(part) == 36 else None
+            except ValueError:
+                continue
+            if sid is not None and sid in self.subs:
+                self.dirty.add(sid)
+                self.wake.set()
+
+    def reconnected(self) -> None:
+        self.all_dirty = True
+        self.wake.set()
+
+    # -- the shared read --------------------------------------------------------------------------------
+    async def run(self, read_on: ReadMany) -> None:
+        """The read loop (on the listener's reader connection; returns only by raising)."""
+        while True:
+            try:
+                await asyncio.wait_for(self.wake.wait(), POLL_S)
+            except asyncio.TimeoutError:
+                self.all_dirty = True
+            self.wake.clear()
+            ids = list(self.subs) if self.all_dirty else [s for s in self.dirty if s in self.subs]
+            self.dirty.clear()
+            self.all_dirty = False
+            for i in range(0, len(ids), 1000):
+                part = ids[i:i + 1000]
+                rows = await read_on(part, [self.hub_pos.get(s, 0) for s in part], READ_ROWS)
+                for stream, (state, chunks) in split_rows(rows).items():
+                    self._deliver(stream, state, chunks)
+                for stream in set(part) - {r[0] for r in rows}:
+                    self._gone(stream)
+
+    def _deliver(self, stream: UUID, state: tuple[Any, ...] | None, chunks: list[tuple[int, str]]) -> None:
+        subs = self.subs.get(stream)
+        if not subs:
+            return
+        if state is None:
+            self._gone(stream)
+            return
+        if chunks:
+            self._give(stream, subs, chunks)
+            self.hub_pos[stream] = max(self.hub_pos.get(stream, 0), chunks[-1][0])
+            if len(chunks) >= READ_ROWS:
+                self.dirty.add(stream)
+                self.wake.set()
+                return
+        status, last_seq, final = state[3], int(state[4]), state[5]
+        if status != "open":
+            text = end_frame(stream, status, last_seq, final)
+            for sub in list(subs.values()):
+                if sub.live and sub.pos >= last_seq:
+                    sub.sink.push(text)
+                    self.unsubscribe(sub)
+
+    def _give(self, stream: UUID, subs: dict[int, Subscription], chunks: list[tuple[int, str]]) -> None:
+        first, top = chunks[0][0], chunks[-1][0]
+        encoded: dict[int, list[str]] = {}        # frames per starting seq: encoded once for all at it
+        for sub in list(subs.values()):
+            if not sub.live or sub.pos >= top:
+                continue
+            start = sub.pos + 1
+            if start < first:                     # a gap: it catches up from the database
+                self._behind(sub)
+                continue
+            texts = encoded.get(start)
+            if texts is None:
+                texts = encoded[start] = chunk_frames(stream, start, [c for _, c in chunks[start - first:]])
+            if all(sub.sink.push(t) for t in texts):
+                sub.pos = top
+                self.delivered += top - start + 1
+            else:
+                self._behind(sub)
+
+    def _gone(self, stream: UUID) -> None:
+        for sub in list(self.subs.get(stream, {}).values()):
+            if sub.live:
+                sub.sink.push(gone_frame(stream))
+                self.unsubscribe(sub)
+
+    # -- one subscription on its own ----------------------------------------------------------------------
+    def _behind(self, sub: Subscription) -> None:
+        """Out of the live set; its own task catches it up (one task per subscription)."""
+        sub.live = False
+        if sub.task is None or sub.task.done():
+            sub.task = asyncio.get_running_loop().create_task(self._catch_up(sub), name="stream-catch-up")
+
+    async def _catch_up(self, sub: Subscription) -> None:
+        try:
+            while sub.sid in self.subs.get(sub.stream, {}):
+                rows = split_rows(await self.read_many([sub.stream], [sub.pos], READ_ROWS))
+                state, chunks = rows.get(sub.stream, (None, []))
+                if state is None:
+                    await sub.sink.send(gone_frame(sub.stream))
+                    break
+                if chunks:
+                    for text in chunk_frames(sub.stream, chunks[0][0], [c for _, c in chunks]):
+                        if not await sub.sink.send(text):
+                            self.unsubscribe(sub)
+                            return
+                    self.delivered += len(chunks)
+                    sub.pos = chunks[-1][0]
+                    if len(chunks) >= READ_ROWS:
+                        continue
+                status, last_seq = state[3], int(state[4])
+                if status != "open" and sub.pos >= last_seq:
+                    await sub.sink.send(end_frame(sub.stream, status, last_seq, state[5]))
+                    break
+                if self.hub_pos.get(sub.stream, 0) > sub.pos:
+                    continue                      # the hub delivered past us while we read
+                if not any(s.live for s in self.subs.get(sub.stream, {}).values()):
+                    self.hub_pos[sub.stream] = sub.pos   # (never past a live one's position)
+                sub.live = True
+                return
+            self.unsubscribe(sub)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:                  # the database is away: the consumer resumes later
+            LOG.warning("stream %s: catch-up failed: %s", sub.stream, exc)
+            self.on_error("catch_up")
+            await sub.sink.send(encode(frame("error", {"code": "stream_unavailable", "stream": str(sub.stream),
+                                                       "message": "the stream could not be read; subscribe again"})))
+            self.unsubscribe(sub)
