@@ -85,9 +85,7 @@ async function main(msg) {
   await Promise.all(listeners.map((L) => follow(L).catch((e) => { failed++; lost += N - L.got; log(`listener ${L.id}: ${e && e.message}`); })));
   const cpu = cpuSeconds(cpu0);
   process.send({ ev: "result", lat: lat.subarray(0, nLat), delivered, dup, lost, resumes, resumeRetries, failed, lastRecv, cpu });
-  await new Promise((r) => process.once("message", r)); // "exit"
-  await Promise.allSettled([publisher.quit(), subscriber.quit()]);
-  process.exit(0);
+  // stays up (its Redis connections keep it alive) until the runner says "exit" (lib.mjs)
 }
 
 process.once("message", (m) => main(m).catch((e) => { log("fatal:", e && e.stack); process.exit(1); }));

@@ -26,6 +26,8 @@ export function cpuSeconds(base) {
 }
 
 // Roles exit as soon as the runner goes away (IPC channel closed).
+// and on the runner's "exit" command, whatever they are doing.
 export function dieWithParent() {
   process.on("disconnect", () => process.exit(2));
+  process.on("message", (m) => { if (m && m.cmd === "exit") process.exit(0); });
 }

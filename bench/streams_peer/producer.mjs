@@ -64,9 +64,7 @@ async function main(msg) {
   await Promise.all(pending);
   const cpu = cpuSeconds(cpu0);
   process.send({ ev: "done", firstSend, lastSend, sent, cpu });
-  await new Promise((r) => process.once("message", r)); // wait for "exit"
-  await Promise.allSettled([publisher.quit(), subscriber.quit()]);
-  process.exit(0);
+  // stays up (its Redis connections keep it alive) until the runner says "exit" (lib.mjs)
 }
 
 process.once("message", (m) => main(m).catch((e) => { log("fatal:", e && e.stack); process.exit(1); }));
