@@ -38,9 +38,14 @@ async function main(msg) {
         let ts;
         if (interval) {
           const due = t0 + offset + seq * interval;
-          const wait = due - now();
-          if (wait > 0) await sleep(wait);
-          ts = due; // the token exists at its scheduled time: producer backlog counts as latency
+          // Node's timers run on a cached whole-millisecond loop clock and can fire up to
+          // ~1 ms early: sleep again until the due time has really passed.
+          let wait, slept = false;
+          while ((wait = due - now()) > 0) { await sleep(wait); slept = true; }
+          // On time: the token appears now (the timer's own lateness is not the transport's).
+          // Late (resumable-stream pulled after the due time): the token has waited since
+          // its due time, so a producer backlog counts as latency.
+          ts = slept ? now() : due;
         } else {
           ts = now();
         }

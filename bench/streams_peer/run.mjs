@@ -202,6 +202,7 @@ async function main() {
     delivered,
     elapsed_s: r3(elapsed),
     chunks_per_s: r3(delivered / elapsed),
+    min_ms: r3(lat.length ? lat[0] : null),
     p50_ms: r3(pct(lat, 0.5)),
     p90_ms: r3(pct(lat, 0.9)),
     p99_ms: r3(pct(lat, 0.99)),
