@@ -5,7 +5,7 @@
 // Everything but the final JSON line goes to stderr. See README.md.
 import { fork, spawn } from "node:child_process";
 import { mkdtempSync, rmSync, readFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { tmpdir, loadavg, availableParallelism } from "node:os";
 import { join, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
 import { randomUUID } from "node:crypto";
@@ -170,6 +170,7 @@ async function main() {
   await Promise.all(consumers.map((c, k) => { const w = waitFor(c, "attached"); c.send({ ids: ids.filter((_, i) => i % opts.consumerProcs === k), opts: roleOpts, redisUrl: url }); return w; }));
 
   phase = "run";
+  const load0 = loadavg()[0];
   const r0 = await redisStats(admin);
   const dones = producers.map((c) => waitFor(c, "done"));
   const results = consumers.map((c) => waitFor(c, "result"));
@@ -229,6 +230,8 @@ async function main() {
     resume_retries: sum(cr, (r) => r.resumeRetries),
     failed_readers: sum(cr, (r) => r.failed),
     redis_mode: opts.redis,
+    loadavg_1m: [r3(load0), r3(loadavg()[0])], // before/after: other work on the box skews every figure
+    cpus: availableParallelism(),
     versions: { node: process.versions.node, redis_server: r1.version, "resumable-stream": pkg("resumable-stream"), redis: pkg("redis") },
   });
   clearTimeout(deadline);
