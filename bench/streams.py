@@ -518,7 +518,7 @@ CREATE TABLE bench_rows (stream_id uuid NOT NULL, seq bigint NOT NULL, data text
 CREATE SEQUENCE bench_rows_seq;
 """
 ARGON = "$argon2id$v=19$m=65536,t=3,p=4$YmVuY2hzYWx0$YmVuY2hoYXNoYmVuY2hoYXNo"
-CHUNK = "1:1700000000000000000:xxxxxxxx"   # the 30-character chunk of the other modes
+CHUNK = "1-1700000000000000000-xxxxxxxx"   # 30 characters, as in the other modes (no ":": pgbench variables)
 
 
 def pgbench_binary(bindir: str) -> str:
@@ -568,6 +568,7 @@ def mode_db(a: argparse.Namespace) -> dict[str, Any]:
             c.execute("""SELECT switchboard.update_task(id, '{"is_active": false}')
                            FROM switchboard.tasks WHERE name = 'switchboard.maintenance'""")
             c.execute(DB_SETUP)
+            c.execute("CREATE EXTENSION pg_walinspect")
             c.execute("INSERT INTO bench_chunks SELECT b, array_fill(%s::text, ARRAY[b]) FROM unnest(%s::int[]) b",
                       (CHUNK, batches))
             for g in range(max(clients)):
@@ -605,9 +606,10 @@ def mode_db(a: argparse.Namespace) -> dict[str, Any]:
         names = list(variants)
         log(f"db: durable cluster {settings}; variants {names}; clients {clients}; {a.db_seconds} s x "
             f"{a.db_rounds} rounds, order rotating; load {loadavg()}")
-        print("| round | clients | variant | chunks/s | txn/s | server CPU µs/chunk | WAL B/chunk | load1 |\n"
-              "|---|---|---|---|---|---|---|---|", flush=True)
+        print("| round | clients | variant | chunks/s | txn/s | server CPU µs/chunk | WAL B/chunk (of which FPI) | "
+              "streams HOT/all updates | load1 |\n|---|---|---|---|---|---|---|---|---|", flush=True)
         k = 0
+        upd_prev: dict[str, tuple[int, int]] = {}
         for rnd in range(a.db_rounds):
             for n in clients:
                 order = names[k % len(names):] + names[:k % len(names)]
@@ -624,9 +626,17 @@ def mode_db(a: argparse.Namespace) -> dict[str, Any]:
                     cpu0 = server_cpu(pg.pid)
                     p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **env),
                                        timeout=a.db_seconds * 4 + 60)
+                    time.sleep(0.3)                   # the backends exit and are reaped (cutime)
                     cpu = server_cpu(pg.pid) - cpu0
                     with psycopg.connect(pg.url(db), autocommit=True) as c:
-                        wal = c.execute("SELECT pg_current_wal_lsn() - %s::pg_lsn", (lsn0,)).fetchone()[0]
+                        lsn1 = c.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
+                        wal = c.execute("SELECT %s::pg_lsn - %s::pg_lsn", (lsn1, lsn0)).fetchone()[0]
+                        # where the WAL went: record bytes per resource manager, and full-page images
+                        ws = c.execute("SELECT \"resource_manager/record_type\", sum(count)::bigint, sum(record_size)::bigint,"
+                                       " sum(fpi_size)::bigint FROM pg_get_wal_stats(%s, %s)"
+                                       " GROUP BY 1 HAVING sum(combined_size) > 0", (lsn0, lsn1)).fetchall()
+                        upd = c.execute("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
+                                        " WHERE relid = 'switchboard.streams'::regclass").fetchone()
                     for _ in listener.notifies(timeout=0.05):
                         pass
                     text = p.stdout + p.stderr
@@ -636,15 +646,23 @@ def mode_db(a: argparse.Namespace) -> dict[str, Any]:
                     if p.returncode != 0 or not tps or not done:
                         raise RuntimeError(f"pgbench {v} failed:\n{text[-2000:]}")
                     chunks = int(done.group(1)) * per
+                    upd0 = upd_prev.get(db, (0, 0))
+                    upd_prev[db] = upd
                     r = {"round": rnd, "clients": n, "variant": v, "chunks_per_txn": per,
                          "txn_per_s": float(tps.group(1)), "chunks_per_s": round(float(tps.group(1)) * per),
                          "failed_txn": int(failed.group(1)) if failed else 0,
                          "server_cpu_us_per_chunk": round(cpu / max(chunks, 1) * 1e6, 2),
                          "wal_bytes_per_chunk": round(float(wal) / max(chunks, 1), 1),
-                         "load1_before": load0, "load1_after": loadavg()}
+                         "load1_before": load0, "load1_after": loadavg(),
+                         "wal_per_chunk_by_rmgr": {w[0]: {"records": round(w[1] / max(chunks, 1), 2),
+                                                          "record_bytes": round(w[2] / max(chunks, 1), 1),
+                                                          "fpi_bytes": round(w[3] / max(chunks, 1), 1)} for w in ws},
+                         "streams_updates": upd[0] - upd0[0], "streams_hot_updates": upd[1] - upd0[1]}
                     rows.append(r)
+                    fpi = sum(x["fpi_bytes"] for x in r["wal_per_chunk_by_rmgr"].values())
                     print(f"| {rnd} | {n} | {v} | {r['chunks_per_s']} | {r['txn_per_s']:.0f} | "
-                          f"{r['server_cpu_us_per_chunk']} | {r['wal_bytes_per_chunk']} | "
+                          f"{r['server_cpu_us_per_chunk']} | {r['wal_bytes_per_chunk']} ({fpi:.0f} FPI) | "
+                          f"{r['streams_hot_updates']}/{r['streams_updates']} | "
                           f"{load0:.1f}-{r['load1_after']:.1f} |", flush=True)
     finally:
         if listener is not None:
