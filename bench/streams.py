@@ -139,7 +139,8 @@ def passes(r: dict[str, Any]) -> bool:
 
 # -- the Switchboard stack (cluster, peer, light) ---------------------------------------------------------------
 class Stack:
-    def __init__(self, streams: int, replicas: int, readers: int, fsync: bool, bare: bool = False) -> None:
+    def __init__(self, streams: int, replicas: int, readers: int, fsync: bool, bare: bool = False,
+                 cprofile: str = "") -> None:
         self.streams, self.n_rep = streams, replicas
         self.cluster = Cluster(dict(DURABLE) if fsync else None)
         self.procs: list[Proc] = []
@@ -156,6 +157,11 @@ class Stack:
                    "SWITCHBOARD_SCHEDULER_CONCURRENCY": str(math.ceil(streams / replicas) + 2),
                    "SWITCHBOARD_POLL_INTERVAL": "0.2"}
             self.procs = [replica(self.cluster, self.db, f"streams-r{i}", env=env) for i in range(replicas)]
+            if cprofile:    # each replica under cProfile on CPU time (bench/cprofile_serve.py), dumped at exit
+                Path(cprofile).mkdir(parents=True, exist_ok=True)
+                for i, p in enumerate(self.procs):
+                    p.cmd = [sys.executable, str(BENCH / "cprofile_serve.py"), str(Path(cprofile) / f"r{i}.pstats"),
+                             *p.cmd[p.cmd.index("serve"):]]
             if bare:
                 self.bare_db = self.cluster.new_db("sb_streams_bare")
                 benv = dict(os.environ, DATABASE_URL=self.cluster.url(self.bare_db, APP_LOGIN))
@@ -355,25 +361,26 @@ ROUND_HEAD = ("| path | load | offered /s | delivered /s | p50 ms | p99 ms | max
 # -- --mode cluster -------------------------------------------------------------------------------------------
 def mode_cluster(a: argparse.Namespace) -> dict[str, Any]:
     rates = [float(x) for x in a.rates.split(",")]
-    st = Stack(a.streams, a.replicas, a.readers, a.fsync)
+    st = Stack(a.streams, a.replicas, a.readers, a.fsync, cprofile=a.cprofile)
     rounds: list[dict[str, Any]] = []
     failed: set[str] = set()
     try:
         log(f"cluster: {a.streams} streams on {a.replicas} replicas, {a.readers} reader processes, rates/stream "
             f"{rates}, {a.seconds} s windows; load {loadavg()}")
-        st.round("stream", rates[0], max(10, int(rates[0])))          # warm-up: connections, plans
-        st.round("notify", rates[0], max(10, int(rates[0])))
+        for mode in a.modes.split(","):                                 # warm-up: connections, plans
+            st.round(mode, rates[0], max(10, int(rates[0])))
         for k, rate in enumerate(rates):
-            order = ["stream", "notify"] if k % 2 == 0 else ["notify", "stream"]
+            paths = a.modes.split(",")
+            order = paths if k % 2 == 0 else paths[::-1]
             for mode in order:
                 if mode in failed:
                     continue
                 r = st.round(mode, rate, max(1, int(rate * a.seconds)))
                 rounds.append(r)
                 log(fmt_round(r))
-                if not passes(r):
+                if not passes(r) and not a.keep_going:
                     failed.add(mode)
-            if failed >= {"stream", "notify"}:
+            if failed >= set(a.modes.split(",")):
                 break
     finally:
         st.close()
@@ -717,6 +724,11 @@ def main() -> None:
     ap.add_argument("--db-streams-per-client", type=int, default=100)
     ap.add_argument("--db-seconds", type=int, default=5)
     ap.add_argument("--db-rounds", type=int, default=2)
+    ap.add_argument("--cprofile", default="", metavar="DIR",
+                    help="cluster: run the replicas under cProfile (CPU time); DIR/r<i>.pstats at exit")
+    ap.add_argument("--modes", default="stream,notify", help="cluster: the paths to sweep")
+    ap.add_argument("--keep-going", action="store_true",
+                    help="cluster: sweep every rate even after a path failed (the default stops that path)")
     ap.add_argument("--out", default="")
     ap.add_argument("--_bare-publisher", dest="bare_publisher", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
