@@ -140,9 +140,13 @@ def passes(r: dict[str, Any]) -> bool:
 # -- the Switchboard stack (cluster, peer, light) ---------------------------------------------------------------
 class Stack:
     def __init__(self, streams: int, replicas: int, readers: int, fsync: bool, bare: bool = False,
-                 cprofile: str = "") -> None:
+                 cprofile: str = "", pgss: bool = False) -> None:
         self.streams, self.n_rep = streams, replicas
-        self.cluster = Cluster(dict(DURABLE) if fsync else None)
+        settings = dict(DURABLE) if fsync else {}
+        if pgss:
+            settings |= {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all"}
+        self.pgss = pgss
+        self.cluster = Cluster(settings or None)
         self.procs: list[Proc] = []
         self.bares: list[Proc] = []
         self.readers: list[Reader] = []
@@ -150,6 +154,9 @@ class Stack:
             self.db = self.cluster.new_db("sb_streams")
             self.url = self.cluster.url(self.db)
             self.ids = _users(self.url, streams, "st_u")
+            if pgss:
+                with psycopg.connect(self.url, autocommit=True) as c:
+                    c.execute("CREATE EXTENSION pg_stat_statements")
             with psycopg.connect(self.url, autocommit=True) as c:   # no maintenance run in the middle of a round
                 c.execute("""SELECT switchboard.update_task(id, '{"is_active": false}')
                                FROM switchboard.tasks WHERE name = 'switchboard.maintenance'""")
@@ -175,6 +182,18 @@ class Stack:
         except BaseException:
             self.close()
             raise
+
+    def top_statements(self, limit: int = 15) -> list[dict[str, Any]]:
+        """pg_stat_statements (track = all: the statements inside the functions too), by total time."""
+        with psycopg.connect(self.url, autocommit=True) as c:
+            return [dict(zip(("calls", "total_ms", "mean_ms", "rows", "query"), r)) for r in c.execute(
+                "SELECT calls, round(total_exec_time::numeric, 1), round(mean_exec_time::numeric, 3), rows,"
+                " left(regexp_replace(query, '\\s+', ' ', 'g'), 160) FROM pg_stat_statements"
+                " ORDER BY total_exec_time DESC LIMIT %s", (limit,)).fetchall()]
+
+    def reset_statements(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as c:
+            c.execute("SELECT pg_stat_statements_reset()")
 
     def close(self) -> None:
         for r in self.readers:
@@ -361,7 +380,7 @@ ROUND_HEAD = ("| path | load | offered /s | delivered /s | p50 ms | p99 ms | max
 # -- --mode cluster -------------------------------------------------------------------------------------------
 def mode_cluster(a: argparse.Namespace) -> dict[str, Any]:
     rates = [float(x) for x in a.rates.split(",")]
-    st = Stack(a.streams, a.replicas, a.readers, a.fsync, cprofile=a.cprofile)
+    st = Stack(a.streams, a.replicas, a.readers, a.fsync, cprofile=a.cprofile, pgss=a.pgss)
     rounds: list[dict[str, Any]] = []
     failed: set[str] = set()
     try:
@@ -375,7 +394,13 @@ def mode_cluster(a: argparse.Namespace) -> dict[str, Any]:
             for mode in order:
                 if mode in failed:
                     continue
+                if a.pgss:
+                    st.reset_statements()
                 r = st.round(mode, rate, max(1, int(rate * a.seconds)))
+                if a.pgss:
+                    r["pg_stat_statements"] = st.top_statements()
+                    for x in r["pg_stat_statements"][:8]:
+                        log(f"   {x['calls']:>7} calls {x['total_ms']:>9} ms {x['mean_ms']:>8} ms/call  {x['query']}")
                 rounds.append(r)
                 log(fmt_round(r))
                 if not passes(r) and not a.keep_going:
@@ -727,6 +752,8 @@ def main() -> None:
     ap.add_argument("--cprofile", default="", metavar="DIR",
                     help="cluster: run the replicas under cProfile (CPU time); DIR/r<i>.pstats at exit")
     ap.add_argument("--modes", default="stream,notify", help="cluster: the paths to sweep")
+    ap.add_argument("--pgss", action="store_true",
+                    help="cluster: pg_stat_statements (track = all), top statements per round")
     ap.add_argument("--keep-going", action="store_true",
                     help="cluster: sweep every rate even after a path failed (the default stops that path)")
     ap.add_argument("--out", default="")
