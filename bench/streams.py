@@ -157,6 +157,7 @@ class Stack:
             if pgss:
                 with psycopg.connect(self.url, autocommit=True) as c:
                     c.execute("CREATE EXTENSION pg_stat_statements")
+            self._prefill()
             with psycopg.connect(self.url, autocommit=True) as c:   # no maintenance run in the middle of a round
                 c.execute("""SELECT switchboard.update_task(id, '{"is_active": false}')
                                FROM switchboard.tasks WHERE name = 'switchboard.maintenance'""")
@@ -183,6 +184,23 @@ class Stack:
             self.close()
             raise
 
+    def _prefill(self, streams: int = 200, chunks: int = 500) -> None:
+        """A steady state rather than an empty table: closed streams' chunks (as within the
+        5-minute retention), then ANALYZE. Measured: with the statistics of an EMPTY
+        stream_chunks (a VACUUM ANALYZE after every chunk was reaped), the relay's read
+        (stream_read_many, its plan cached in the hub's session) scans the whole table once
+        per stream per read until the next ANALYZE -- see BENCHMARKS.md, issue 31."""
+        with psycopg.connect(self.url, autocommit=True) as c:
+            c.execute("""DO $$ DECLARE u uuid; s uuid; BEGIN
+                u := switchboard.create_user('st_prefill', '%s');
+                FOR i IN 1..%s LOOP
+                    s := switchboard.stream_open(u, 'prefill');
+                    PERFORM switchboard.stream_append(s, ARRAY(SELECT g || ':0:xxxxxxxx' FROM generate_series(1, %s) g));
+                    PERFORM switchboard.stream_close(s, 'done', NULL);
+                END LOOP; END $$""" % (ARGON, int(streams), int(chunks)))
+            c.execute("ANALYZE switchboard.stream_chunks")
+            c.execute("ANALYZE switchboard.streams")
+
     def top_statements(self, limit: int = 15) -> list[dict[str, Any]]:
         """pg_stat_statements (track = all: the statements inside the functions too), by total time."""
         with psycopg.connect(self.url, autocommit=True) as c:
@@ -194,6 +212,15 @@ class Stack:
     def reset_statements(self) -> None:
         with psycopg.connect(self.url, autocommit=True) as c:
             c.execute("SELECT pg_stat_statements_reset()")
+            c.execute("SELECT pg_stat_reset()")
+
+    def table_stats(self) -> list[dict[str, Any]]:
+        with psycopg.connect(self.url, autocommit=True) as c:
+            cols = ("relname", "seq_scan", "seq_tup_read", "idx_scan", "idx_tup_fetch", "n_tup_upd", "n_tup_hot_upd",
+                    "n_live_tup", "n_dead_tup")
+            return [dict(zip(cols, r)) for r in c.execute(
+                f"SELECT {', '.join(cols)} FROM pg_stat_user_tables WHERE schemaname = 'switchboard'"
+                " AND relname IN ('streams', 'stream_chunks', 'events')").fetchall()]
 
     def close(self) -> None:
         for r in self.readers:
@@ -259,6 +286,8 @@ class Stack:
         servers = self.bares if mode == "bare" else self.procs
         meter = CpuMeter(self.cluster, [p.pid for p in servers])
         cmeter = CpuMeter(self.cluster, [r.proc.pid for r in self.readers] + ([pub.pid] if pub else []))
+        if self.pgss:
+            self.reset_statements()
         t0 = time.time_ns() + 200_000_000
         with open(os.path.join(d, ".go"), "w") as f:
             f.write(str(t0))
@@ -292,6 +321,9 @@ class Stack:
         else:
             res["runs"] = self._finish(run_ids)
         shutil.rmtree(d, ignore_errors=True)
+        if self.pgss:
+            res["pg_stat_statements"] = self.top_statements()
+            res["table_stats"] = self.table_stats()
         self._clean(mode)
         return res
 
@@ -332,10 +364,11 @@ class Stack:
                 "producer_replicas": len(pids - {None})}
 
     def _clean(self, mode: str) -> None:
-        """The next round starts from the same tables: closed streams (and their chunks) go."""
+        """The next round starts from the same tables: the round's streams (and their chunks) go;
+        stream_chunks keeps the prefill and its statistics (no ANALYZE of a near-empty table)."""
         with psycopg.connect(self.url, autocommit=True) as c:
-            c.execute("DELETE FROM switchboard.streams WHERE status <> 'open'")
-            c.execute("VACUUM (ANALYZE) switchboard.streams, switchboard.stream_chunks")
+            c.execute("DELETE FROM switchboard.streams WHERE status <> 'open' AND kind = 'bench'")
+            c.execute("VACUUM switchboard.streams")     # (its dead versions: every append updates the row)
 
 
 async def bare_publisher(spec: dict[str, Any]) -> None:
@@ -394,11 +427,9 @@ def mode_cluster(a: argparse.Namespace) -> dict[str, Any]:
             for mode in order:
                 if mode in failed:
                     continue
-                if a.pgss:
-                    st.reset_statements()
                 r = st.round(mode, rate, max(1, int(rate * a.seconds)))
                 if a.pgss:
-                    r["pg_stat_statements"] = st.top_statements()
+                    log(f"   tables: {r['table_stats']}")
                     for x in r["pg_stat_statements"][:8]:
                         log(f"   {x['calls']:>7} calls {x['total_ms']:>9} ms {x['mean_ms']:>8} ms/call  {x['query']}")
                 rounds.append(r)
