@@ -7,12 +7,14 @@ the producer; SSE resumes with Last-Event-ID; nobody else can read or stop it.""
 from __future__ import annotations
 
 import json
+import socket
 import time
 import uuid
 
 import httpx
 import psycopg
-from harness import ROOT, auth, make_user
+from harness import ROOT, WS, auth, make_user
+from websockets.sync.client import connect
 
 HANDLERS_ENV = {"SWITCHBOARD_HANDLERS": "ai_chat",
                 "PYTHONPATH": f"{ROOT / 'server'}:{ROOT / 'examples' / 'ai_chat'}"}
@@ -41,30 +43,34 @@ def stream_of_answer(ws, timeout: float = 30) -> str:  # type: ignore[no-untyped
     return f["payload"]["stream"]
 
 
-def follow(ws, sid: str, after: int = 0, timeout: float = 60) -> tuple[list[tuple[int, str]], dict]:  # type: ignore[no-untyped-def]
-    """Subscribe and collect (seq, chunk) until stream.end."""
+def follow(ws, sid: str, after: int = 0, timeout: float = 60,  # type: ignore[no-untyped-def]
+           others: list[dict] | None = None) -> tuple[list[tuple[int, str]], dict]:
+    """Subscribe and collect (seq, chunk) until the stream's end frame; other frames go to ``others``."""
     ws.send({"action": "stream.subscribe", "stream": sid, "after": after})
     got: list[tuple[int, str]] = []
     deadline = time.time() + timeout
     while True:
         f = ws.recv(timeout=max(0.1, deadline - time.time()))
         p = f["payload"]
+        if others is not None and (not f["event"].startswith("stream.") or f["id"] is not None):
+            others.append(f)
         if f["event"] == "stream.chunks" and p["stream"] == sid:
             got.extend((p["seq"] + i, c) for i, c in enumerate(p["chunks"]))
-        elif f["event"] == "stream.end" and p["stream"] == sid:
-            return got, p
+        elif f["event"] == "stream.end" and p["stream"] == sid and f["id"] is None:
+            return got, p                  # (the durable stream.end event has an id: it is not the stream's end frame)
         elif f["event"] == "error":
             raise AssertionError(f)
 
 
 def test_a_handler_on_one_replica_streams_to_a_socket_on_another(server_factory, db: str) -> None:  # type: ignore[no-untyped-def]
-    a = server_factory(env={**HANDLERS_ENV, "SWITCHBOARD_SCHEDULER_ENABLED": "off"}, name="a")
+    a = server_factory(env={**HANDLERS_ENV, "SWITCHBOARD_SCHEDULER": "off"}, name="a")
     b = server_factory(env=HANDLERS_ENV, name="b")          # only b runs handlers
     uid = make_user(db, "ann")
     ws = a.ws(a.login("ann"))
     run = enqueue(db, uid, prompt="hello", tokens=3000, rate=0, chunk=1)
     sid = stream_of_answer(ws)
-    got, end = follow(ws, sid)
+    others: list[dict] = []
+    got, end = follow(ws, sid, others=others)
     assert [s for s, _ in got] == list(range(1, 3001))
     assert end["status"] == "done" and end["last_seq"] == 3000, end
     assert end["final"]["text"] == "".join(c for _, c in got)
@@ -75,7 +81,8 @@ def test_a_handler_on_one_replica_streams_to_a_socket_on_another(server_factory,
                          "AND payload->>'stream' = %s", (sid,)).fetchone()[0]
         assert ends == 1                                    # one durable row per answer, not per token
     # the durable end event reaches the socket too
-    ws.recv_until(lambda f: f["event"] == "stream.end" and f["id"] is not None)
+    if not any(f["event"] == "stream.end" and f["id"] is not None for f in others):
+        ws.recv_until(lambda f: f["event"] == "stream.end" and f["id"] is not None)
     # resume from the middle: exactly what follows
     got2, _ = follow(ws, sid, after=2990)
     assert [s for s, _ in got2] == list(range(2991, 3001))
@@ -126,7 +133,7 @@ def test_sse_follows_resumes_with_last_event_id_and_refuses_others(server_factor
 
 def test_stop_from_another_replica_stops_the_producer(server_factory, db: str) -> None:  # type: ignore[no-untyped-def]
     a = server_factory(env=HANDLERS_ENV, name="a")
-    b = server_factory(env={**HANDLERS_ENV, "SWITCHBOARD_SCHEDULER_ENABLED": "off"}, name="b")
+    b = server_factory(env={**HANDLERS_ENV, "SWITCHBOARD_SCHEDULER": "off"}, name="b")
     assert a.pid != b.pid                                   # the handler runs on a, the Stop reaches b
     uid = make_user(db, "dan")
     tok = b.login("dan")
@@ -181,3 +188,86 @@ def test_bad_subscriptions_get_error_frames_and_forged_wakeups_deliver_nothing(s
     f = ws.recv_until(lambda f: f["event"] == "stream.chunks")
     assert f["payload"] == {"stream": str(mine), "seq": 1, "chunks": ["real"]}
     ws.close()
+
+
+def test_the_reader_s_replica_is_killed_mid_stream_and_the_client_finishes_on_another(server_factory, db: str) -> None:  # type: ignore[no-untyped-def]
+    off = {**HANDLERS_ENV, "SWITCHBOARD_SCHEDULER": "off"}
+    a = server_factory(env=off, name="a")
+    b = server_factory(env=HANDLERS_ENV, name="b")          # the producer's replica
+    c = server_factory(env=off, name="c")
+    uid = make_user(db, "gil")
+    tok = a.login("gil")
+    ws = a.ws(tok)
+    run = enqueue(db, uid, prompt="failover", tokens=5000, rate=1000)
+    sid = stream_of_answer(ws)
+    ws.send({"action": "stream.subscribe", "stream": sid, "after": 0})
+    raw: list[int] = []
+    while len(raw) < 1000:
+        f = ws.recv(timeout=30)
+        if f["event"] == "stream.chunks":
+            raw.extend(f["payload"]["seq"] + i for i in range(len(f["payload"]["chunks"])))
+    a.kill()                                                # SIGKILL the reader's replica mid-stream
+    try:
+        while True:
+            f = ws.recv(timeout=5)
+            if f["event"] == "stream.chunks":
+                raw.extend(f["payload"]["seq"] + i for i in range(len(f["payload"]["chunks"])))
+    except Exception:
+        pass                                                # the connection is gone
+    ws2 = c.ws(tok)                                         # the client comes back on another replica
+    got, end = follow(ws2, sid, after=raw[-1])
+    raw.extend(s for s, _ in got)
+    assert raw == list(range(1, 5001)), (len(raw), raw[-3:], end)   # every chunk once, in order, across the kill
+    assert end["status"] == "done" and end["last_seq"] == 5000
+    assert run_result(db, run)["chunks"] == 5000
+    with psycopg.connect(db, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM switchboard.events WHERE event = 'stream.end' "
+                            "AND payload->>'stream' = %s", (sid,)).fetchone()[0] == 1
+    ws2.close()
+    assert b.proc.poll() is None
+
+
+def test_a_reader_that_does_not_read_slows_no_other_stream(server_factory, db: str) -> None:  # type: ignore[no-untyped-def]
+    """One socket follows a big stream and stops reading (its TCP window closes, its send
+    queue fills); another socket on the same replica gets its own stream whole meanwhile.
+    The stuck one, when it reads again, still gets every chunk once and in order."""
+    a = server_factory(env={**HANDLERS_ENV, "SWITCHBOARD_WS_QUEUE_SIZE": "50", "SWITCHBOARD_WS_QUEUE_BYTES": "65536",
+                            "SWITCHBOARD_WS_REPLAY_STALL_SECONDS": "120"}, name="a")
+    slow_uid, fast_uid = make_user(db, "slow"), make_user(db, "fast")
+    sock = socket.create_connection(("127.0.0.1", a.port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)   # no autotuned 32 MB window
+    slow = WS(connect(f"{a.ws_base}/ws?ticket={a.ticket(a.login('slow'))}", sock=sock, open_timeout=10, ping_interval=None, max_queue=1,
+                      max_size=None))
+    fast = a.ws(a.login("fast"))
+    enqueue(db, slow_uid, prompt="big", tokens=1000000, rate=0, chunk=100)    # ~6.5 MB in 10,000 chunks
+    slow_sid = stream_of_answer(slow)
+    slow.send({"action": "stream.subscribe", "stream": slow_sid, "after": 0})
+    with psycopg.connect(db, autocommit=True) as c:        # the slow stream is written whole, unread
+        deadline = time.time() + 60
+        while c.execute("SELECT status FROM switchboard.streams WHERE id = %s", (slow_sid,)).fetchone()[0] == "open":
+            assert time.time() < deadline
+            time.sleep(0.1)
+    enqueue(db, fast_uid, prompt="small", tokens=500, rate=0)
+    fast_sid = stream_of_answer(fast)
+    got, end = follow(fast, fast_sid, timeout=30)
+    assert [s for s, _ in got] == list(range(1, 501)) and end["status"] == "done"
+    queued = [float(x.split()[-1]) for x in httpx.get(f"{a.base}/metrics", timeout=30).text.splitlines()
+              if x.startswith("switchboard_ws_queued_bytes")]
+    assert queued and queued[0] > 0          # the slow socket was still stuck while the fast one finished
+    got_slow, end_slow = _drain_subscribed(slow, slow_sid)
+    assert end_slow["status"] == "done", end_slow
+    assert [s for s, _ in got_slow] == list(range(1, 10001))
+    slow.close()
+    fast.close()
+
+
+def _drain_subscribed(ws, sid: str, timeout: float = 120) -> tuple[list[tuple[int, str]], dict]:  # type: ignore[no-untyped-def]
+    got: list[tuple[int, str]] = []
+    deadline = time.time() + timeout
+    while True:
+        f = ws.recv(timeout=max(0.1, deadline - time.time()))
+        p = f["payload"]
+        if f["event"] == "stream.chunks" and p["stream"] == sid:
+            got.extend((p["seq"] + i, c) for i, c in enumerate(p["chunks"]))
+        elif f["event"] == "stream.end" and p["stream"] == sid and f["id"] is None:
+            return got, p

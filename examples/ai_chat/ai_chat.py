@@ -13,7 +13,7 @@ switchboard dev`` then open the demo page, or enqueue from psql::
                            'prompt', 'tell me about PostgreSQL', 'tokens', 200));
 
 Args: ``user_id`` (who reads it), ``prompt``, ``tokens`` (how many, default 120, at most
-100000), ``rate`` (tokens per second, default 40; 0 = as fast as possible), ``chunk``
+1000000), ``rate`` (tokens per second, default 40; 0 = as fast as possible), ``chunk``
 (tokens per send, default 1), ``room`` (optional: the room's members read it too).
 """
 
@@ -58,7 +58,7 @@ def _args(ctx: HandlerContext) -> tuple[UUID, str, int, float, int, str | None]:
     room = a.get("room")
     if not isinstance(prompt, str) or len(prompt) > 10000:
         raise HandlerError("args.prompt must be a text of at most 10000 characters")
-    for name, v, hi in (("tokens", tokens, 100000), ("rate", rate, 100000), ("chunk", chunk, 1000)):
+    for name, v, hi in (("tokens", tokens, 1000000), ("rate", rate, 100000), ("chunk", chunk, 1000)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= hi:
             raise HandlerError(f"args.{name} must be a number in [0, {hi}], not {v!r:.40}")
     if room is not None and not isinstance(room, str):
@@ -85,6 +85,9 @@ async def complete(ctx: HandlerContext) -> Any:
                 await s.send("".join(batch))
                 text.extend(batch)
         finally:
-            s.final = {"text": "".join(text)}       # the whole answer, or what was sent before Stop
+            # the whole answer (or what was sent before Stop): the one durable event keeps it.
+            # Events are at most 1 MB: a longer answer is kept by the application, not the event.
+            answer = "".join(text)
+            s.final = {"text": answer} if len(answer) < 500_000 else {"chars": len(answer), "truncated": True}
     # s.stopped: someone pressed Stop; the stream ended 'stopped' with the partial text.
     return {"stream": str(s.id), "stopped": s.stopped, "chunks": s.seq}

@@ -69,6 +69,11 @@ _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
         "Rate-limit checks that failed or timed out and let the request through", ("policy",)),
     "switchboard_ws_closed_total": ("WebSockets closed by the server, by code", ("code",)),
     "switchboard_listen_reconnects_total": ("LISTEN connection (re)connects", ()),
+    # streams/: the stream hub's subscriptions (docs/streams.md)
+    "switchboard_stream_catch_ups_total": (
+        "Stream subscriptions that read on their own (a new one, a full send queue, a gap) before joining the "
+        "shared read", ()),
+    "switchboard_stream_errors_total": ("Stream reads that failed, by what (the subscriber was told)", ("what",)),
     # runfeed.py: the admin console's live run updates (polls only while an admin subscribes)
     "switchboard_runfeed_polls_total": ("Polls of the admin run feed, by outcome (ok, failed)", ("outcome",)),
     "switchboard_runfeed_frames_total": ("run.updated frames offered to subscribed admin sockets", ()),
@@ -117,6 +122,8 @@ _GAUGES: dict[str, tuple[str, _Mode]] = {
     "switchboard_live_unconfirmed": (
         "Ids sent live waiting for the read that confirms them (bounded; back to ~0 when idle)", "livesum"),
     "switchboard_ws_queued_bytes": ("Bytes queued in the send queues of this replica's sockets", "livesum"),
+    "switchboard_streams_producing": ("Streams this replica's producers have open", "livesum"),
+    "switchboard_stream_subscriptions": ("Stream subscriptions (WebSocket and SSE) on this replica", "livesum"),
     # From switchboard.metrics_snapshot(): the same for every replica.
     "switchboard_expired_leases": ("Running task runs whose lease has expired", "livemostrecent"),
     "switchboard_runs_due": ("Queued task runs that are due", "livemostrecent"),

@@ -100,7 +100,8 @@ def split_rows(rows: list[tuple[Any, ...]]) -> dict[UUID, tuple[tuple[Any, ...] 
 
 
 class StreamHub:
-    def __init__(self, read_many: ReadMany, on_error: Callable[[str], None] | None = None) -> None:
+    def __init__(self, read_many: ReadMany, on_error: Callable[[str], None] | None = None,
+                 on_behind: Callable[[], None] | None = None) -> None:
         self.read_many = read_many           # the pool's read, for catch-ups
         self.subs: dict[UUID, dict[int, Subscription]] = {}
         self.hub_pos: dict[UUID, int] = {}
@@ -108,6 +109,7 @@ class StreamHub:
         self.all_dirty = False
         self.wake = asyncio.Event()
         self.on_error = on_error or (lambda what: None)
+        self.on_behind = on_behind or (lambda: None)
         self.delivered = 0
 
     # -- subscriptions --------------------------------------------------------------------------------
@@ -221,6 +223,7 @@ class StreamHub:
         """Out of the live set; its own task catches it up (one task per subscription)."""
         sub.live = False
         if sub.task is None or sub.task.done():
+            self.on_behind()
             sub.task = asyncio.get_running_loop().create_task(self._catch_up(sub), name="stream-catch-up")
 
     async def _catch_up(self, sub: Subscription) -> None:

@@ -24,6 +24,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 from uuid import UUID
 
+import psycopg
+
 LOG = logging.getLogger("switchboard.streams")
 
 CHUNK_MAX_BYTES = 65536        # stream_append's bound, checked here first for a clear error
@@ -172,9 +174,17 @@ class Stream:
                 self.closed = True
             if self.stopped:
                 status = "stopped"
-            event: int = await self._producer.db.stream_close(self.id, status,
-                                                              self.final if final is None else final)
-            return event
+            try:
+                event: int = await self._producer.db.stream_close(self.id, status,
+                                                                  self.final if final is None else final)
+                return event
+            except psycopg.errors.DataException as exc:
+                # A final the database refuses (too big, too deep): the stream still ends -- as
+                # error, saying why -- rather than stay open until its lease runs out.
+                reason = (exc.diag.message_primary or str(exc))[:500]
+                await self._producer.db.stream_close(self.id, "error", {"error": f"final refused: {reason}"})
+                raise StreamError(f"stream {self.id}: its final payload was refused ({reason}); "
+                                  "it ended as error") from exc
         finally:
             self._producer._closed(self)
 

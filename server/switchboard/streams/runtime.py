@@ -27,7 +27,8 @@ class StreamsRuntime:
     def __init__(self, db: Any, config: Config, metrics: Metrics) -> None:
         self.producer = Producer(db, window=config.stream_flush_seconds)
         self.hub = StreamHub(db.stream_read_many,
-                             on_error=lambda what: metrics.inc("switchboard_stream_errors_total", what=what))
+                             on_error=lambda what: metrics.inc("switchboard_stream_errors_total", what=what),
+                             on_behind=lambda: metrics.inc("switchboard_stream_catch_ups_total"))
         self.listener = NotifyListener(config.listen_database_url or config.database_url, (CHANNEL, STOP_CHANNEL),
                                        config.listen_check_interval, metrics, dispatch=self._dispatch,
                                        on_session=self._on_session, on_idle=lambda: None)
