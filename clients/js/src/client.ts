@@ -901,7 +901,8 @@ export class SwitchboardClient {
     }
   }
 
-  /** Forget the resume position, the de-duplication window and the rooms (logout, another user). */
+  /** Forget the resume position, the de-duplication window, the rooms and the stream positions, and end
+   *  the streams being read (logout, another user). */
   forget(): void {
     this.rooms.clear();
     this.cursor = undefined;
@@ -912,6 +913,7 @@ export class SwitchboardClient {
     this.outbox = [];
     this.answered.clear();
     this.streamSeqs = undefined;
+    for (const s of [...this.streamsById.values()]) void s.return();   // another user's streams end here
     try {
       this.storage?.removeItem(this.storageKey);
       this.storage?.removeItem(`${this.storageKey}:streams`);

@@ -993,7 +993,8 @@ var SwitchboardClient = class {
     } catch {
     }
   }
-  /** Forget the resume position, the de-duplication window and the rooms (logout, another user). */
+  /** Forget the resume position, the de-duplication window, the rooms and the stream positions, and end
+   *  the streams being read (logout, another user). */
   forget() {
     this.rooms.clear();
     this.cursor = void 0;
@@ -1004,6 +1005,7 @@ var SwitchboardClient = class {
     this.outbox = [];
     this.answered.clear();
     this.streamSeqs = void 0;
+    for (const s of [...this.streamsById.values()]) void s.return();
     try {
       this.storage?.removeItem(this.storageKey);
       this.storage?.removeItem(`${this.storageKey}:streams`);
