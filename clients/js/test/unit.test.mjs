@@ -676,7 +676,7 @@ test("stream: an unsubscribed nobody asked for subscribes again; resume: true st
   c2.connect();
   const ws1 = await socket(0);
   ws1.hello();
-  c2.stream(SID, { resume: true });
+  const again = c2.stream(SID, { resume: true });
   assert.deepEqual(streamFrames(ws1), [{ action: "stream.subscribe", stream: SID, after: 2 }]);
   c2.stream("00000000-0000-0000-0000-000000000001");   // without resume: from 0
   c2.stream("00000000-0000-0000-0000-000000000002", { resume: true, after: 0 });   // after wins
@@ -685,4 +685,6 @@ test("stream: an unsubscribed nobody asked for subscribes again; resume: true st
   c2.disconnect();
   await c2.logout().catch(() => {});
   assert.equal(storage.getItem("switchboard:resume:streams"), null, "logout forgets stream positions too");
+  assert.equal((await again.result.catch((e) => e)).code, "closed", "and ends the streams being read");
+  assert.deepEqual(await again.next(), { value: undefined, done: true });
 });
