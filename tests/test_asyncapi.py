@@ -26,6 +26,7 @@ from websockets.exceptions import ConnectionClosed
 from harness import ROOT, WS, auth, make_user
 
 DOC_PATH = ROOT / "server" / "switchboard" / "static" / "asyncapi.json"
+SID = "6f1c1f0e-4b9e-4c1a-9d6a-1b2c3d4e5f60"   # a stream id
 
 
 def load_doc() -> dict[str, Any]:
@@ -73,8 +74,22 @@ def test_document_shape_and_refs() -> None:
               {"action": "resume", "cursor": "abc.DEF_1-~"}, {"action": "ping"},
               {"action": "publish", "event": "typing", "room": "ops", "payload": {}},
               {"action": "publish", "event": "tool.result.6f1c1f0e-4b9e-4c1a-9d6a-1b2c3d4e5f60", "payload": {"x": 1}},
-              {"action": "subscribe", "feed": "runs"}, {"action": "unsubscribe", "feed": "runs"}):
+              {"action": "subscribe", "feed": "runs"}, {"action": "unsubscribe", "feed": "runs"},
+              {"action": "stream.subscribe", "stream": SID, "after": 0}, {"action": "stream.subscribe", "stream": SID},
+              {"action": "stream.unsubscribe", "stream": SID}, {"action": "stream.stop", "stream": SID}):
         message_of(doc, f, "sendActions")
+    # the stream frames of docs/streams.md, each exactly one message
+    for f, name in (
+        ({"id": None, "event": "stream.chunks", "room": None, "ts": 1,
+          "payload": {"stream": SID, "seq": 813, "chunks": ["Hel", "lo"]}}, "streamChunks"),
+        ({"id": None, "event": "stream.end", "room": None, "ts": 1,
+          "payload": {"stream": SID, "status": "done", "last_seq": 814, "final": {"text": "..."}}}, "streamEnd"),
+        ({"id": None, "event": "stream.unsubscribed", "room": None, "ts": 1, "payload": {"stream": SID}},
+         "streamUnsubscribed"),
+        ({"id": None, "event": "error", "room": None, "ts": 1,
+          "payload": {"code": "stream_not_found", "message": "...", "stream": SID}}, "error"),
+    ):
+        assert message_of(doc, f, "receiveFrames") == name
     with pytest.raises(AssertionError):
         message_of(doc, {"action": "publish", "event": "order.shipped", "payload": {}}, "sendActions")
     with pytest.raises(AssertionError):

@@ -135,6 +135,7 @@ declare function ask(message: unknown): Promise<boolean>;
 
 @pytest.mark.parametrize(("doc", "heading", "lang"), [("docs/frontend.md", "## Example", "ts"),
                                                       ("docs/frontend.md", "## React", "tsx"),
+                                                      ("docs/frontend.md", "## Streams", "ts"),
                                                       ("README.md", "## Frontend", "ts")])
 def test_the_examples_in_the_frontend_docs_compile(built: dict[str, str], tmp_path: Path, doc: str, heading: str,
                                                    lang: str) -> None:

@@ -6,10 +6,11 @@
 //           any --disconnect() | 1008 | session over--> closed
 // Every transition is emitted as "state" (and as the new state's own name).
 import type {
-  ErrorFrame, EventFrame, HelloFrame, ResumeGapFrame, ResumedFrame, RunUpdatedFrame, ServerFrame, SubscribedFrame,
-  ToolCallFrame, TypingFrame,
+  ErrorFrame, EventFrame, HelloFrame, ResumeGapFrame, ResumedFrame, RunUpdatedFrame, ServerFrame, StreamEndFrame,
+  SubscribedFrame, ToolCallFrame, TypingFrame,
 } from "./frames.js";
 import { HttpError, request, type FetchLike, type LoginResponse } from "./http.js";
+import { StreamError, SwitchboardStream, type StreamHost, type StreamInfo, type StreamOptions } from "./stream.js";
 import { buildPath, type Answer, type ApiArgs, type Method, type Operation, type PathsWith } from "./api.js";
 import type { paths } from "./rest.js";
 
@@ -120,6 +121,7 @@ export interface ClientOptions {
   refreshOn401?: boolean;
   /** Where the resume position is kept across page reloads. Default: sessionStorage when present; null: memory only. */
   storage?: StorageLike | null;
+  /** Default "switchboard:resume"; stream positions (stream(id, {resume: true})) go under `${storageKey}:streams`. */
   storageKey?: string;
   /** Rooms to join on the first connection. */
   rooms?: string[];
@@ -147,6 +149,7 @@ const CURSOR_RE = /^[A-Za-z0-9._~-]{1,256}$/;
 const ROOMS_IN_HANDSHAKE = 50;
 const PERSIST_IDS = 256;
 const TOOL_CALL_PREFIX = "tool.call.";
+const PERSIST_STREAMS = 32;
 
 function defaultBase(): URL {
   const doc = (globalThis as { document?: { baseURI?: string } }).document;
@@ -207,6 +210,9 @@ export class SwitchboardClient {
   private readonly toolFns = new Map<string, ToolFn>();
   private readonly answered = new Set<string>();
   private outbox: string[] = [];
+  private readonly streamsById = new Map<string, SwitchboardStream>();
+  private readonly unsubAcks = new Map<string, number>();   // stream.unsubscribe sent, answer not yet in
+  private streamSeqs: Record<string, number> | undefined;    // stream id -> last yielded seq (resume)
 
   constructor(options: ClientOptions = {}) {
     this.base = options.url !== undefined ? new URL(String(options.url)) : defaultBase();
@@ -627,6 +633,9 @@ export class SwitchboardClient {
       case "typing": this.emit("typing", f as TypingFrame); return;
       case "run.updated": this.emit("feed", f as RunUpdatedFrame); return;
       case "subscribed": this.emit("subscribed", (f as SubscribedFrame).payload); return;
+      case "stream.chunks": case "stream.end": case "stream.unsubscribed":
+        this.onStreamFrame(f.event, (f as { payload: { stream: string } }).payload, false);
+        return;
     }
     if (typeof f.event === "string" && f.event.startsWith(TOOL_CALL_PREFIX)) {
       void this.onToolCall(f as ToolCallFrame);
@@ -648,6 +657,8 @@ export class SwitchboardClient {
     if (this.cursor === undefined && typeof p.cursor === "string" && CURSOR_RE.test(p.cursor)) this.cursor = p.cursor;
     if (this.lastId === undefined && Number.isInteger(p.last_id)) this.lastId = p.last_id;
     this.persist();
+    this.unsubAcks.clear();   // answers to the old socket's unsubscribes will not come
+    for (const s of [...this.streamsById.values()]) s.connected();
     const joined = new Set(p.rooms ?? []);
     for (const [room, st] of this.rooms) {
       if (joined.has(room)) {
@@ -685,9 +696,13 @@ export class SwitchboardClient {
     if (this.lastId === undefined || id > this.lastId) this.lastId = id;
     this.persist();
     this.emit("event", f);
+    // The durable copy of a stream's end (stream_close notifies the owner): it tells how the stream
+    // ended; the chunks still come through the subscription.
+    if (f.event === "stream.end") this.onStreamFrame("stream.end", f.payload as { stream: string }, true);
   }
 
   private onServerError(p: ErrorFrame["payload"]): void {
+    if (typeof p.stream === "string") this.onStreamFrame("error", p as { stream: string }, false);
     if (p.action === "join" && typeof p.room === "string" && this.rooms.has(p.room) && p.code === "forbidden") {
       this.rooms.delete(p.room);   // not a member: forget the room (it is not re-joined on reconnect)
       this.persist();
@@ -735,6 +750,80 @@ export class SwitchboardClient {
   /** Tell a joined room that this user is typing (ephemeral; dropped when not connected). */
   typing(room: string, payload: unknown = {}): boolean {
     return this.send({ action: "publish", event: "typing", room, payload });
+  }
+
+  // ---- streams -------------------------------------------------------------------------------
+  /** Read a stream (docs/streams.md) as an async iterable of `{seq, data}`: each chunk once and in
+   *  order, across reconnects (it subscribes again after the last seq it has). Subscribes when
+   *  connected; `for await` ends at `stream.end`, `break` unsubscribes. One reader per id at a time. */
+  stream(id: string, opts: StreamOptions = {}): SwitchboardStream {
+    if (this.streamsById.has(id)) throw new Error(`SwitchboardClient: stream ${id} is already being read`);
+    const after = opts.after ?? (opts.resume ? this.storedStreamSeqs()[id] : undefined) ?? 0;
+    if (!Number.isSafeInteger(after) || after < 0) throw new RangeError(`stream: bad after ${after}`);
+    const s = new SwitchboardStream(id, this.streamHost, after, opts);
+    this.streamsById.set(id, s);
+    s.start();
+    return s;
+  }
+
+  /** `GET /streams`: this user's open streams (to pick up after a reload). */
+  async streams(): Promise<StreamInfo[]> {
+    return (await this.http<{ streams: StreamInfo[] }>("GET", "streams")).streams;
+  }
+
+  private readonly streamHost: StreamHost = {
+    send: (f) => this.send(f),
+    unsubscribe: (id) => {
+      if (this.send({ action: "stream.unsubscribe", stream: id })) this.unsubAcks.set(id, (this.unsubAcks.get(id) ?? 0) + 1);
+    },
+    stopHttp: async (id) => {
+      try {
+        await this.http("POST", `streams/${encodeURIComponent(id)}/stop`);
+      } catch (e) {
+        if (e instanceof HttpError && e.status === 404) throw new StreamError("stream_not_found", e.message, id);
+        throw e;
+      }
+    },
+    save: (id, seq) => {
+      const m = this.storedStreamSeqs();
+      delete m[id];              // re-inserted last: the oldest ids go first
+      m[id] = seq;
+      const ids = Object.keys(m);
+      for (const old of ids.slice(0, Math.max(0, ids.length - PERSIST_STREAMS))) delete m[old];
+      try { this.storage?.setItem(`${this.storageKey}:streams`, JSON.stringify(m)); } catch { /* memory only */ }
+    },
+    release: (s) => { if (this.streamsById.get(s.id) === s) this.streamsById.delete(s.id); },
+  };
+
+  private storedStreamSeqs(): Record<string, number> {
+    if (!this.streamSeqs) {
+      this.streamSeqs = {};
+      try {
+        const m = JSON.parse(this.storage?.getItem(`${this.storageKey}:streams`) ?? "{}");
+        for (const k of Object.keys(m ?? {})) if (Number.isSafeInteger(m[k]) && m[k] >= 0) this.streamSeqs[k] = m[k];
+      } catch { /* unreadable: start fresh */ }
+    }
+    return this.streamSeqs;
+  }
+
+  private onStreamFrame(event: string, p: { stream: string }, stored: boolean): void {
+    const id = p?.stream;
+    if (typeof id !== "string") return;
+    const pending = this.unsubAcks.get(id) ?? 0;
+    if (event === "stream.unsubscribed" || (event === "error" && (p as ErrorFrame["payload"]).action === "stream.unsubscribe")) {
+      if (pending > 0) {         // the answer to our own unsubscribe
+        if (pending > 1) this.unsubAcks.set(id, pending - 1); else this.unsubAcks.delete(id);
+      } else if (event === "stream.unsubscribed") {
+        this.streamsById.get(id)?.dropped();
+      }
+      return;
+    }
+    const s = this.streamsById.get(id);
+    if (!s) return;
+    const q = p as Record<string, unknown>;
+    if (event === "stream.chunks") s.chunks(q.seq, q.chunks, pending > 0);
+    else if (event === "stream.end") s.ended(p as StreamEndFrame["payload"], !stored && pending === 0);
+    else s.refused(p as ErrorFrame["payload"]);
   }
 
   // ---- tool answers -------------------------------------------------------------------------
@@ -812,7 +901,8 @@ export class SwitchboardClient {
     }
   }
 
-  /** Forget the resume position, the de-duplication window and the rooms (logout, another user). */
+  /** Forget the resume position, the de-duplication window, the rooms and the stream positions, and end
+   *  the streams being read (logout, another user). */
   forget(): void {
     this.rooms.clear();
     this.cursor = undefined;
@@ -822,7 +912,12 @@ export class SwitchboardClient {
     this.floor = 0;
     this.outbox = [];
     this.answered.clear();
-    try { this.storage?.removeItem(this.storageKey); } catch { /* ignore */ }
+    this.streamSeqs = undefined;
+    for (const s of [...this.streamsById.values()]) void s.return();   // another user's streams end here
+    try {
+      this.storage?.removeItem(this.storageKey);
+      this.storage?.removeItem(`${this.storageKey}:streams`);
+    } catch { /* ignore */ }
   }
 
   /** The resume position this client would use now (for display and tests). */

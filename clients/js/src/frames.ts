@@ -114,13 +114,15 @@ export type ErrorFrame = {
   event: "error";
   room: null;
   payload: {
-    /** Machine-readable: bad_json, bad_frame, bad_room, forbidden, bad_resume, unknown_action, rate_limited, refused, unavailable, bad_event, unknown_call, forbidden_event, bad_feed, ... */
+    /** Machine-readable: bad_json, bad_frame, bad_room, forbidden, bad_resume, unknown_action, rate_limited, refused, unavailable, bad_event, unknown_call, forbidden_event, bad_feed, bad_stream, stream_not_found, stream_limit, ... */
     code: string;
     message: string;
     action?: string;
     room?: string;
     event?: string;
     allowed?: Array<string>;
+    /** The stream a stream.* action named (bad_stream, stream_not_found, stream_limit). */
+    stream?: string;
     [key: string]: unknown;
   };
   /** Server time (database clock), milliseconds since the Unix epoch. */
@@ -267,13 +269,82 @@ export type UnsubscribeAction = {
   feed: "runs";
 };
 
+/** A stream's opaque, unguessable id (a random UUID). */
+export type StreamId = string;
+
+/** Chunks of a stream this socket subscribed to (stream.subscribe), in order, each once per subscription: chunks[i] has seq payload.seq + i. Not stored (id null): after a reconnect, subscribe again with after = the last seq you have. */
+export type StreamChunksFrame = {
+  id: null;
+  event: "stream.chunks";
+  room: null;
+  payload: {
+    stream: StreamId;
+    /** The seq of chunks[0]; seqs start at 1, without gaps. */
+    seq: number;
+    chunks: Array<string>;
+  };
+  /** Server time (database clock), milliseconds since the Unix epoch. */
+  ts: number;
+};
+
+/** The stream ended; this ends the subscription. Sent after every chunk up to last_seq (also to a subscription made after the stream ended). */
+export type StreamEndFrame = {
+  id: null;
+  event: "stream.end";
+  room: null;
+  payload: {
+    stream: StreamId;
+    status: "done" | "error" | "stopped";
+    /** The seq of the stream's last chunk (0: it had none). */
+    last_seq: number;
+    /** The producer's final payload: any JSON value (null when none). */
+    final?: unknown;
+    [key: string]: unknown;
+  };
+  /** Server time (database clock), milliseconds since the Unix epoch. */
+  ts: number;
+};
+
+/** Answer to stream.unsubscribe: no more frames of this stream on this socket. */
+export type StreamUnsubscribedFrame = {
+  id: null;
+  event: "stream.unsubscribed";
+  room: null;
+  payload: {
+    stream: StreamId;
+    [key: string]: unknown;
+  };
+  /** Server time (database clock), milliseconds since the Unix epoch. */
+  ts: number;
+};
+
+/** Receive a stream's chunks after `after` (default 0), then live ones, then stream.end. At most 64 subscriptions per socket (error stream_limit); unknown or not yours: error stream_not_found; not a UUID or a bad after: error bad_stream. Subscriptions do not outlive the socket. */
+export type StreamSubscribeAction = {
+  action: "stream.subscribe";
+  stream: StreamId;
+  /** The last seq the client has; chunks after it are sent. */
+  after?: number;
+};
+
+/** Stop receiving a stream on this socket (answered with stream.unsubscribed). */
+export type StreamUnsubscribeAction = {
+  action: "stream.unsubscribe";
+  stream: StreamId;
+};
+
+/** Ask the stream's producer to stop (owner or admin): the stream ends with status stopped and every subscription gets stream.end. Unknown or not yours: error stream_not_found. */
+export type StreamStopAction = {
+  action: "stream.stop";
+  stream: StreamId;
+};
+
 /** Any server-to-client frame. */
-export type ServerFrame = HelloFrame | JoinedFrame | LeftFrame | ResumedFrame | ResumeGapFrame | PongFrame | ErrorFrame | EventFrame | TypingFrame | ToolCallFrame | RunUpdatedFrame | SubscribedFrame;
+export type ServerFrame = HelloFrame | JoinedFrame | LeftFrame | ResumedFrame | ResumeGapFrame | PongFrame | ErrorFrame | EventFrame | TypingFrame | ToolCallFrame | RunUpdatedFrame | SubscribedFrame | StreamChunksFrame | StreamEndFrame | StreamUnsubscribedFrame;
 
 /** Any client-to-server frame. */
-export type ClientFrame = JoinAction | LeaveAction | ResumeAction | TypingAction | ToolResultAction | PingAction | SubscribeAction | UnsubscribeAction;
+export type ClientFrame = JoinAction | LeaveAction | ResumeAction | TypingAction | ToolResultAction | PingAction | SubscribeAction | UnsubscribeAction | StreamSubscribeAction | StreamUnsubscribeAction | StreamStopAction;
 
 /** Message names the server sends (AsyncAPI operation receiveFrames). */
-export const SERVER_MESSAGES = ["hello","joined","left","resumed","resumeGap","pong","error","event","typing","toolCall","runUpdated","subscribed"] as const;
+export const SERVER_MESSAGES = ["hello","joined","left","resumed","resumeGap","pong","error","event","typing","toolCall","runUpdated","subscribed","streamChunks","streamEnd","streamUnsubscribed"] as const;
 /** Message names a client may send (AsyncAPI operation sendActions). */
-export const CLIENT_MESSAGES = ["joinAction","leaveAction","resumeAction","typingAction","toolResultAction","pingAction","subscribeAction","unsubscribeAction"] as const;
+export const CLIENT_MESSAGES = ["joinAction","leaveAction","resumeAction","typingAction","toolResultAction","pingAction","subscribeAction","unsubscribeAction","streamSubscribeAction","streamUnsubscribeAction","streamStopAction"] as const;

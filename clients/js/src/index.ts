@@ -5,6 +5,8 @@ export type {
   StorageLike, ToolCallInfo, ToolFn, ToolResultInfo, WebSocketCtor, WebSocketLike,
 } from "./client.js";
 export { HttpError } from "./http.js";
+export { StreamError, SwitchboardStream } from "./stream.js";
+export type { StreamChunk, StreamInfo, StreamOptions, StreamResult } from "./stream.js";
 export type { FetchLike, LoginResponse } from "./http.js";
 export type * from "./frames.js";
 export { SERVER_MESSAGES, CLIENT_MESSAGES } from "./frames.js";

@@ -4,7 +4,8 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { SwitchboardClient } from "../dist/index.js";
+import { StreamError, SwitchboardClient } from "../dist/index.js";
+import { MemoryStorage } from "./helpers.mjs";
 
 class FakeWS {
   static all = [];
@@ -379,4 +380,311 @@ test("feeds: in every handshake, subscribe/unsubscribe actions while connected, 
   const ws2 = await socket(2);
   assert.equal(ws2.url.searchParams.get("feeds"), "runs");
   c.disconnect();
+});
+
+// ---- streams (docs/streams.md) --------------------------------------------------------------------
+const SID = "6f1c1f0e-4b9e-4c1a-9d6a-1b2c3d4e5f60";
+const chunks = (seq, ...data) => ({ id: null, event: "stream.chunks", payload: { stream: SID, seq, chunks: data } });
+const end = (last_seq, status = "done", final = { text: "x" }) =>
+  ({ id: null, event: "stream.end", payload: { stream: SID, status, last_seq, final } });
+const streamFrames = (ws) => ws.sent.filter((f) => f.action?.startsWith("stream."));
+/** Pull from an iterator until `n` chunks or its end; fails instead of hanging. */
+async function pull(it, n = Infinity, ms = 1000) {
+  const out = [];
+  while (out.length < n) {
+    const r = await Promise.race([it.next(), sleep(ms).then(() => { throw new Error(`no chunk after ${out.map((c) => c.seq)}`); })]);
+    if (r.done) break;
+    out.push(r.value);
+  }
+  return out;
+}
+const pending = async (p, ms = 30) => (await Promise.race([p.then(() => "settled", () => "settled"), sleep(ms).then(() => "pending")])) === "pending";
+
+test("stream: subscribes once connected, yields each chunk once and in order, ends at stream.end", async () => {
+  const { c } = setup();
+  const s = c.stream(SID);
+  assert.equal(s.lastSeq, 0);
+  c.connect();
+  const ws0 = await socket(0);
+  assert.deepEqual(streamFrames(ws0), [], "nothing before hello");
+  ws0.hello();
+  assert.deepEqual(streamFrames(ws0), [{ action: "stream.subscribe", stream: SID, after: 0 }]);
+  ws0.frame(chunks(1, "Hel", "lo"));
+  ws0.frame(chunks(2, "lo", ","));   // overlaps: seq 2 again
+  ws0.frame(chunks(1, "Hel"));        // a duplicate
+  ws0.frame(chunks(4, " wor", "ld"));
+  ws0.frame({ id: null, event: "stream.chunks", payload: { stream: "00000000-0000-0000-0000-000000000000", seq: 1, chunks: ["other"] } });
+  ws0.frame(end(5, "done", { text: "Hello, world" }));
+  const got = [];
+  for await (const ch of s) got.push(ch);
+  assert.deepEqual(got, [{ seq: 1, data: "Hel" }, { seq: 2, data: "lo" }, { seq: 3, data: "," }, { seq: 4, data: " wor" },
+    { seq: 5, data: "ld" }]);
+  assert.deepEqual(await s.result, { status: "done", last_seq: 5, final: { text: "Hello, world" } });
+  assert.equal(s.lastSeq, 5);
+  assert.deepEqual(streamFrames(ws0), [{ action: "stream.subscribe", stream: SID, after: 0 }], "no unsubscribe after the end");
+  c.stream(SID).return();   // the finished stream left the client: the id can be read again
+  c.disconnect();
+});
+
+test("stream: after every reconnect it subscribes again with after = the last seq yielded", async () => {
+  const { c } = setup();
+  c.connect();
+  const ws0 = await socket(0);
+  ws0.hello();
+  const s = c.stream(SID, { after: 2 });
+  assert.deepEqual(streamFrames(ws0), [{ action: "stream.subscribe", stream: SID, after: 2 }]);
+  ws0.frame(chunks(3, "c", "d", "e"));
+  assert.deepEqual((await pull(s, 3)).map((x) => x.seq), [3, 4, 5]);
+  ws0.drop(1006);
+  const ws1 = await socket(1);
+  ws1.hello();
+  assert.deepEqual(streamFrames(ws1), [{ action: "stream.subscribe", stream: SID, after: 5 }]);
+  ws1.frame(chunks(4, "d", "e", "f"));   // a server replaying a little too much: dropped up to 5
+  assert.deepEqual(await pull(s, 1), [{ seq: 6, data: "f" }]);
+  ws1.drop(1012);
+  const ws2 = await socket(2);
+  ws2.hello();
+  assert.deepEqual(streamFrames(ws2), [{ action: "stream.subscribe", stream: SID, after: 6 }]);
+  ws2.frame(end(6, "stopped", null));
+  assert.deepEqual(await pull(s), []);
+  assert.deepEqual(await s.result, { status: "stopped", last_seq: 6, final: null });
+  c.disconnect();
+});
+
+test("stream: a gap unsubscribes and subscribes again after the last seq held", async () => {
+  const { c } = setup();
+  c.connect();
+  const ws0 = await socket(0);
+  ws0.hello();
+  const s = c.stream(SID);
+  ws0.frame(chunks(1, "a", "b"));
+  ws0.frame(chunks(5, "e"));             // 3 and 4 are missing
+  assert.deepEqual(streamFrames(ws0).slice(1), [{ action: "stream.unsubscribe", stream: SID },
+    { action: "stream.subscribe", stream: SID, after: 2 }]);
+  ws0.frame(chunks(6, "f"));             // still the old subscription (its answer is not in): no new resubscribe
+  ws0.frame({ id: null, event: "stream.unsubscribed", payload: { stream: SID } });
+  ws0.frame(chunks(3, "c", "d", "e"));
+  ws0.frame(end(5));
+  assert.deepEqual((await pull(s)).map((x) => x.data).join(""), "abcde");
+  assert.equal(streamFrames(ws0).length, 3, "one resubscribe for one gap");
+  c.disconnect();
+});
+
+test("stream: stream.end before every chunk arrived waits for them (subscribes again if the subscription is over)", async () => {
+  const { c, rec } = setup();
+  c.connect();
+  const ws0 = await socket(0);
+  ws0.hello();
+  const s = c.stream(SID);
+  ws0.frame(chunks(1, "a"));
+  // the durable stream.end event (an id, via notify_user) overtaking the chunks: the result is known,
+  // the iteration still waits for seq 2 and 3 from the subscription
+  ws0.frame({ id: 11, event: "stream.end", payload: { stream: SID, status: "done", last_seq: 3, final: { n: 3 } } });
+  assert.deepEqual(rec.events, [11]);
+  assert.deepEqual(await s.result, { status: "done", last_seq: 3, final: { n: 3 } });
+  assert.deepEqual(await pull(s, 1), [{ seq: 1, data: "a" }]);
+  const more = s.next();
+  assert.ok(await pending(more), "not done before seq 3");
+  assert.equal(streamFrames(ws0).length, 1, "the stored event does not touch the subscription");
+  ws0.frame(end(3));                    // the subscription's own end, still without chunks 2 and 3
+  assert.deepEqual(streamFrames(ws0).at(-1), { action: "stream.subscribe", stream: SID, after: 1 });
+  ws0.frame(chunks(2, "b", "c"));
+  ws0.frame(end(3));
+  assert.deepEqual((await more).value, { seq: 2, data: "b" });
+  assert.deepEqual(await pull(s), [{ seq: 3, data: "c" }]);
+  c.disconnect();
+});
+
+test("stream: stop() sends stream.stop when connected, POST /streams/{id}/stop when not", async () => {
+  const calls = [];
+  let status = 200;
+  const fetch = async (url, init) => {
+    const path = new URL(url).pathname;
+    if (path.endsWith("/ws/ticket")) return new Response(JSON.stringify({ ticket: "t", expires_in: 30 }), { status: 201 });
+    calls.push(`${init.method} ${path}`);
+    if (path.endsWith("/streams")) {
+      return new Response(JSON.stringify({ streams: [{ id: SID, room: null, kind: "completion", meta: {}, status: "open",
+        last_seq: 7, opened_at: "2025-01-01T00:00:00Z" }] }), { status: 200 });
+    }
+    if (status === 404) return new Response(JSON.stringify({ title: "Not Found", status: 404, detail: "no such stream" }), { status: 404 });
+    return new Response(JSON.stringify({ stream: SID, status: "stopped" }), { status: 200 });
+  };
+  const { c } = setup({ fetch });
+  const s = c.stream(SID);
+  await s.stop();                        // not connected: HTTP
+  assert.deepEqual(calls, [`POST /api/streams/${SID}/stop`]);
+  status = 404;
+  const err = await s.stop().catch((e) => e);
+  assert.equal(err.name, "StreamError");
+  assert.equal(err.code, "stream_not_found");
+  c.connect();
+  const ws0 = await socket(0);
+  ws0.hello();
+  await s.stop();
+  assert.deepEqual(streamFrames(ws0), [{ action: "stream.subscribe", stream: SID, after: 0 },
+    { action: "stream.stop", stream: SID }]);
+  assert.equal(calls.length, 2, "no HTTP while connected");
+  ws0.frame(chunks(1, "a"));
+  ws0.frame(end(1, "stopped", null));
+  assert.deepEqual(await pull(s), [{ seq: 1, data: "a" }]);
+  assert.equal((await s.result).status, "stopped");
+  const list = await c.streams();
+  assert.equal(calls.at(-1), "GET /api/streams");
+  assert.deepEqual(list.map((x) => [x.id, x.last_seq]), [[SID, 7]]);
+  c.disconnect();
+});
+
+test("stream: stream_not_found rejects the iteration and the result with a StreamError", async () => {
+  const { c } = setup();
+  const errors = [];
+  c.on("error", (p) => errors.push(p.code));
+  c.connect();
+  const ws0 = await socket(0);
+  ws0.hello();
+  const s = c.stream(SID);
+  const waiting = s.next();
+  ws0.frame({ id: null, event: "error", payload: { code: "stream_not_found", message: "no such stream", action: "stream.subscribe", stream: SID } });
+  const err = await waiting.catch((e) => e);
+  assert.ok(err instanceof StreamError);
+  assert.equal(err.code, "stream_not_found");
+  assert.equal(err.stream, SID);
+  assert.equal((await s.result.catch((e) => e)).code, "stream_not_found");
+  assert.deepEqual(await s.next(), { value: undefined, done: true }, "rejected once, then done");
+  assert.deepEqual(errors, ["stream_not_found"], "still an error event too");
+  // an error of another stream, or of an unsubscribe, does not touch a stream
+  const s2 = c.stream(SID);
+  ws0.frame({ id: null, event: "error", payload: { code: "stream_not_found", message: "x", stream: "00000000-0000-0000-0000-000000000000" } });
+  ws0.frame(chunks(1, "a"));
+  assert.deepEqual(await pull(s2, 1), [{ seq: 1, data: "a" }]);
+  c.disconnect();
+});
+
+test("stream: break and the signal unsubscribe; result rejects as closed / with the reason", async () => {
+  const { c } = setup();
+  c.connect();
+  const ws0 = await socket(0);
+  ws0.hello();
+  const s = c.stream(SID);
+  ws0.frame(chunks(1, "a", "b", "c"));
+  for await (const ch of s) if (ch.seq === 2) break;
+  assert.equal(s.lastSeq, 2);
+  assert.deepEqual(streamFrames(ws0).at(-1), { action: "stream.unsubscribe", stream: SID });
+  assert.equal((await s.result.catch((e) => e)).code, "closed");
+  ws0.frame({ id: null, event: "stream.unsubscribed", payload: { stream: SID } });
+
+  const ctl = new AbortController();
+  const s2 = c.stream(SID, { signal: ctl.signal, after: 2 });
+  assert.deepEqual(streamFrames(ws0).at(-1), { action: "stream.subscribe", stream: SID, after: 2 });
+  const waiting = s2.next();
+  ctl.abort();
+  assert.equal((await waiting.catch((e) => e)).name, "AbortError");
+  assert.deepEqual(streamFrames(ws0).at(-1), { action: "stream.unsubscribe", stream: SID });
+  assert.equal((await s2.result.catch((e) => e)).name, "AbortError");
+  const s3 = c.stream(SID, { signal: AbortSignal.abort() });   // aborted already: never subscribes
+  assert.equal((await s3.next().catch((e) => e)).name, "AbortError");
+  assert.equal(streamFrames(ws0).filter((f) => f.action === "stream.subscribe").length, 2);
+  c.disconnect();
+});
+
+test("stream: the buffer is bounded: full -> unsubscribe, drained to half -> subscribe after the last seq held", async () => {
+  const { c } = setup();
+  c.connect();
+  const ws0 = await socket(0);
+  ws0.hello();
+  const s = c.stream(SID, { bufferSize: 4 });
+  const letters = "abcdefghij".split("");
+  ws0.frame(chunks(1, ...letters));       // 10 chunks, nobody pulling
+  ws0.frame(chunks(11, "k"));             // in flight before the unsubscribe reached the server
+  assert.deepEqual(streamFrames(ws0).slice(1), [{ action: "stream.unsubscribe", stream: SID }]);
+  assert.equal(s.buf.length, 4, "at most bufferSize held (private in TypeScript)");
+  assert.deepEqual((await pull(s, 1)).map((x) => x.data), ["a"]);
+  assert.equal(streamFrames(ws0).length, 2, "3 buffered > half: still paused");
+  assert.deepEqual((await pull(s, 1)).map((x) => x.data), ["b"]);
+  assert.deepEqual(streamFrames(ws0).at(-1), { action: "stream.subscribe", stream: SID, after: 4 });
+  c.disconnect();
+});
+
+/** A stream server on a FakeWS: answers stream.subscribe with the log after `after`, `per` chunks a
+ *  frame every ms, then stream.end; stream.unsubscribe stops it (frames already sent stay sent). */
+function streamServer(ws, log, per = 3) {
+  let sub = null;
+  const send = ws.send.bind(ws);
+  ws.send = (text) => {
+    send(text);
+    const f = JSON.parse(text);
+    if (f.stream !== SID) return;
+    if (f.action === "stream.unsubscribe") {
+      if (sub) clearInterval(sub);
+      sub = null;
+      ws.frame({ id: null, event: "stream.unsubscribed", payload: { stream: SID } });
+    } else if (f.action === "stream.subscribe") {
+      let next = (f.after ?? 0) + 1;
+      sub = setInterval(() => {
+        if (next > log.length) {
+          clearInterval(sub);
+          sub = null;
+          ws.frame(end(log.length));
+          return;
+        }
+        ws.frame(chunks(next, ...log.slice(next - 1, next - 1 + per)));
+        next += per;
+      }, 1);
+    }
+  };
+}
+
+test("stream: a slow consumer never has more than bufferSize chunks buffered, and gets every chunk once", async () => {
+  const { c } = setup();
+  c.connect();
+  const ws0 = await socket(0);
+  const log = Array.from({ length: 60 }, (_, i) => `t${i + 1} `);
+  streamServer(ws0, log);
+  ws0.hello();
+  const s = c.stream(SID, { bufferSize: 8 });
+  let most = 0;
+  const got = [];
+  for await (const ch of s) {
+    got.push(ch);
+    most = Math.max(most, s.buf.length);   // (private in TypeScript)
+    await sleep(3);                        // slower than the server
+  }
+  assert.deepEqual(got.map((x) => x.seq), log.map((_, i) => i + 1));
+  assert.equal(got.map((x) => x.data).join(""), log.join(""));
+  assert.ok(most <= 8, `at most 8 buffered, saw ${most}`);
+  const subs = ws0.sent.filter((f) => f.action === "stream.subscribe");
+  assert.ok(subs.length > 2, `paused and resumed (${subs.length} subscriptions)`);
+  assert.deepEqual(subs.map((f) => f.after), [...subs.map((f) => f.after)].sort((a, b) => a - b), "after only grows");
+  assert.equal((await s.result).last_seq, 60);
+  c.disconnect();
+});
+
+test("stream: an unsubscribed nobody asked for subscribes again; resume: true starts after the stored seq", async () => {
+  const storage = new MemoryStorage();
+  const { c } = setup({ storage });
+  c.connect();
+  const ws0 = await socket(0);
+  ws0.hello();
+  const s = c.stream(SID, { resume: true });
+  assert.deepEqual(streamFrames(ws0), [{ action: "stream.subscribe", stream: SID, after: 0 }]);
+  ws0.frame(chunks(1, "a", "b"));
+  await pull(s, 2);
+  ws0.frame({ id: null, event: "stream.unsubscribed", payload: { stream: SID } });   // the server dropped it
+  assert.deepEqual(streamFrames(ws0).at(-1), { action: "stream.subscribe", stream: SID, after: 2 });
+  c.disconnect();
+  // a page reload: a new client on the same storage
+  const { c: c2 } = setup({ storage });
+  c2.connect();
+  const ws1 = await socket(0);
+  ws1.hello();
+  const again = c2.stream(SID, { resume: true });
+  assert.deepEqual(streamFrames(ws1), [{ action: "stream.subscribe", stream: SID, after: 2 }]);
+  c2.stream("00000000-0000-0000-0000-000000000001");   // without resume: from 0
+  c2.stream("00000000-0000-0000-0000-000000000002", { resume: true, after: 0 });   // after wins
+  assert.deepEqual(streamFrames(ws1).slice(1).map((f) => f.after), [0, 0]);
+  assert.throws(() => c2.stream(SID), /already being read/);
+  c2.disconnect();
+  await c2.logout().catch(() => {});
+  assert.equal(storage.getItem("switchboard:resume:streams"), null, "logout forgets stream positions too");
+  assert.equal((await again.result.catch((e) => e)).code, "closed", "and ends the streams being read");
+  assert.deepEqual(await again.next(), { value: undefined, done: true });
 });

@@ -54,6 +54,200 @@ async function request(fetchFn, url, opt) {
   }
 }
 
+// src/stream.ts
+var StreamError = class extends Error {
+  constructor(code, message, stream) {
+    super(message);
+    this.name = "StreamError";
+    this.code = code;
+    this.stream = stream;
+  }
+};
+var SwitchboardStream = class {
+  /** @internal use `client.stream(id)` */
+  constructor(id, host, after, opts) {
+    this.host = host;
+    this.opts = opts;
+    this.buf = [];
+    this.closed = false;
+    this.subscribed = false;
+    // a subscription on the current socket, as far as we know
+    this.paused = false;
+    // unsubscribed because the buffer is full
+    this.waiters = [];
+    this.id = id;
+    this.last = after;
+    this.max = Math.max(1, opts.bufferSize ?? 1e3);
+    this.result = new Promise((ok, fail) => {
+      this.settle = { ok, fail };
+    });
+    this.result.catch(() => {
+    });
+    this.onAbort = () => this.fail(opts.signal?.reason ?? new StreamError("closed", "aborted", id));
+  }
+  /** @internal */
+  start() {
+    const sig = this.opts.signal;
+    if (sig?.aborted) return this.onAbort();
+    sig?.addEventListener("abort", this.onAbort, { once: true });
+    this.subscribe();
+  }
+  /** The seq of the last chunk yielded (`after` before the first). */
+  get lastSeq() {
+    return this.last;
+  }
+  /** The last seq held: yielded, or buffered and not yet yielded. */
+  get held() {
+    return this.last + this.buf.length;
+  }
+  [Symbol.asyncIterator]() {
+    return this;
+  }
+  next() {
+    try {
+      const r = this.take();
+      if (r) return Promise.resolve(r);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return new Promise((resolve, reject) => {
+      this.waiters.push({ resolve, reject });
+    });
+  }
+  /** `break` out of a for-await loop lands here: unsubscribe and end the iteration. */
+  return() {
+    this.close(new StreamError("closed", "the stream was left before its end", this.id));
+    return Promise.resolve({ value: void 0, done: true });
+  }
+  /** Ask the producer to stop: `stream.stop` on the socket, or `POST /streams/{id}/stop` when not
+   *  connected. The iteration then ends with `result.status` "stopped". */
+  async stop() {
+    if (!this.host.send({ action: "stream.stop", stream: this.id })) await this.host.stopHttp(this.id);
+  }
+  // ---- from the client -------------------------------------------------------------------------
+  /** @internal A new socket (hello): subscriptions do not outlive a socket. */
+  connected() {
+    this.subscribed = false;
+    this.subscribe();
+  }
+  /** @internal stream.chunks. `quiet`: an unsubscribe is in flight, so this frame may belong to
+   *  the old subscription: keep what fits, but a gap is no reason to subscribe again. */
+  chunks(seq, chunks, quiet) {
+    if (this.closed || !Number.isSafeInteger(seq) || !Array.isArray(chunks)) return;
+    const held = this.held;
+    if (seq > held + 1) {
+      if (!quiet) this.resubscribe();
+      return;
+    }
+    for (let i = held + 1 - seq; i < chunks.length; i++) {
+      if (this.buf.length >= this.max) {
+        this.pause();
+        break;
+      }
+      this.buf.push(String(chunks[i]));
+    }
+    this.wake();
+  }
+  /** @internal stream.end; `ofSubscription`: it ended this socket's subscription (not the stored
+   *  event, nor a frame of a subscription already given up). */
+  ended(p, ofSubscription) {
+    if (this.closed || !Number.isSafeInteger(p?.last_seq)) return;
+    if (!this.end) {
+      this.end = { status: p.status, last_seq: p.last_seq, final: p.final ?? null };
+      this.settle.ok(this.end);
+    }
+    if (ofSubscription) {
+      this.subscribed = false;
+      this.subscribe();
+    }
+    this.wake();
+  }
+  /** @internal The server ended the subscription on its own (stream.unsubscribed nobody asked for). */
+  dropped() {
+    if (!this.subscribed) return;
+    this.subscribed = false;
+    this.subscribe();
+  }
+  /** @internal An error frame naming this stream. */
+  refused(p) {
+    if (p.action === "stream.stop" && p.code !== "stream_not_found") return;
+    this.subscribed = false;
+    this.fail(new StreamError(p.code, p.message, this.id));
+  }
+  // ---- internals ---------------------------------------------------------------------------------
+  subscribe() {
+    if (this.closed || this.paused || this.subscribed) return;
+    if (this.end && this.held >= this.end.last_seq) return;
+    this.subscribed = this.host.send({ action: "stream.subscribe", stream: this.id, after: this.held });
+  }
+  unsubscribe() {
+    if (!this.subscribed) return;
+    this.subscribed = false;
+    this.host.unsubscribe(this.id);
+  }
+  resubscribe() {
+    this.unsubscribe();
+    this.subscribe();
+  }
+  pause() {
+    this.paused = true;
+    this.unsubscribe();
+  }
+  /** The next result if there is one now; null: wait. Throws the failure (once). */
+  take() {
+    if (this.failure !== void 0) {
+      const e = this.failure;
+      this.failure = void 0;
+      throw e;
+    }
+    if (this.buf.length) {
+      const data = this.buf.shift();
+      const seq = ++this.last;
+      if (this.opts.resume) this.host.save(this.id, seq);
+      if (this.paused && this.buf.length <= this.max >> 1) {
+        this.paused = false;
+        this.subscribe();
+      }
+      return { value: { seq, data }, done: false };
+    }
+    if (this.closed) return { value: void 0, done: true };
+    if (this.end && this.last >= this.end.last_seq) {
+      this.close();
+      return { value: void 0, done: true };
+    }
+    return null;
+  }
+  wake() {
+    while (this.waiters.length) {
+      let r;
+      try {
+        r = this.take();
+      } catch (e) {
+        this.waiters.shift()?.reject(e);
+        continue;
+      }
+      if (!r) return;
+      this.waiters.shift()?.resolve(r);
+    }
+  }
+  fail(e) {
+    if (this.closed) return;
+    this.failure = e;
+    this.close(e);
+  }
+  /** End the iteration: unsubscribe, forget, settle `result` if stream.end never came. */
+  close(reason) {
+    if (this.closed) return;
+    this.closed = true;
+    this.buf = [];
+    this.unsubscribe();
+    this.opts.signal?.removeEventListener("abort", this.onAbort);
+    this.host.release(this);
+    if (!this.end) this.settle.fail(reason ?? new StreamError("closed", "the stream was left before its end", this.id));
+    this.wake();
+  }
+};
+
 // src/api.ts
 function buildPath(template, path, query) {
   let p = template.replace(/\{(\w+)\}/g, (_, k) => {
@@ -73,6 +267,7 @@ var CURSOR_RE = /^[A-Za-z0-9._~-]{1,256}$/;
 var ROOMS_IN_HANDSHAKE = 50;
 var PERSIST_IDS = 256;
 var TOOL_CALL_PREFIX = "tool.call.";
+var PERSIST_STREAMS = 32;
 function defaultBase() {
   const doc = globalThis.document;
   if (doc?.baseURI) return new URL(".", doc.baseURI);
@@ -87,6 +282,7 @@ function defaultStorage() {
   }
 }
 var SwitchboardClient = class {
+  // stream id -> last yielded seq (resume)
   constructor(options = {}) {
     this.listeners = /* @__PURE__ */ new Map();
     this._state = "closed";
@@ -108,12 +304,42 @@ var SwitchboardClient = class {
     this.toolFns = /* @__PURE__ */ new Map();
     this.answered = /* @__PURE__ */ new Set();
     this.outbox = [];
+    this.streamsById = /* @__PURE__ */ new Map();
+    this.unsubAcks = /* @__PURE__ */ new Map();
     /** The browser is back online: a pending retry goes now instead of waiting out its backoff. */
     this.onOnline = () => {
       if (!this.wanted || this._state !== "reconnecting" || this.ws) return;
       clearTimeout(this.retryTimer);
       this.attempt = 0;
       void this.open();
+    };
+    this.streamHost = {
+      send: (f) => this.send(f),
+      unsubscribe: (id) => {
+        if (this.send({ action: "stream.unsubscribe", stream: id })) this.unsubAcks.set(id, (this.unsubAcks.get(id) ?? 0) + 1);
+      },
+      stopHttp: async (id) => {
+        try {
+          await this.http("POST", `streams/${encodeURIComponent(id)}/stop`);
+        } catch (e) {
+          if (e instanceof HttpError && e.status === 404) throw new StreamError("stream_not_found", e.message, id);
+          throw e;
+        }
+      },
+      save: (id, seq) => {
+        const m = this.storedStreamSeqs();
+        delete m[id];
+        m[id] = seq;
+        const ids = Object.keys(m);
+        for (const old of ids.slice(0, Math.max(0, ids.length - PERSIST_STREAMS))) delete m[old];
+        try {
+          this.storage?.setItem(`${this.storageKey}:streams`, JSON.stringify(m));
+        } catch {
+        }
+      },
+      release: (s) => {
+        if (this.streamsById.get(s.id) === s) this.streamsById.delete(s.id);
+      }
     };
     /** Tool answers, grouped: `client.tools.register(name, fn)`. */
     this.tools = {
@@ -528,6 +754,11 @@ var SwitchboardClient = class {
       case "subscribed":
         this.emit("subscribed", f.payload);
         return;
+      case "stream.chunks":
+      case "stream.end":
+      case "stream.unsubscribed":
+        this.onStreamFrame(f.event, f.payload, false);
+        return;
     }
     if (typeof f.event === "string" && f.event.startsWith(TOOL_CALL_PREFIX)) {
       void this.onToolCall(f);
@@ -548,6 +779,8 @@ var SwitchboardClient = class {
     if (this.cursor === void 0 && typeof p.cursor === "string" && CURSOR_RE.test(p.cursor)) this.cursor = p.cursor;
     if (this.lastId === void 0 && Number.isInteger(p.last_id)) this.lastId = p.last_id;
     this.persist();
+    this.unsubAcks.clear();
+    for (const s of [...this.streamsById.values()]) s.connected();
     const joined = new Set(p.rooms ?? []);
     for (const [room, st] of this.rooms) {
       if (joined.has(room)) {
@@ -591,8 +824,10 @@ var SwitchboardClient = class {
     if (this.lastId === void 0 || id > this.lastId) this.lastId = id;
     this.persist();
     this.emit("event", f);
+    if (f.event === "stream.end") this.onStreamFrame("stream.end", f.payload, true);
   }
   onServerError(p) {
+    if (typeof p.stream === "string") this.onStreamFrame("error", p, false);
     if (p.action === "join" && typeof p.room === "string" && this.rooms.has(p.room) && p.code === "forbidden") {
       this.rooms.delete(p.room);
       this.persist();
@@ -637,6 +872,54 @@ var SwitchboardClient = class {
   /** Tell a joined room that this user is typing (ephemeral; dropped when not connected). */
   typing(room, payload = {}) {
     return this.send({ action: "publish", event: "typing", room, payload });
+  }
+  // ---- streams -------------------------------------------------------------------------------
+  /** Read a stream (docs/streams.md) as an async iterable of `{seq, data}`: each chunk once and in
+   *  order, across reconnects (it subscribes again after the last seq it has). Subscribes when
+   *  connected; `for await` ends at `stream.end`, `break` unsubscribes. One reader per id at a time. */
+  stream(id, opts = {}) {
+    if (this.streamsById.has(id)) throw new Error(`SwitchboardClient: stream ${id} is already being read`);
+    const after = opts.after ?? (opts.resume ? this.storedStreamSeqs()[id] : void 0) ?? 0;
+    if (!Number.isSafeInteger(after) || after < 0) throw new RangeError(`stream: bad after ${after}`);
+    const s = new SwitchboardStream(id, this.streamHost, after, opts);
+    this.streamsById.set(id, s);
+    s.start();
+    return s;
+  }
+  /** `GET /streams`: this user's open streams (to pick up after a reload). */
+  async streams() {
+    return (await this.http("GET", "streams")).streams;
+  }
+  storedStreamSeqs() {
+    if (!this.streamSeqs) {
+      this.streamSeqs = {};
+      try {
+        const m = JSON.parse(this.storage?.getItem(`${this.storageKey}:streams`) ?? "{}");
+        for (const k of Object.keys(m ?? {})) if (Number.isSafeInteger(m[k]) && m[k] >= 0) this.streamSeqs[k] = m[k];
+      } catch {
+      }
+    }
+    return this.streamSeqs;
+  }
+  onStreamFrame(event, p, stored) {
+    const id = p?.stream;
+    if (typeof id !== "string") return;
+    const pending = this.unsubAcks.get(id) ?? 0;
+    if (event === "stream.unsubscribed" || event === "error" && p.action === "stream.unsubscribe") {
+      if (pending > 0) {
+        if (pending > 1) this.unsubAcks.set(id, pending - 1);
+        else this.unsubAcks.delete(id);
+      } else if (event === "stream.unsubscribed") {
+        this.streamsById.get(id)?.dropped();
+      }
+      return;
+    }
+    const s = this.streamsById.get(id);
+    if (!s) return;
+    const q = p;
+    if (event === "stream.chunks") s.chunks(q.seq, q.chunks, pending > 0);
+    else if (event === "stream.end") s.ended(p, !stored && pending === 0);
+    else s.refused(p);
   }
   // ---- tool answers -------------------------------------------------------------------------
   /** Answer `tool.call` frames for `name` with fn(args): its result (or {error}) goes back as
@@ -710,7 +993,8 @@ var SwitchboardClient = class {
     } catch {
     }
   }
-  /** Forget the resume position, the de-duplication window and the rooms (logout, another user). */
+  /** Forget the resume position, the de-duplication window, the rooms and the stream positions, and end
+   *  the streams being read (logout, another user). */
   forget() {
     this.rooms.clear();
     this.cursor = void 0;
@@ -720,8 +1004,11 @@ var SwitchboardClient = class {
     this.floor = 0;
     this.outbox = [];
     this.answered.clear();
+    this.streamSeqs = void 0;
+    for (const s of [...this.streamsById.values()]) void s.return();
     try {
       this.storage?.removeItem(this.storageKey);
+      this.storage?.removeItem(`${this.storageKey}:streams`);
     } catch {
     }
   }
@@ -732,11 +1019,13 @@ var SwitchboardClient = class {
 };
 
 // src/frames.ts
-var SERVER_MESSAGES = ["hello", "joined", "left", "resumed", "resumeGap", "pong", "error", "event", "typing", "toolCall", "runUpdated", "subscribed"];
-var CLIENT_MESSAGES = ["joinAction", "leaveAction", "resumeAction", "typingAction", "toolResultAction", "pingAction", "subscribeAction", "unsubscribeAction"];
+var SERVER_MESSAGES = ["hello", "joined", "left", "resumed", "resumeGap", "pong", "error", "event", "typing", "toolCall", "runUpdated", "subscribed", "streamChunks", "streamEnd", "streamUnsubscribed"];
+var CLIENT_MESSAGES = ["joinAction", "leaveAction", "resumeAction", "typingAction", "toolResultAction", "pingAction", "subscribeAction", "unsubscribeAction", "streamSubscribeAction", "streamUnsubscribeAction", "streamStopAction"];
 export {
   CLIENT_MESSAGES,
   HttpError,
   SERVER_MESSAGES,
-  SwitchboardClient
+  StreamError,
+  SwitchboardClient,
+  SwitchboardStream
 };
