@@ -24,6 +24,30 @@
 -- The former design (publishers serialised on switchboard.event_order until
 -- COMMIT, _lock_event_order) was unused since V0009 and is dropped by V0014.
 
+-- What an event must be, as one expression (V0023): true iff _check_event accepts it.
+-- A caller's "IF switchboard._event_ok(...) IS NOT TRUE" inlines it (LANGUAGE sql, no
+-- SET clause, not SECURITY DEFINER: a function with either is never inlined), so the
+-- good path costs no function call and no executor run; _check_event, which says what
+-- is wrong, runs only when it is false. Only called, and so inlined, inside functions
+-- that pin search_path.
+--
+-- The label rule is "1 to 128 characters, the first not . : -". Written as
+-- '^[...][...]{0,127}$' (before V0023) it cost ~7-11 us a call: PostgreSQL's regex
+-- engine expands a bounded repeat into 127 copies of the state and builds the DFA
+-- afresh on every match. length() <= 128 plus '*' is the same rule in ~0.4 us (the
+-- classes are ASCII, so characters are bytes; '$' is the end of the string).
+CREATE OR REPLACE FUNCTION switchboard._event_ok(event text, payload jsonb, max_bytes integer)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT event IS NOT NULL AND length(event) <= 128 AND event ~ '^[A-Za-z0-9_][A-Za-z0-9_.:-]*$'
+       AND payload IS NOT NULL AND octet_length(payload::text) <= max_bytes
+       AND NOT jsonb_path_exists(payload, 'lax $.**{65}')
+$$;
+REVOKE ALL ON FUNCTION switchboard._event_ok(text, jsonb, integer) FROM PUBLIC;
+
+-- The same rules one by one, raising the first that fails (SQLSTATE 22023 and a HINT).
+-- Keep it and _event_ok in step (db/tests/30_events.sql compares them).
 CREATE OR REPLACE FUNCTION switchboard._check_event(event text, payload jsonb, max_bytes integer)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
@@ -32,7 +56,7 @@ AS $$
 DECLARE
     v_size integer;
 BEGIN
-    IF event IS NULL OR event !~ '^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$' THEN
+    IF event IS NULL OR length(event) > 128 OR event !~ '^[A-Za-z0-9_][A-Za-z0-9_.:-]*$' THEN
         RAISE EXCEPTION 'invalid event label "%"', event USING ERRCODE = '22023',
             HINT = 'An event label is 1 to 128 characters: letters, digits, _ . : -';
     END IF;
@@ -66,10 +90,22 @@ REVOKE ALL ON FUNCTION switchboard._check_event(text, jsonb, integer) FROM PUBLI
 -- ("an event you must read before any later live one"). Relays check the MAC
 -- and read every event all the same (relay.py); the message is never the only
 -- copy. The MAC is HMAC (RFC 2104) built from sha256(): pgcrypto is not needed.
+--
+-- What a publish costs (V0023, BENCHMARKS.md "Issue 31"). Most of notify_user's server
+-- CPU was not the row: it was a function call with a SET clause per helper (a GUC
+-- save/restore and a search path recomputed, three times a publish), one executor
+-- run per statement (six: the checks, the user, the row, each switch, the NOTIFY, the
+-- marker) and a bounded-repeat regex. Here the user check, the row and both switches
+-- are one INSERT; the checks are an inlined expression (_event_ok); the NOTIFY and its
+-- marker are plain assignments (no executor run); no SET clause: _publish runs only inside notify_user and
+-- notify_room, which pin search_path (its plans are cached under that path).
+--
+-- user_id non-NULL: the user must exist (P0002, as notify_user always said); the row
+-- is inserted only if it does (INSERT ... SELECT ... WHERE EXISTS), so a missing user
+-- costs no id.
 CREATE OR REPLACE FUNCTION switchboard._publish(user_id uuid, room text, event text, payload jsonb)
 RETURNS bigint
 LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_id bigint;
@@ -82,29 +118,47 @@ DECLARE
     v_ipad bytea;
     v_opad bytea;
     v_msg text;
-    v_hints boolean := true;
+    v_hints boolean;
     v_live boolean;
+    v_mark text;
 BEGIN
     -- No lock: order comes from ticks (events.xid defaults to this transaction's id).
-    v_id := nextval('switchboard.event_id_seq');
-    INSERT INTO switchboard.events (id, user_id, room, event, payload, created_at)
-    VALUES (v_id, _publish.user_id, _publish.room, _publish.event, _publish.payload, v_now);
-    SELECT l.max_bytes, l.ipad, l.opad, l.id_hints INTO v_max, v_ipad, v_opad, v_hints
-      FROM switchboard.event_live l WHERE l.singleton AND l.enabled;
-    v_live := FOUND;
+    -- The RETURNING subqueries read the two switches in the INSERT's own executor run:
+    -- publishers_notify, and id_hints of the live path (NULL while it is off: the
+    -- column is NOT NULL, so NULL means "no enabled row").
+    INSERT INTO switchboard.events AS e (id, user_id, room, event, payload, created_at)
+    SELECT nextval('switchboard.event_id_seq'), _publish.user_id, _publish.room, _publish.event,
+           _publish.payload, v_now
+     WHERE _publish.user_id IS NULL
+        OR EXISTS (SELECT 1 FROM switchboard.users u WHERE u.id = _publish.user_id)
+    RETURNING e.id,
+              (SELECT t.publishers_notify FROM switchboard.event_ticker t WHERE t.singleton),
+              (SELECT l.id_hints FROM switchboard.event_live l WHERE l.singleton AND l.enabled)
+         INTO v_id, v_notify, v_hints;
+    IF v_id IS NULL THEN
+        RAISE EXCEPTION 'user % does not exist', user_id USING ERRCODE = 'P0002';
+    END IF;
+    v_live := v_hints IS NOT NULL;
+    IF v_live THEN
+        -- The opt-in path reads the key's pads and the limit, and the switches again
+        -- with them (one row, one snapshot: a switch flipped since is seen whole).
+        SELECT l.max_bytes, l.ipad, l.opad, l.id_hints INTO v_max, v_ipad, v_opad, v_hints
+          FROM switchboard.event_live l WHERE l.singleton AND l.enabled;
+        v_live := FOUND;
+    END IF;
     -- A hint only: the relay ticks and reads what the ticks say it has not read. One
     -- per transaction is enough (the relay reads everything the next tick covers): the
     -- marker is transaction-local and is undone with a rolled-back subtransaction,
     -- exactly like the NOTIFY it stands for. With publishers_notify off there is none:
     -- the relays' ticker polls (see event_ticker). With the live path on and id_hints
     -- off there is none either: the live message (or its barrier) wakes the relays.
-    IF (NOT v_live OR v_hints)
+    IF (NOT v_live OR v_hints) AND v_notify
        AND current_setting('switchboard.event_notified', true) IS DISTINCT FROM 'on' THEN
-        SELECT t.publishers_notify INTO v_notify FROM switchboard.event_ticker t WHERE t.singleton;
-        IF v_notify THEN
-            PERFORM pg_notify('switchboard_events', '{"id":' || v_id || '}');
-            PERFORM set_config('switchboard.event_notified', 'on', true);
-        END IF;
+        -- Assignments, not PERFORM: a PERFORM is an executor run of its own, an
+        -- assignment of a function call is evaluated directly (pg_notify's void reads
+        -- as '').
+        v_mark := pg_notify('switchboard_events', '{"id":' || v_id || '}');
+        v_mark := set_config('switchboard.event_notified', 'on', true);
     END IF;
     IF v_live THEN
         v_msg := '{"id":' || v_id
@@ -153,11 +207,13 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM switchboard._check_event(event, payload, 1048576);
-    IF user_id IS NULL OR NOT EXISTS (SELECT 1 FROM switchboard.users u WHERE u.id = notify_user.user_id) THEN
+    IF switchboard._event_ok(event, payload, 1048576) IS NOT TRUE THEN
+        PERFORM switchboard._check_event(event, payload, 1048576);   -- says which rule, 22023
+    END IF;
+    IF user_id IS NULL THEN
         RAISE EXCEPTION 'user % does not exist', user_id USING ERRCODE = 'P0002';
     END IF;
-    RETURN switchboard._publish(user_id, NULL, event, payload);
+    RETURN switchboard._publish(user_id, NULL, event, payload);   -- P0002 for an unknown user
 END
 $$;
 COMMENT ON FUNCTION switchboard.notify_user(uuid, text, jsonb) IS
@@ -175,8 +231,12 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM switchboard._check_event(event, payload, 1048576);
-    IF room IS NULL OR room !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$' THEN
+    IF switchboard._event_ok(event, payload, 1048576) IS NOT TRUE THEN
+        PERFORM switchboard._check_event(event, payload, 1048576);   -- says which rule, 22023
+    END IF;
+    -- 1 to 128 characters, the first a letter or digit (length() and '*', not {0,127}:
+    -- see _event_ok).
+    IF room IS NULL OR length(room) > 128 OR room !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$' THEN
         RAISE EXCEPTION 'invalid room name "%"', room USING ERRCODE = '22023',
             HINT = 'A room name is 1 to 128 characters: letters, digits, _ . : -';
     END IF;

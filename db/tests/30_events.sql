@@ -16,7 +16,7 @@
 \pset pager off
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
-SELECT plan(63);
+SELECT plan(75);
 
 SELECT switchboard.create_user('pgtap.a' || txid_current(), '$2b$12$abcdefghijklmnopqrstuv') AS a \gset
 SELECT switchboard.create_user('pgtap.b' || txid_current(), '$2b$12$abcdefghijklmnopqrstuv') AS b \gset
@@ -163,6 +163,55 @@ SELECT is((SELECT id_hints FROM switchboard.event_live_path(true, 600)), false,
           'event_live_path: send_id_hints NULL leaves the setting as it was');
 SELECT function_privs_are('switchboard', 'event_live_path', ARRAY['boolean', 'integer', 'boolean', 'boolean'],
                           'switchboard_app', ARRAY[]::text[]);
+
+-- The publish path's CPU (V0023): _event_ok is the inlined form of _check_event's rules,
+-- true exactly when _check_event accepts; labels and room names stay 1 to 128 characters;
+-- an unknown user is P0002 and takes no event id.
+CREATE FUNCTION pg_temp.check_refuses(e text, p jsonb, m integer) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM switchboard._check_event(e, p, m);
+    RETURN false;
+EXCEPTION WHEN sqlstate '22023' THEN
+    RETURN true;
+END
+$$;
+SELECT is((SELECT count(*) FROM (VALUES (NULL::text), (''), ('a'), ('_'), ('.a'), (':a'), ('-a'), ('9'),
+                                        ('a.b:c-d_e'), ('A9_.'), (repeat('a', 128)), (repeat('a', 129)),
+                                        ('_' || repeat('-', 127)), ('a b'), ('é'), ('aé'), ('a' || chr(10)),
+                                        (chr(10) || 'a'), ('a$'), ('a^'), ('a/b'), ('a*'), ('[a]')) l(e)
+            CROSS JOIN (VALUES (NULL::jsonb), ('{}'), ('[]'), ('null'), ('"x"'), ('{"n": 1}'),
+                               ((repeat('[', 64) || '1' || repeat(']', 64))::jsonb),
+                               ((repeat('[', 65) || '1' || repeat(']', 65))::jsonb),
+                               ((repeat('{"a":', 65) || '1' || repeat('}', 65))::jsonb)) p(p)
+            CROSS JOIN (VALUES (2), (7), (8), (1048576)) m(m)
+           WHERE coalesce(switchboard._event_ok(l.e, p.p, m.m), false) = pg_temp.check_refuses(l.e, p.p, m.m)),
+          0::bigint, '_event_ok is true exactly when _check_event accepts (labels, payload NULL/size/depth)');
+SELECT ok((SELECT l.lanname = 'sql'
+             FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+            WHERE p.oid = 'switchboard._event_ok(text, jsonb, integer)'::regprocedure)
+          AND (SELECT p.proconfig IS NULL AND NOT p.prosecdef AND NOT p.proisstrict FROM pg_proc p
+                WHERE p.oid = 'switchboard._event_ok(text, jsonb, integer)'::regprocedure),
+          '_event_ok stays inlinable: LANGUAGE sql, no SET clause, not SECURITY DEFINER, not STRICT');
+SELECT function_privs_are('switchboard', '_event_ok', ARRAY['text', 'jsonb', 'integer'], 'switchboard_app',
+                          ARRAY[]::text[], '_event_ok is internal');
+SELECT lives_ok(format('SELECT switchboard.notify_user(%L, %L)', :'a', repeat('x', 128)),
+                'notify_user: a 128-character label');
+SELECT throws_ok(format('SELECT switchboard.notify_user(%L, %L)', :'a', repeat('x', 129)), '22023',
+                 format('invalid event label "%s"', repeat('x', 129)), 'notify_user: a 129-character label is 22023');
+SELECT lives_ok(format('SELECT switchboard.notify_room(%L, %L)', repeat('r', 128), 'e'),
+                'notify_room: a 128-character room name');
+SELECT throws_ok(format('SELECT switchboard.notify_room(%L, %L)', repeat('r', 129), 'e'), '22023',
+                 format('invalid room name "%s"', repeat('r', 129)), 'notify_room: a 129-character room name is 22023');
+SELECT throws_ok($$SELECT switchboard.notify_room('_r', 'e')$$, '22023', NULL,
+                 'notify_room: a room name starts with a letter or digit');
+SELECT nextval('switchboard.event_id_seq') AS seq_before \gset
+SELECT throws_ok('SELECT switchboard.notify_user(''00000000-0000-0000-0000-000000000000'', ''e'')', 'P0002',
+                 'user 00000000-0000-0000-0000-000000000000 does not exist', 'notify_user: an unknown user is P0002');
+SELECT throws_ok('SELECT switchboard.notify_user(NULL, ''e'')', 'P0002', 'user <NULL> does not exist',
+                 'notify_user: a NULL user is P0002');
+SELECT throws_ok(format('SELECT switchboard.notify_user(%L, ''bad label!'')', '00000000-0000-0000-0000-000000000000'),
+                 '22023', NULL, 'notify_user: the event is checked before the user (as before V0023)');
+SELECT is(nextval('switchboard.event_id_seq'), :seq_before::bigint + 1, 'an unknown user takes no event id');
 
 SELECT * FROM finish();
 ROLLBACK;

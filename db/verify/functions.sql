@@ -4,8 +4,8 @@ BEGIN;
 DO $verify$
 BEGIN
     -- exactly the functions the files define: no left-over overload of an older release
-    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 149) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected exactly 149 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
+    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 150) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected exactly 150 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.cron_next(text, timestamptz, text)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.cron_next(text, timestamptz, text)' USING ERRCODE = 'P0004';
@@ -405,6 +405,12 @@ BEGIN
     END IF;
     IF (has_function_privilege('switchboard_app', 'switchboard.reap_rate_limits(interval)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.reap_rate_limits(interval)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard._event_ok(text, jsonb, integer)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard._event_ok(text, jsonb, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._event_ok(text, jsonb, integer)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._event_ok(text, jsonb, integer)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard._check_event(text, jsonb, integer)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard._check_event(text, jsonb, integer)' USING ERRCODE = 'P0004';

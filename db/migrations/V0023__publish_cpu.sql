@@ -1,0 +1,27 @@
+-- V0023: the single event's server CPU (issue 31).
+--
+-- notify_user cost about twice the server CPU of an INSERT into a table with the
+-- same indexes plus pg_notify. Most of it was not the row (BENCHMARKS.md, "Issue 31:
+-- the single event's CPU"):
+--   - three function calls with a SET search_path clause per publish (notify_user,
+--     _check_event, _publish): each saves and restores the GUCs and recomputes the
+--     search path, ~10 us a call per transaction on PostgreSQL 15;
+--   - six executor runs (the checks, the user, the row, each switch, the NOTIFY, the
+--     marker);
+--   - the label check '^[...][...]{0,127}$': a bounded repeat is expanded into 127
+--     copies of the state and the DFA is built afresh on every match (~7-11 us).
+--
+-- Function changes (applied by afterAll), all in 50_events.sql; no behaviour change
+-- (the same rules, SQLSTATEs, messages and HINTs, the same NOTIFYs):
+--   _event_ok(text, jsonb, integer): new. The rules of _check_event as one inlinable
+--     SQL expression; notify_user / notify_room call _check_event (which says which
+--     rule failed) only when it is false.
+--   _check_event, notify_room: the label / room rule as length() <= 128 plus '*'.
+--   _publish: no SET clause (it runs only inside notify_user / notify_room, which pin
+--     search_path); the user check, the row and both switches (publishers_notify,
+--     the live path's id_hints) in one INSERT ... SELECT ... WHERE EXISTS ...
+--     RETURNING; the NOTIFY and its marker as assignments. It raises the unknown
+--     user's P0002 itself; a missing user no longer takes an event id.
+--   notify_user: the EXISTS moved into _publish's INSERT.
+-- No table changes.
+SELECT 1;
