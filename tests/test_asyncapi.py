@@ -202,6 +202,25 @@ def test_real_frames_match_the_document(server_factory, db) -> None:  # type: ig
     ad.recv_until(lambda f: f["event"] == "subscribed" and f["payload"]["feeds"] == ["runs"])
     ad.close()
 
+    # Streams: chunks, the end, unsubscribe, stop (docs/streams.md).
+    s = connect(a_tok)
+    with psycopg.connect(db, autocommit=True) as c:
+        sid = str(c.execute("SELECT switchboard.stream_open(%s, 'completion')", (alice,)).fetchone()[0])
+        other = str(c.execute("SELECT switchboard.stream_open(%s, 'completion')", (alice,)).fetchone()[0])
+        c.execute("SELECT switchboard.stream_append(%s, ARRAY['Hel', 'lo'])", (sid,))
+    s.send({"action": "stream.subscribe", "stream": sid, "after": 0})
+    s.recv_until(lambda f: f["event"] == "stream.chunks" and f["payload"]["stream"] == sid)
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("SELECT switchboard.stream_close(%s, 'done', '{\"text\": \"Hello\"}')", (sid,))
+    s.recv_until(lambda f: f["event"] == "stream.end" and f["id"] is None)
+    s.send({"action": "stream.subscribe", "stream": other})
+    s.send({"action": "stream.unsubscribe", "stream": other})
+    s.recv_until(lambda f: f["event"] == "stream.unsubscribed")
+    s.send({"action": "stream.stop", "stream": other})
+    s.send({"action": "stream.subscribe", "stream": other})
+    s.recv_until(lambda f: f["event"] == "stream.end" and f["payload"]["stream"] == other and f["id"] is None)
+    s.close()
+
     seen_received = {message_of(doc, f, "receiveFrames") for f in received}
     seen_sent = {message_of(doc, f, "sendActions") for f in sent}
     listed_received = {ref["$ref"].rsplit("/", 1)[-1] for ref in doc["operations"]["receiveFrames"]["messages"]}
