@@ -13,6 +13,7 @@ import uuid
 
 import httpx
 import psycopg
+import pytest
 from harness import ROOT, WS, auth, make_user
 from websockets.sync.client import connect
 
@@ -271,3 +272,67 @@ def _drain_subscribed(ws, sid: str, timeout: float = 120) -> tuple[list[tuple[in
             got.extend((p["seq"] + i, c) for i, c in enumerate(p["chunks"]))
         elif f["event"] == "stream.end" and p["stream"] == sid and f["id"] is None:
             return got, p
+
+
+def test_a_producer_killed_mid_stream_leaves_its_stream_error_after_its_lease(server_factory, db: str) -> None:  # type: ignore[no-untyped-def]
+    """No stream stays open for ever: the producer's replica dies, its lease runs out, the
+    maintenance task (every 10 s) ends the stream as error, and the reader gets that end."""
+    a = server_factory(env={**HANDLERS_ENV, "SWITCHBOARD_SCHEDULER": "off"}, name="a")
+    b = server_factory(env=HANDLERS_ENV, name="b")                   # the producer's replica
+    uid = make_user(db, "hal")
+    ws = a.ws(a.login("hal"))
+    enqueue(db, uid, prompt="doomed", tokens=100000, rate=100, lease=2)
+    sid = stream_of_answer(ws)
+    ws.send({"action": "stream.subscribe", "stream": sid, "after": 0})
+    ws.recv_until(lambda f: f["event"] == "stream.chunks")
+    b.kill()
+    # a: the maintenance task needs a scheduler; a third replica with one takes it over
+    server_factory(env={"SWITCHBOARD_SCHEDULER": "on"}, name="c")
+    end = ws.recv_until(lambda f: f["event"] == "stream.end" and f["id"] is None, timeout=60)["payload"]
+    assert end["status"] == "error" and end["final"] == {"error": "the producer stopped renewing its lease"}
+    with psycopg.connect(db, autocommit=True) as c:
+        last, n = c.execute("SELECT s.last_seq, (SELECT count(*) FROM switchboard.stream_chunks k "
+                            "WHERE k.stream_id = s.id) FROM switchboard.streams s WHERE s.id = %s", (sid,)).fetchone()
+    assert end["last_seq"] == last == n                      # every chunk it wrote is still readable
+    ws.close()
+
+
+def test_an_oversized_chunk_is_refused_before_it_is_queued(server_factory, db: str) -> None:  # type: ignore[no-untyped-def]
+    """The Python producer checks a chunk's size and type itself: a clear error in the
+    handler, nothing queued, the stream still usable."""
+    import asyncio
+    import sys
+
+    sys.path.insert(0, str(ROOT / "server"))
+    from switchboard.data.database import Database
+    from switchboard.streams import Producer, StreamStopped
+
+    uid = make_user(db, "ivy")
+
+    async def main() -> tuple[int, str]:
+        d = Database(db.replace("postgres@", "sb_app_login@", 1), min_size=1, max_size=4)
+        await d.open()
+        p = Producer(d)
+        p.start()
+        try:
+            async with p.stream(uid, "completion") as s:
+                with pytest.raises(ValueError):
+                    await s.send("x" * 70000)
+                with pytest.raises(TypeError):
+                    await s.send(b"bytes")  # type: ignore[arg-type]
+                await s.send("fine")
+                await s.flush()
+                await d.stream_stop(s.id, None)            # a stop from anywhere
+                with pytest.raises(StreamStopped):
+                    await s.send("after stop")
+                    await s.flush()
+            return s.seq, str(s.id)
+        finally:
+            await p.stop()
+            await d.close()
+
+    seq, sid = asyncio.run(main())
+    with psycopg.connect(db, autocommit=True) as c:
+        rows = c.execute("SELECT seq, data FROM switchboard.stream_chunks WHERE stream_id = %s", (sid,)).fetchall()
+        status, end_event = c.execute("SELECT status, end_event FROM switchboard.streams WHERE id = %s", (sid,)).fetchone()
+    assert seq == 1 and rows == [(1, "fine")] and status == "stopped" and end_event is not None

@@ -14,7 +14,8 @@ switchboard dev`` then open the demo page, or enqueue from psql::
 
 Args: ``user_id`` (who reads it), ``prompt``, ``tokens`` (how many, default 120, at most
 1000000), ``rate`` (tokens per second, default 40; 0 = as fast as possible), ``chunk``
-(tokens per send, default 1), ``room`` (optional: the room's members read it too).
+(tokens per send, default 1), ``room`` (optional: the room's members read it too), ``lease``
+(seconds the stream outlives a dead producer before it ends as error, default 30).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ async def fake_model(prompt: str, tokens: int, rate: float) -> AsyncIterator[str
         yield ("" if i == 0 else " ") + rng.choice(WORDS)
 
 
-def _args(ctx: HandlerContext) -> tuple[UUID, str, int, float, int, str | None]:
+def _args(ctx: HandlerContext) -> tuple[UUID, str, int, float, int, str | None, float]:
     a = ctx.args
     try:
         user = UUID(str(a["user_id"]))
@@ -55,23 +56,23 @@ def _args(ctx: HandlerContext) -> tuple[UUID, str, int, float, int, str | None]:
         raise HandlerError("args.user_id must be the reader's user id (a UUID)") from None
     prompt = a.get("prompt", "")
     tokens, rate, chunk = a.get("tokens", 120), a.get("rate", 40), a.get("chunk", 1)
-    room = a.get("room")
+    room, lease = a.get("room"), a.get("lease", 30)
     if not isinstance(prompt, str) or len(prompt) > 10000:
         raise HandlerError("args.prompt must be a text of at most 10000 characters")
-    for name, v, hi in (("tokens", tokens, 1000000), ("rate", rate, 100000), ("chunk", chunk, 1000)):
+    for name, v, hi in (("tokens", tokens, 1000000), ("rate", rate, 100000), ("chunk", chunk, 1000), ("lease", lease, 3600)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= hi:
             raise HandlerError(f"args.{name} must be a number in [0, {hi}], not {v!r:.40}")
     if room is not None and not isinstance(room, str):
         raise HandlerError("args.room must be a room name")
-    return user, prompt, int(tokens), float(rate), max(1, int(chunk)), room
+    return user, prompt, int(tokens), float(rate), max(1, int(chunk)), room, max(1.0, float(lease))
 
 
 @registry.register("ai_chat.complete")
 async def complete(ctx: HandlerContext) -> Any:
-    user, prompt, tokens, rate, per_send, room = _args(ctx)
+    user, prompt, tokens, rate, per_send, room, lease = _args(ctx)
     text: list[str] = []
     async with ctx.stream(user, "completion", meta={"prompt": prompt[:200], "run": ctx.run_id},
-                          room=room) as s:
+                          room=room, lease=lease) as s:
         await ctx.notify_user(user, "chat.answer", {"stream": str(s.id), "prompt": prompt[:200]})
         batch: list[str] = []
         try:
