@@ -257,17 +257,19 @@ class Stack:
         load0 = loadavg()
         phase = (lambda i: (i / S) / rate) if rate > 0 else (lambda i: 0.0)
         run_ids: list[int] = []
-        pub: subprocess.Popen | None = None
+        pubs: list[subprocess.Popen] = []
         if mode == "bare":
-            spec = {"url": self.cluster.url(self.bare_db), "streams": S, "n": n, "rate": rate, "dir": d,
-                    "filler": filler}
-            pub = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--_bare-publisher",
-                                    json.dumps(spec)], cwd=str(ROOT))
+            # one publisher process per replica (as the handlers run on every replica), each with 10 connections
+            for k in range(self.n_rep):
+                spec = {"url": self.cluster.url(self.bare_db), "streams": S, "n": n, "rate": rate, "dir": d,
+                        "filler": filler, "part": k, "parts": self.n_rep}
+                pubs.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--_bare-publisher",
+                                              json.dumps(spec)], cwd=str(ROOT)))
             items = [{"idx": i, "n": n, "stream": None,
                       "url": f"{self.bares[(i + 1) % self.n_rep].ws_base}/ws?u={i}"} for i in range(S)]
-            while not os.path.exists(os.path.join(d, "ready")):
-                if pub.poll() is not None:
-                    raise RuntimeError("bare publisher exited")
+            while sum(os.path.exists(os.path.join(d, f"ready{k}")) for k in range(self.n_rep)) < self.n_rep:
+                if any(p.poll() is not None for p in pubs):
+                    raise RuntimeError("a bare publisher exited")
                 time.sleep(0.02)
         else:
             with psycopg.connect(self.url) as c:
@@ -297,7 +299,7 @@ class Stack:
         time.sleep(0.5)                       # the subscriptions are in place
         servers = self.bares if mode == "bare" else self.procs
         meter = CpuMeter(self.cluster, [p.pid for p in servers])
-        cmeter = CpuMeter(self.cluster, [r.proc.pid for r in self.readers] + ([pub.pid] if pub else []))
+        cmeter = CpuMeter(self.cluster, [r.proc.pid for r in self.readers] + [p.pid for p in pubs])
         if self.pgss:
             self.reset_statements()
         t0 = time.time_ns() + 200_000_000
@@ -324,13 +326,13 @@ class Stack:
         if res["delivered"]:
             res["cpu_us_per_chunk"] = {k: round(v / res["delivered"] * 1e6, 1) for k, v in res["cpu_s"].items()}
         res["open"] = opened
-        if pub is not None:
+        for pub in pubs:
             try:
                 pub.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 pub.kill()
                 pub.wait()
-        else:
+        if not pubs:
             res["runs"] = self._finish(run_ids)
         shutil.rmtree(d, ignore_errors=True)
         if self.pgss:
@@ -389,8 +391,9 @@ async def bare_publisher(spec: dict[str, Any]) -> None:
     from streams_handlers import _go, _paced
 
     S, n, rate, d, filler = spec["streams"], spec["n"], spec["rate"], spec["dir"], "x" * spec["filler"]
+    part, parts = spec.get("part", 0), spec.get("parts", 1)
     conns = [await psycopg.AsyncConnection.connect(spec["url"], autocommit=True) for _ in range(min(S, 10))]
-    Path(d, "ready").write_text("1")
+    Path(d, f"ready{part}").write_text("1")
     t0 = await _go(d)
 
     async def one(i: int) -> None:
@@ -400,7 +403,7 @@ async def bare_publisher(spec: dict[str, Any]) -> None:
         async def send(k: int, ts: int) -> None:
             await c.execute("SELECT pg_notify('bare_events', %s)", (json.dumps({"u": str(i), "k": f"{k}:{ts}:{filler}"}),))
         await _paced(n, rate, t0 + phase, send)
-    await asyncio.gather(*(one(i) for i in range(S)))
+    await asyncio.gather(*(one(i) for i in range(part, S, parts)))
     for c in conns:
         await c.close()
 
