@@ -61,19 +61,24 @@ class Subscription:
         self.owner = owner
 
 
-def chunk_frames(stream: UUID, first: int, chunks: Sequence[str]) -> list[str]:
-    """stream.chunks frames for consecutive chunks from seq ``first``, split by size."""
-    out, start, size = [], 0, 0
+def chunk_frames(stream: UUID, first: int, chunks: Sequence[str]) -> list[tuple[str, int]]:
+    """stream.chunks frames for consecutive chunks from seq ``first``, split by size: (text,
+    the seq of its last chunk) each."""
+    out: list[tuple[str, int]] = []
+    start, size = 0, 0
     for i, c in enumerate(chunks):
         if i > start and size + len(c) > FRAME_BYTES:
-            out.append(encode(frame("stream.chunks", {"stream": str(stream), "seq": first + start,
-                                                      "chunks": list(chunks[start:i])})))
+            out.append(_chunks_frame(stream, first + start, chunks[start:i]))
             start, size = i, 0
         size += len(c)
     if start < len(chunks):
-        out.append(encode(frame("stream.chunks", {"stream": str(stream), "seq": first + start,
-                                                  "chunks": list(chunks[start:])})))
+        out.append(_chunks_frame(stream, first + start, chunks[start:]))
     return out
+
+
+def _chunks_frame(stream: UUID, seq: int, chunks: Sequence[str]) -> tuple[str, int]:
+    return (encode(frame("stream.chunks", {"stream": str(stream), "seq": seq, "chunks": list(chunks)})),
+            seq + len(chunks) - 1)
 
 
 def end_frame(stream: UUID, status: str, last_seq: int, final: Any) -> str:
@@ -160,7 +165,8 @@ class StreamHub:
             except asyncio.TimeoutError:
                 self.all_dirty = True
             self.wake.clear()
-            ids = list(self.subs) if self.all_dirty else [s for s in self.dirty if s in self.subs]
+            # Only streams someone follows live: a subscription catching up reads for itself.
+            ids = [s for s in (list(self.subs) if self.all_dirty else self.dirty) if self._followed_live(s)]
             self.dirty.clear()
             self.all_dirty = False
             for i in range(0, len(ids), 1000):
@@ -170,6 +176,9 @@ class StreamHub:
                     self._deliver(stream, state, chunks)
                 for stream in set(part) - {r[0] for r in rows}:
                     self._gone(stream)
+
+    def _followed_live(self, stream: UUID) -> bool:
+        return any(sub.live for sub in self.subs.get(stream, {}).values())
 
     def _deliver(self, stream: UUID, state: tuple[Any, ...] | None, chunks: list[tuple[int, str]]) -> None:
         subs = self.subs.get(stream)
@@ -190,12 +199,14 @@ class StreamHub:
             text = end_frame(stream, status, last_seq, final)
             for sub in list(subs.values()):
                 if sub.live and sub.pos >= last_seq:
-                    sub.sink.push(text)
-                    self.unsubscribe(sub)
+                    if sub.sink.push(text):
+                        self.unsubscribe(sub)
+                    else:
+                        self._behind(sub)         # its catch-up sends the end, waiting for room
 
     def _give(self, stream: UUID, subs: dict[int, Subscription], chunks: list[tuple[int, str]]) -> None:
         first, top = chunks[0][0], chunks[-1][0]
-        encoded: dict[int, list[str]] = {}        # frames per starting seq: encoded once for all at it
+        encoded: dict[int, list[tuple[str, int]]] = {}   # frames per starting seq: encoded once for all at it
         for sub in list(subs.values()):
             if not sub.live or sub.pos >= top:
                 continue
@@ -206,17 +217,20 @@ class StreamHub:
             texts = encoded.get(start)
             if texts is None:
                 texts = encoded[start] = chunk_frames(stream, start, [c for _, c in chunks[start - first:]])
-            if all(sub.sink.push(t) for t in texts):
-                sub.pos = top
-                self.delivered += top - start + 1
-            else:
-                self._behind(sub)
+            for text, last in texts:
+                if not sub.sink.push(text):
+                    self._behind(sub)             # from sub.pos: what was queued is not sent again
+                    break
+                self.delivered += last - sub.pos
+                sub.pos = last
 
     def _gone(self, stream: UUID) -> None:
         for sub in list(self.subs.get(stream, {}).values()):
             if sub.live:
-                sub.sink.push(gone_frame(stream))
-                self.unsubscribe(sub)
+                if sub.sink.push(gone_frame(stream)):
+                    self.unsubscribe(sub)
+                else:
+                    self._behind(sub)
 
     # -- one subscription on its own ----------------------------------------------------------------------
     def _behind(self, sub: Subscription) -> None:
@@ -235,12 +249,12 @@ class StreamHub:
                     await sub.sink.send(gone_frame(sub.stream))
                     break
                 if chunks:
-                    for text in chunk_frames(sub.stream, chunks[0][0], [c for _, c in chunks]):
+                    for text, last in chunk_frames(sub.stream, chunks[0][0], [c for _, c in chunks]):
                         if not await sub.sink.send(text):
                             self.unsubscribe(sub)
                             return
-                    self.delivered += len(chunks)
-                    sub.pos = chunks[-1][0]
+                        self.delivered += last - sub.pos
+                        sub.pos = last
                     if len(chunks) >= READ_ROWS:
                         continue
                 status, last_seq = state[3], int(state[4])
