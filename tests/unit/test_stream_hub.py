@@ -100,7 +100,8 @@ async def scenario(seed: int) -> None:
         sid = rng.choice(streams)
         r = rng.random()
         if r < 0.55 and db.status[sid] == "open":
-            db.chunks[sid].extend(f"{sid.hex[:4]}-{len(db.chunks[sid]) + i + 1}" for i in range(rng.randint(1, 40)))
+            base = len(db.chunks[sid])
+            db.chunks[sid].extend([f"{sid.hex[:4]}-{base + i + 1}" for i in range(rng.randint(1, 40))])
             if rng.random() < 0.9:                # some wake-ups are lost (the poll covers them)
                 hub.hint(",".join(str(s) for s in rng.sample(streams, rng.randint(1, 3))) if rng.random() < 0.3
                          else str(sid))
