@@ -122,3 +122,31 @@ def test_real_responses_conform(live, db: str) -> None:  # type: ignore[no-untyp
     conforms(doc, problem, httpx.get(s.base + "/tasks/00000000-0000-0000-0000-000000000000", headers=h).json())
     conforms(doc, problem, httpx.post(s.base + "/tasks", headers=h, json={"name": "u", "handler": "nope"}).json())
     conforms(doc, response_schema(doc, "/healthz/ready", "get", 200), httpx.get(s.base + "/healthz/ready").json())
+
+
+def test_stream_and_job_responses_conform(live, db: str) -> None:  # type: ignore[no-untyped-def]
+    import psycopg
+
+    s, doc = live
+    admin_id = make_user(db, "admin", role="admin")
+    h = auth(s.login("admin"))
+    with psycopg.connect(db, autocommit=True) as c:
+        sid = str(c.execute("SELECT switchboard.stream_open(%s, 'completion', '{\"prompt\": \"p\"}')",
+                            (admin_id,)).fetchone()[0])
+        c.execute("SELECT switchboard.stream_append(%s, ARRAY['a', 'b'])", (sid,))
+    listed = httpx.get(s.base + "/streams", headers=h).json()
+    assert [x["id"] for x in listed["streams"]] == [sid] and listed["streams"][0]["last_seq"] == 2
+    conforms(doc, response_schema(doc, "/streams", "get", 200), listed)
+    stop = httpx.post(s.base + f"/streams/{sid}/stop", headers=h)
+    conforms(doc, response_schema(doc, "/streams/{stream_id}/stop", "post", 200), stop.json())
+    sse = httpx.get(s.base + f"/streams/{sid}", headers=h, params={"after": 1}, timeout=30)
+    assert sse.headers["content-type"].startswith("text/event-stream")
+    assert "text/event-stream" in doc["paths"]["/streams/{stream_id}"]["get"]["responses"]["200"]["content"]
+    assert "id: 2\ndata: b\n" in sse.text and "event: end" in sse.text
+    problem = response_schema(doc, "/streams/{stream_id}", "get", 404, "application/problem+json")
+    conforms(doc, problem, httpx.get(s.base + "/streams/00000000-0000-0000-0000-000000000000", headers=h).json())
+    job = httpx.post(s.base + "/jobs", headers=h, json={"handler": "noop", "args": {"x": [1]}, "queueing_lock": "l"})
+    conforms(doc, response_schema(doc, "/jobs", "post", 201), job.json())
+    held = httpx.post(s.base + "/jobs", headers=h, json={"handler": "noop", "queueing_lock": "l"})
+    if held.status_code == 409:           # (unless the first one already ran)
+        conforms(doc, response_schema(doc, "/jobs", "post", 409, "application/problem+json"), held.json())

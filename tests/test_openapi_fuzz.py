@@ -11,18 +11,32 @@ import shutil
 import subprocess
 import sys
 
+import psycopg
 from harness import make_user
 
 
 def test_schemathesis_finds_nothing(server_factory, db, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    make_user(db, "admin", role="admin")
+    admin_id = make_user(db, "admin", role="admin")
+    # Streams. GET /streams/{id} is Server-Sent Events: an open stream's response lasts until
+    # the stream ends, which a fuzzer cannot wait for. So the stream_id it sends is always an
+    # ended stream's (chunks, one multi-line, then the end: the response ends by itself, and
+    # every event is checked against the document, for any after / Last-Event-ID); an open
+    # stream of the admin's is there only so GET /streams lists a real one (StreamInfo). The
+    # unknown-id 404s are tested in test_openapi_contract and test_streams.
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("SELECT switchboard.stream_open(%s, 'completion', '{\"fuzz\": true}')", (admin_id,))
+        ended = c.execute("SELECT switchboard.stream_open(%s, 'completion')", (admin_id,)).fetchone()[0]
+        c.execute("SELECT switchboard.stream_append(%s, ARRAY['one', 'two\nlines', ''])", (ended,))
+        c.execute("SELECT switchboard.stream_close(%s, 'done', '{\"text\": \"one two\"}')", (ended,))
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(f'[parameters]\n"path.stream_id" = "{ended}"\n')
     s = server_factory(env={"SWITCHBOARD_LOGIN_IP_BURST": "100000", "SWITCHBOARD_LOGIN_IP_RATE": "100000",
                             "SWITCHBOARD_LOG_LEVEL": "WARNING"})
     token = s.login("admin")
     exe = shutil.which("schemathesis") or shutil.which("st")
     cmd = [exe] if exe else [sys.executable, "-m", "schemathesis.cli"]
     p = subprocess.run(
-        cmd + ["run", f"{s.base}/openapi.json",
+        cmd + ["--config-file", str(config), "run", f"{s.base}/openapi.json",
                "--checks", "not_a_server_error,status_code_conformance,content_type_conformance,"
                            "response_schema_conformance",
                "-H", f"Authorization: Bearer {token}",

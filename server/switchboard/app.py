@@ -21,7 +21,7 @@ import falcon.media
 
 from . import errors
 from .config import Config
-from .http import auth, console, events, operate, ops, rooms, streams, tasks, tools
+from .http import auth, console, events, jobs, operate, ops, rooms, streams, tasks, tools
 from .http.cors import cors_middleware
 from .http.middleware import AccessLog, install_log_redaction
 from .services import Services, build_services
@@ -124,6 +124,7 @@ def create_app(config: Config) -> SwitchboardApp:
     app.add_route("/tasks/{task_id:uuid}", tasks.Task(db, au, body, svc.catalog))
     app.add_route("/tasks/{task_id:uuid}/trigger", tasks.Trigger(db, au))
     app.add_route("/tasks/{task_id:uuid}/runs", tasks.Runs(db, au))
+    app.add_route("/jobs", jobs.Jobs(db, au, body, svc.catalog))
     # operate (issue 20): runs, handlers, status -- admin only
     run_id = "{run_id:int(min=1, max=9223372036854775807)}"
     app.add_route("/runs", operate.Runs(db, au))

@@ -71,6 +71,12 @@ class SchedulerQueries(PoolBase):
         return await self.fetchone(f"SELECT {RUN_COLUMNS} FROM switchboard.enqueue(%s, %s, %s, %s, %s)",
                                    (handler, Jsonb(args), run_at, queueing_lock, max_attempts))
 
+    async def active_run_by_lock(self, queueing_lock: str) -> Row | None:
+        """The queued or running job that holds ``queueing_lock`` (what a refused enqueue met)."""
+        return await self.fetchone(
+            f"SELECT {RUN_COLUMNS} FROM switchboard.task_runs WHERE queueing_lock = %s "
+            "AND status IN ('queued', 'running') LIMIT 1", (queueing_lock,))
+
     async def maintenance(self, keep_events: int, replica_stale: float, max_rows: int) -> Row:
         return cast("Row", await self.scalar(
             "SELECT switchboard.maintenance(max_rows => %s, keep_events => %s, replica_stale => %s)",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .schema import ANY_JSON, FREE_OBJECT, HANDLER, NAME, PROBLEM, TS, UUID, ref, schema
+from .streams import STREAM_INFO
 
 # -- components ---------------------------------------------------------------------------------
 TASK = {
@@ -106,7 +107,7 @@ def components() -> dict[str, Any]:
                                  "schema": {"type": "string"}},
         },
         "schemas": {"Problem": PROBLEM_SCHEMA, "Task": TASK, "Run": RUN, "Token": TOKEN, "Me": ME,
-                    "RoomMembers": MEMBERS},
+                    "RoomMembers": MEMBERS, "StreamInfo": STREAM_INFO},
         "responses": {
             "Problem": {"description": "an error (RFC 9457 problem details)",
                         "content": {PROBLEM: {"schema": schema("Problem")}}},
@@ -126,5 +127,7 @@ TAGS = [
     {"name": "tools", "description": "call tools in a user's browser (admin)"},
     {"name": "ops", "description": "health, metrics, this document"},
     {"name": "operate", "description": "runs, handlers and status: retry, cancel, pause (admin)"},
+    {"name": "streams", "description": "answers streamed chunk by chunk: your open streams, SSE, stop"},
+    {"name": "jobs", "description": "enqueue a one-off job (admin)"},
 ]
 
