@@ -171,11 +171,12 @@ Returns "true" or "".
 {{- end }}
 
 {{/*
-PostgreSQL connections one replica process can hold: the pool, the LISTEN
-connection and, at start-up, one short-lived migration connection.
+PostgreSQL connections one replica process can hold: the pool, the relay's
+LISTEN and read connections, the streams' LISTEN and read connections and, at
+start-up, one short-lived migration connection.
 */}}
 {{- define "switchboard.connectionsPerProcess" -}}
-{{- add (.Values.config.poolSize | int) 2 }}
+{{- add (.Values.config.poolSize | int) 5 }}
 {{- end }}
 
 {{/*

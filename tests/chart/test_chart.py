@@ -647,7 +647,7 @@ def test_notes_tell_how_to_reach_and_size_it(chart: Any) -> None:
     assert "kubectl -n apps rollout status deployment/sb-switchboard" in notes
     assert "https://switchboard.example.com/" in notes
     # 10 pods x 1 worker x (12 pool + 1 LISTEN + 1 migration)
-    assert "up to 140 (10 pods x 1 worker(s) x 14)" in notes
+    assert "up to 170 (10 pods x 1 worker(s) x 17)" in notes
     minimal = render_raw(chart, MINIMAL)["switchboard/templates/NOTES.txt"]
     assert "port-forward service/sb-switchboard 8080:80" in minimal
     assert "/healthz/ready" in minimal
