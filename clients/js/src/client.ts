@@ -768,7 +768,7 @@ export class SwitchboardClient {
 
   /** `GET /streams`: this user's open streams (to pick up after a reload). */
   async streams(): Promise<StreamInfo[]> {
-    return (await this.http<{ streams: StreamInfo[] }>("GET", "streams")).streams;
+    return (await this.api("get", "/streams")).streams;
   }
 
   private readonly streamHost: StreamHost = {

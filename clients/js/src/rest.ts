@@ -493,6 +493,83 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/streams": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Your open streams (to pick up after a reload) */
+        get: operations["listStreams"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/streams/{stream_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * One stream as Server-Sent Events, from a seq on, until it ends
+         * @description 404 for an unknown stream and for one the caller may not read (the same answer); 400 when after / Last-Event-ID is not a seq.
+         */
+        get: operations["followStream"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/streams/{stream_id}/stop": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Stop a stream: it takes no chunk after, its producer is told
+         * @description The owner or an admin; 404 for an unknown stream and for anyone else's.
+         */
+        post: operations["stopStream"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/jobs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Enqueue a one-off job: a run of a handler with these args (admin)
+         * @description switchboard.enqueue over HTTP. 409 active-run when another queued or running job holds the queueing_lock (the problem's active_run); 422 unknown-handler when no live replica runs the handler (the problem's known_handlers), 422 for a bad field.
+         */
+        post: operations["enqueueJob"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -611,6 +688,21 @@ export interface components {
                 /** @description has a socket on some replica now */
                 online: boolean;
             }[];
+        };
+        StreamInfo: {
+            /** Format: uuid */
+            id: string;
+            room: string | null;
+            kind: string;
+            meta: {
+                [key: string]: unknown;
+            };
+            /** @enum {string} */
+            status: "open" | "done" | "error" | "stopped";
+            /** @description the last chunk's seq (0: none yet) */
+            last_seq: number;
+            /** Format: date-time */
+            opened_at: string;
         };
     };
     responses: {
@@ -1704,6 +1796,152 @@ export interface operations {
             };
             401: components["responses"]["Problem"];
             403: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    listStreams: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the caller's open streams */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        streams: components["schemas"]["StreamInfo"][];
+                    };
+                };
+            };
+            401: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    followStream: {
+        parameters: {
+            query?: {
+                /** @description send the chunks after this seq (default 0: all) */
+                after?: number;
+            };
+            header?: {
+                /** @description the last seq the reader has (an EventSource sends it when it reconnects); wins over after */
+                "Last-Event-ID"?: string;
+            };
+            path: {
+                stream_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description text/event-stream: each chunk is `id: <seq>` and `data: <chunk>` (a multi-line chunk is several data lines); the end is `event: end` and `data: {"status", "last_seq", "final"}`. An open stream's response lasts until the stream ends (a `: keep-alive` comment every 15 s). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": {
+                        /**
+                         * @description message: a chunk; end: the stream ended (the last event); error: refused
+                         * @enum {string}
+                         */
+                        event: "message" | "end" | "error";
+                        /** @description the chunk's text; JSON for end and error */
+                        data: string;
+                        /** @description the chunk's seq */
+                        id?: string;
+                        retry?: number;
+                    };
+                };
+            };
+            400: components["responses"]["Problem"];
+            401: components["responses"]["Problem"];
+            404: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    stopStream: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                stream_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description stopped (idempotent) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** Format: uuid */
+                        stream: string;
+                        /**
+                         * @description the status after: stopped, or how it had already ended
+                         * @enum {string}
+                         */
+                        status: "stopped" | "done" | "error";
+                    };
+                };
+            };
+            401: components["responses"]["Problem"];
+            404: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    enqueueJob: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    handler: string;
+                    args?: {
+                        [key: string]: unknown;
+                    };
+                    /**
+                     * Format: date-time
+                     * @description not due before (default now)
+                     */
+                    run_at?: string | null;
+                    /** @description at most one queued-or-running job holds it */
+                    queueing_lock?: string | null;
+                    max_attempts?: number;
+                };
+            };
+        };
+        responses: {
+            /** @description queued */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        run: components["schemas"]["Run"];
+                    };
+                };
+            };
+            400: components["responses"]["Problem"];
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            409: components["responses"]["Problem"];
+            413: components["responses"]["Problem"];
+            422: components["responses"]["Problem"];
             503: components["responses"]["Problem"];
         };
     };

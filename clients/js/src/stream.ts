@@ -10,6 +10,7 @@
 //   a new socket (every reconnect)        -> subscribe after `held`
 //   stream.end and `last` >= its last_seq  -> iteration complete
 import type { ErrorFrame, StreamEndFrame } from "./frames.js";
+import type { components } from "./rest.js";
 
 export interface StreamChunk { seq: number; data: string }
 
@@ -21,16 +22,8 @@ export interface StreamResult {
   final: unknown;
 }
 
-/** One of the user's open streams, as `GET /streams` lists it. */
-export interface StreamInfo {
-  id: string;
-  room: string | null;
-  kind: string;
-  meta: Record<string, unknown>;
-  status: "open" | "done" | "error" | "stopped";
-  last_seq: number;
-  opened_at: string;
-}
+/** One of the user's open streams, as `GET /streams` lists it (generated from the OpenAPI document). */
+export type StreamInfo = components["schemas"]["StreamInfo"];
 
 export interface StreamOptions {
   /** Yield the chunks after this seq (default 0: all of them; or, with `resume`, the stored seq). */

@@ -888,7 +888,7 @@ var SwitchboardClient = class {
   }
   /** `GET /streams`: this user's open streams (to pick up after a reload). */
   async streams() {
-    return (await this.http("GET", "streams")).streams;
+    return (await this.api("get", "/streams")).streams;
   }
   storedStreamSeqs() {
     if (!this.streamSeqs) {
