@@ -336,3 +336,26 @@ def test_an_oversized_chunk_is_refused_before_it_is_queued(server_factory, db: s
         rows = c.execute("SELECT seq, data FROM switchboard.stream_chunks WHERE stream_id = %s", (sid,)).fetchall()
         status, end_event = c.execute("SELECT status, end_event FROM switchboard.streams WHERE id = %s", (sid,)).fetchone()
     assert seq == 1 and rows == [(1, "fine")] and status == "stopped" and end_event is not None
+
+
+def test_sse_responses_per_user_are_bounded_and_given_back(server_factory, db: str) -> None:  # type: ignore[no-untyped-def]
+    a = server_factory(name="a")
+    uid = make_user(db, "jay")
+    tok = a.login("jay")
+    with psycopg.connect(db, autocommit=True) as c:
+        sid = c.execute("SELECT switchboard.stream_open(%s, 'k')", (uid,)).fetchone()[0]
+    with httpx.Client(base_url=a.base, headers=auth(tok), timeout=30) as http:
+        held = [http.stream("GET", f"/streams/{sid}") for _ in range(16)]
+        responses = [h.__enter__() for h in held]
+        assert all(r.status_code == 200 for r in responses)
+        over = httpx.get(f"{a.base}/streams/{sid}", headers=auth(tok), timeout=30)
+        assert over.status_code == 429 and over.headers["content-type"].startswith("application/problem+json")
+        for h in held:
+            h.__exit__(None, None, None)
+    deadline = time.time() + 30                # the server notices the closed responses (keep-alive: 15 s)
+    while True:
+        with httpx.stream("GET", f"{a.base}/streams/{sid}", headers=auth(tok), timeout=30) as r:
+            if r.status_code == 200:
+                break
+        assert time.time() < deadline, "the closed SSE responses were never given back"
+        time.sleep(0.5)

@@ -20,19 +20,22 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
 
 import falcon
 import falcon.asgi
 
 from ..auth import AuthState
 from ..db import Database
+from ..errors import Problem
 from ..streams.hub import StreamHub, Subscription
 from ..streams.sinks import QueueSink
 from .common import authenticate
 
 KEEPALIVE_S = 15.0
 SEQ_MAX = 2**31 - 1
+SSE_PER_USER = 16          # open SSE responses per user and replica (each holds a subscription)
 
 
 def sse_event(text: str) -> tuple[bytes, bool]:
@@ -49,6 +52,12 @@ def sse_event(text: str) -> tuple[bytes, bool]:
         body = {k: p.get(k) for k in ("status", "last_seq", "final")}
         return f"event: end\ndata: {json.dumps(body, ensure_ascii=False, default=str)}\n\n".encode(), True
     return f"event: error\ndata: {json.dumps(p, ensure_ascii=False, default=str)}\n\n".encode(), True
+
+
+async def _disconnected(receive: Callable[[], Awaitable[Mapping[str, Any]]]) -> None:
+    """Returns when the client has gone (the request's body, if any, is skipped)."""
+    while (await receive()).get("type") != "http.disconnect":
+        pass
 
 
 def _after(req: falcon.Request) -> int:
@@ -77,34 +86,60 @@ class StreamEvents:
         self.db = db
         self.auth = auth
         self.hub = hub
+        self.open: dict[uuid.UUID, int] = {}     # user -> open SSE responses here (no entry at 0)
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, stream_id: uuid.UUID) -> None:
         p = authenticate(self.auth, req)
         after = _after(req)
         await self.db.stream_info(stream_id, p.user_id)  # P0002 -> 404
-        sink = QueueSink()
-        sub = Subscription(stream_id, after, sink)
+        if self.open.get(p.user_id, 0) >= SSE_PER_USER:
+            raise Problem(429, "too-many-streams",
+                          f"at most {SSE_PER_USER} open stream responses per user on a replica; close one",
+                          headers={"Retry-After": "1"})
         resp.content_type = "text/event-stream"
         resp.set_header("Cache-Control", "no-cache")
         resp.set_header("X-Accel-Buffering", "no")      # nginx: do not buffer the stream
-        self.hub.subscribe(sub)
-        resp.stream = self._events(sub, sink)
+        # The ASGI receive channel says when the client goes: send() to a gone client is a
+        # no-op, so without it a closed response would hold its subscription until the end.
+        resp.stream = self._events(stream_id, after, p.user_id, req._receive)
 
-    async def _events(self, sub: Subscription, sink: QueueSink) -> AsyncIterator[bytes]:
+    async def _events(self, stream_id: uuid.UUID, after: int, user: uuid.UUID,
+                      receive: Callable[[], Awaitable[Mapping[str, Any]]]) -> AsyncIterator[bytes]:
+        # Everything is taken here, when the response starts, and given back in the finally:
+        # a response that never starts (the client left at once) holds nothing.
+        self.open[user] = self.open.get(user, 0) + 1
+        sink = QueueSink()
+        sub = Subscription(stream_id, after, sink)
+        self.hub.subscribe(sub)
+        gone = asyncio.ensure_future(_disconnected(receive))
         try:
             while True:
-                try:
-                    text = await asyncio.wait_for(sink.queue.get(), KEEPALIVE_S)
-                except asyncio.TimeoutError:
-                    yield b": keep-alive\n\n"
-                    continue
+                if sink.queue.empty():
+                    get = asyncio.ensure_future(sink.queue.get())
+                    done, _ = await asyncio.wait({get, gone}, timeout=KEEPALIVE_S,
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                    if get not in done:
+                        get.cancel()
+                        if gone in done:
+                            return
+                        yield b": keep-alive\n\n"
+                        continue
+                    text = get.result()
+                else:
+                    text = sink.queue.get_nowait()
                 data, last = sse_event(text)
                 yield data
                 if last:
                     return
         finally:
+            gone.cancel()
             sink.gone = True
             self.hub.unsubscribe(sub)
+            left = self.open.get(user, 1) - 1
+            if left > 0:
+                self.open[user] = left
+            else:
+                self.open.pop(user, None)
 
 
 class StreamStop:
