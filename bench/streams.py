@@ -16,9 +16,14 @@ delivered rates and the 1-minute load before / after each round.
                 (bench/streams_client.py), stream i's socket on a replica other than the one
                 running its producer, subscribed ({"action": "stream.subscribe", "after": 0})
                 before the first chunk. Chunks carry their send stamp (time.time_ns(), one clock);
-                latency = frame read - stamp. Sweep of per-stream rates; per mode the highest
-                offered rate whose p99 <= 100 ms with every chunk delivered once, in order, and
-                the delivered rate >= 95 % of the offered one.
+                latency = frame read - stamp. Sweep of per-stream rates, --repeats rounds per rate
+                and path (order rotating); per path the highest offered rate whose median p99 is
+                <= 100 ms with every chunk delivered once, in order, and the median delivered rate
+                >= 95 % of the offered one (a path is dropped after two failed rates in a row,
+                unless --keep-going). stream_chunks is prefilled (100,000 chunks of closed
+                streams) and ANALYZEd once: a steady state (an ANALYZE of the empty table makes
+                the hub's read scan the table, BENCHMARKS.md issue 31). --pgss: pg_stat_statements
+                and table scan counts per round; --cprofile DIR: the replicas under cProfile.
 --mode db       a DURABLE cluster (fsync, synchronous_commit, full_page_writes on), pgbench
                 clients: stream_append_many with B chunks per call over 100 streams per client
                 (chunk table LOGGED, and UNLOGGED in a copy of the database), against one
@@ -28,7 +33,8 @@ delivered rates and the 1-minute load before / after each round.
                 (the cluster of --mode cluster) with the same streams / chunks / rate, alternating.
 --mode light    100 streams x 30 chunks/s: p50 / p99 of the stream path, the per-chunk notify
                 path and the bare relay of figure 5 (bench/bare_app.py: pg_notify -> LISTEN ->
-                socket, no table), rotating.
+                socket, no table; its producer: one Python process per replica, one pg_notify
+                per chunk per transaction), rotating.
 
 --quick: a smoke run of each mode in seconds (10 streams, short windows): checks the benchmark
 itself, not the product. Results: bench/results/streams-<mode>.json; the last line printed is
