@@ -97,6 +97,16 @@ def test_node_session_suite_on_real_replicas(built: dict[str, str]) -> None:
     assert "# fail 0" in out.stdout, show(out)
 
 
+def test_node_stream_suite_on_real_replicas(built: dict[str, str]) -> None:
+    """sb.stream()/sb.streams() with examples/ai_chat's handler on one replica and the client on
+    another: every chunk once and in order, across a SIGKILL of the client's replica; stop();
+    another user's stream refused."""
+    out = run("node", "--experimental-websocket", "--test", "--test-concurrency=1", "test/stream.test.mjs",
+              timeout=600)
+    assert out.returncode == 0, show(out)
+    assert "# fail 0" in out.stdout, show(out)
+
+
 def test_bundle_is_small(built: dict[str, str]) -> None:
     import json
 

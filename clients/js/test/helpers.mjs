@@ -11,9 +11,10 @@ import { SwitchboardClient } from "../dist/index.js";
 const here = dirname(fileURLToPath(import.meta.url));
 export const WAIT = 30_000;   // upper bound of any wait; each returns as soon as its condition holds
 
-/** Start a throwaway Postgres + `replicas` real replicas behind a round-robin proxy. */
-export async function startReplicas(replicas = 2, env = {}) {
-  const extra = Object.entries(env).flatMap(([k, v]) => ["--env", `${k}=${v}`]);
+/** Start a throwaway Postgres + `replicas` real replicas behind a round-robin proxy.
+ *  `args`: more replicas.py options (`--example ai_chat`, `--env-for r2:KEY=VALUE`). */
+export async function startReplicas(replicas = 2, env = {}, args = []) {
+  const extra = [...Object.entries(env).flatMap(([k, v]) => ["--env", `${k}=${v}`]), ...args];
   const proc = spawn(process.env.PYTHON || "python3", [resolve(here, "replicas.py"), "--replicas", String(replicas), ...extra],
     { stdio: ["pipe", "pipe", "inherit"] });
   const lines = createInterface({ input: proc.stdout });

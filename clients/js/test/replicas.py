@@ -16,6 +16,11 @@ object per stdin line, answering one JSON line each:
 Everything stops on stdin EOF (the test process exited) or {"cmd": "quit"}.
 
     python3 clients/js/test/replicas.py [--replicas 2] [--env SWITCHBOARD_X=1 ...]
+        [--example ai_chat] [--env-for r2:SWITCHBOARD_SCHEDULER=off ...]
+
+``--example NAME`` loads examples/NAME's handlers on every replica (SWITCHBOARD_HANDLERS=NAME,
+examples/NAME on PYTHONPATH); ``--env-for rN:KEY=VALUE`` sets one replica's environment (e.g.
+the scheduler off on all but one: that one runs every handler, the others only serve clients).
 """
 
 from __future__ import annotations
@@ -59,14 +64,32 @@ def replica_info(s: Server) -> dict[str, Any]:
     return {"name": s.log_path.stem, "base": s.base, "port": s.port, "replica": r.json()["replica"]}
 
 
+def replica_env(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """Every replica's environment, and each named replica's additions (--env-for)."""
+    env = dict(ENV)
+    if args.example:
+        env["SWITCHBOARD_HANDLERS"] = ",".join(args.example)
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "server"), *(str(ROOT / "examples" / e) for e in args.example)])
+    env.update(dict(kv.split("=", 1) for kv in args.env))
+    env_for: dict[str, dict[str, str]] = {}
+    for item in args.env_for:
+        name, kv = item.split(":", 1)
+        k, v = kv.split("=", 1)
+        env_for.setdefault(name, {})[k] = v
+    return env, env_for
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="extra environment for the replicas (repeatable)")
+    ap.add_argument("--example", action="append", default=[], metavar="NAME",
+                    help="load examples/NAME's handlers (SWITCHBOARD_HANDLERS, PYTHONPATH; repeatable)")
+    ap.add_argument("--env-for", action="append", default=[], metavar="NAME:KEY=VALUE",
+                    help="extra environment for one replica, by name (r1, r2, ...; repeatable)")
     args = ap.parse_args()
-    env = dict(ENV)
-    env.update(dict(kv.split("=", 1) for kv in args.env))
+    env, env_for = replica_env(args)
     os.environ["PGOPTIONS"] = (os.environ.get("PGOPTIONS", "") + " -c switchboard.shared_roles=on").strip()
     logs = Path(tempfile.mkdtemp(prefix="sb-js-"))
     pg = ThrowawayPostgres()
@@ -83,7 +106,7 @@ def main() -> int:
         users = {name: {"id": make_user(url, name, PASSWORD, role), "role": role} for name, role in USERS.items()}
 
         def start(name: str) -> Server:
-            s = Server(app_url_for(url), env=env, log_dir=logs, name=name).start()
+            s = Server(app_url_for(url), env={**env, **env_for.get(name, {})}, log_dir=logs, name=name).start()
             servers[replica_info(s)["replica"]] = s
             return s
 
