@@ -261,3 +261,17 @@ def test_a_forged_wakeup_names_no_chunk_into_existence(db: str, payload: str) ->
         c.execute("SELECT pg_notify('switchboard_stream', %s)", (payload or sid,))
         rows = c.execute("SELECT * FROM switchboard.stream_read_many(%s, %s)", ([sid], [0])).fetchall()
         assert len(rows) == 1 and rows[0][1] is None and rows[0][4] == 0
+
+
+def test_appends_update_the_stream_row_in_place(db: str) -> None:
+    """V0024: no index covers a column an append changes, so its row update is HOT (no
+    new index entries, no bloat of the indexes) -- counted within one transaction."""
+    with psycopg.connect(db, autocommit=True) as c:
+        sid = open_stream(c, new_user(c, "hot"))
+    with psycopg.connect(db) as c:
+        for i in range(50):
+            c.execute("SELECT * FROM switchboard.stream_append_many(%s, %s)", ([sid], [str(i)]))
+        upd, hot = c.execute("SELECT pg_stat_get_xact_tuples_updated('switchboard.streams'::regclass), "
+                             "pg_stat_get_xact_tuples_hot_updated('switchboard.streams'::regclass)").fetchone()
+        c.rollback()
+    assert upd == 50 and hot >= 45, (upd, hot)

@@ -393,6 +393,7 @@ CREATE OR REPLACE FUNCTION switchboard.stream_read(
 RETURNS TABLE (seq integer, data text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -421,10 +422,14 @@ GRANT EXECUTE ON FUNCTION switchboard.stream_read(uuid, integer, integer, uuid) 
 
 -- The relay's read: for each stream its state row (seq NULL) and its chunks after
 -- the given seq, in one statement (one snapshot: the state and the chunks agree).
+-- Planned for each call (V0024): the hub's reader session is long-lived, and a
+-- generic plan cached while stream_chunks was analyzed empty scanned the whole
+-- table per stream.
 CREATE OR REPLACE FUNCTION switchboard.stream_read_many(stream_ids uuid[], after_seqs integer[], max_rows integer DEFAULT 1000)
 RETURNS TABLE (stream_id uuid, seq integer, data text, status text, last_seq integer, final jsonb)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -495,7 +500,7 @@ BEGIN
                    THEN 'the stream outlived its lifetime' ELSE 'the producer stopped renewing its lease' END)
          WHERE s.id IN (SELECT o.id FROM switchboard.streams o
                          WHERE o.status = 'open' AND (o.lease_until < now() OR o.expires_at <= now())
-                         ORDER BY o.lease_until LIMIT max_rows FOR UPDATE SKIP LOCKED)
+                         LIMIT max_rows FOR UPDATE SKIP LOCKED)
         RETURNING s.*
     LOOP
         PERFORM switchboard._stream_end_event(v);

@@ -15,9 +15,6 @@ BEGIN
     IF (to_regclass('switchboard.streams_open_by_room') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected index switchboard.streams_open_by_room' USING ERRCODE = 'P0004';
     END IF;
-    IF (to_regclass('switchboard.streams_open_lease') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected index switchboard.streams_open_lease' USING ERRCODE = 'P0004';
-    END IF;
     IF (to_regclass('switchboard.streams_closed') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected index switchboard.streams_closed' USING ERRCODE = 'P0004';
     END IF;

@@ -174,7 +174,7 @@ class StreamHub:
                 rows = await read_on(part, [self.hub_pos.get(s, 0) for s in part], READ_ROWS)
                 for stream, (state, chunks) in split_rows(rows).items():
                     self._deliver(stream, state, chunks)
-                for stream in set(part) - {r[0] for r in rows}:
+                for stream in set(part) - {r[0] for r in rows if r[1] is None}:   # no state row: gone
                     self._gone(stream)
 
     def _followed_live(self, stream: UUID) -> bool:
