@@ -519,7 +519,7 @@ export interface paths {
         };
         /**
          * One stream as Server-Sent Events, from a seq on, until it ends
-         * @description 404 for an unknown stream and for one the caller may not read (the same answer); 400 when after / Last-Event-ID is not a seq.
+         * @description 404 for an unknown stream and for one the caller may not read (the same answer); 400 when after / Last-Event-ID is not a seq; 429 too-many-streams when the caller has 16 open stream responses on this replica.
          */
         get: operations["followStream"];
         put?: never;
@@ -1863,6 +1863,7 @@ export interface operations {
             400: components["responses"]["Problem"];
             401: components["responses"]["Problem"];
             404: components["responses"]["Problem"];
+            429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Problem"];
         };
     };

@@ -47,7 +47,7 @@ def paths_streams() -> dict[str, Any]:
                                     "`data: {\"status\", \"last_seq\", \"final\"}`. An open stream's response "
                                     "lasts until the stream ends (a `: keep-alive` comment every 15 s).",
                      "content": {SSE: {"schema": SSE_EVENT}}}},
-            (400, 401, 404, 503),
+            (400, 401, 404, 429, 503),
             params=[sid,
                     {"name": "after", "in": "query", "required": False, "schema": SEQ,
                      "description": "send the chunks after this seq (default 0: all)"},
@@ -56,7 +56,8 @@ def paths_streams() -> dict[str, Any]:
                      "description": "the last seq the reader has (an EventSource sends it when it "
                                     "reconnects); wins over after"}],
             description="404 for an unknown stream and for one the caller may not read (the same "
-                        "answer); 400 when after / Last-Event-ID is not a seq.")},
+                        "answer); 400 when after / Last-Event-ID is not a seq; 429 too-many-streams when "
+                        "the caller has 16 open stream responses on this replica.")},
         "/streams/{stream_id}/stop": {"post": op(
             "stopStream", "streams", "Stop a stream: it takes no chunk after, its producer is told",
             {"200": json_body({"type": "object", "required": ["stream", "status"], "properties": {
