@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -218,6 +219,12 @@ def test_real_frames_match_the_document(server_factory, db) -> None:  # type: ig
     s.recv_until(lambda f: f["event"] == "stream.unsubscribed")
     s.send({"action": "stream.stop", "stream": other})
     s.send({"action": "stream.subscribe", "stream": other})
+    with psycopg.connect(db, autocommit=True) as c:         # the producer closes the stopped stream
+        deadline = time.time() + 15
+        while c.execute("SELECT status FROM switchboard.streams WHERE id = %s", (other,)).fetchone()[0] == "open":
+            assert time.time() < deadline
+            time.sleep(0.05)
+        c.execute("SELECT switchboard.stream_close(%s, 'stopped', '{\"text\": \"\"}')", (other,))
     s.recv_until(lambda f: f["event"] == "stream.end" and f["payload"]["stream"] == other and f["id"] is None)
     s.close()
 

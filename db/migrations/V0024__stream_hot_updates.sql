@@ -9,11 +9,16 @@
 -- dead rows per 4 s. The reaper's index is now on expires_at (never updated by an
 -- append), and the table leaves room on each page for the new versions.
 --
--- Function changes (applied by afterAll): stream_read_many and stream_read are
--- planned for each call (plan_cache_mode = force_custom_plan). They are PL/pgSQL,
+-- Function changes (applied by afterAll): stream_read_many returns one row per
+-- stream (its state and its chunks as one text[] from first_seq) instead of a
+-- state row plus a row per chunk: the replica spent ~12 % of its CPU on per-row
+-- objects (a UUID per chunk row). Unreleased until now, so dropped and re-created
+-- rather than given a _v2. stream_read_many and stream_read are planned for each call (plan_cache_mode = force_custom_plan). They are PL/pgSQL,
 -- so a long-lived session (the hub's reader) cached a generic plan; made while
 -- stream_chunks was analyzed empty, it scanned the whole table per stream per read
 -- (30 ms a call, p99 385 ms) until the next ANALYZE.
+-- (IF EXISTS: on a fresh install the function files run after every migration.)
+DROP FUNCTION IF EXISTS switchboard.stream_read_many(uuid[], integer[], integer);
 DROP INDEX switchboard.streams_open_lease;
 CREATE INDEX streams_open_expiry ON switchboard.streams (expires_at) WHERE status = 'open';
 ALTER TABLE switchboard.streams SET (fillfactor = 50);

@@ -28,6 +28,7 @@ from typing import Any
 from uuid import UUID
 
 from switchboard.handlers import HandlerContext, HandlerError, registry
+from switchboard.streams import StreamError
 
 WORDS = ("postgres", "replica", "stream", "chunk", "lease", "commit", "snapshot", "token", "socket",
          "relay", "listen", "notify", "vacuum", "index", "tuple", "page", "wal", "fsync", "query", "plan")
@@ -70,7 +71,7 @@ def _args(ctx: HandlerContext) -> tuple[UUID, str, int, float, int, str | None, 
 @registry.register("ai_chat.complete")
 async def complete(ctx: HandlerContext) -> Any:
     user, prompt, tokens, rate, per_send, room, lease = _args(ctx)
-    text: list[str] = []
+    sent: list[str] = []                          # chunk i (from 0) is seq i + 1: this is its only writer
     async with ctx.stream(user, "completion", meta={"prompt": prompt[:200], "run": ctx.run_id},
                           room=room, lease=lease) as s:
         await ctx.notify_user(user, "chat.answer", {"stream": str(s.id), "prompt": prompt[:200]})
@@ -80,15 +81,20 @@ async def complete(ctx: HandlerContext) -> Any:
                 batch.append(token)
                 if len(batch) >= per_send:
                     await s.send("".join(batch))    # StreamStopped here once stopped: the block ends
-                    text.extend(batch)
+                    sent.append("".join(batch))
                     batch = []
             if batch:
                 await s.send("".join(batch))
-                text.extend(batch)
+                sent.append("".join(batch))
         finally:
-            # the whole answer (or what was sent before Stop): the one durable event keeps it.
+            # The answer as written: send() only queues, and after a Stop the chunks still
+            # queued are refused, so the final is the first s.seq chunks once all are flushed.
             # Events are at most 1 MB: a longer answer is kept by the application, not the event.
-            answer = "".join(text)
+            try:
+                await s.flush()
+            except StreamError:
+                pass                                # stopped: s.seq is where it stopped
+            answer = "".join(sent[:s.seq])
             s.final = {"text": answer} if len(answer) < 500_000 else {"chars": len(answer), "truncated": True}
     # s.stopped: someone pressed Stop; the stream ended 'stopped' with the partial text.
     return {"stream": str(s.id), "stopped": s.stopped, "chunks": s.seq}

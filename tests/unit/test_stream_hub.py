@@ -1,6 +1,6 @@
 """Unit tier: the stream hub against a scripted database, under random schedules.
 
-A scripted database plays PostgreSQL (stream_read_many: the state row and the chunks
+A scripted database plays PostgreSQL (stream_read_many: a stream's state and its chunks
 after a position, in one snapshot); producers append chunks and send wake-ups (some
 lost, some forged, some duplicated); subscribers join at random positions, their
 consumers have small queues and read at random speeds (so pushes fail, subscriptions
@@ -37,9 +37,9 @@ class ScriptedDb:
             if sid not in self.chunks:
                 continue
             log = self.chunks[sid]
-            rows.append((sid, None, None, self.status[sid], len(log), {"n": len(log)}))
-            rows.extend((sid, seq, log[seq - 1], None, None, None)
-                        for seq in range(after + 1, min(len(log), after + max_rows) + 1))
+            ended = None if self.status[sid] == "open" else 1
+            rows.append((sid, self.status[sid], len(log), {"n": len(log)}, ended, after + 1,
+                         log[after:after + max_rows]))
         await asyncio.sleep(0)
         return rows
 

@@ -49,8 +49,8 @@ class StreamQueries(PoolBase):
 
     async def stream_read_many(self, ids: Sequence[UUID], afters: Sequence[int],
                                max_rows: int) -> list[tuple[Any, ...]]:
-        """(stream_id, seq, data, status, last_seq, final) rows: one state row per stream
-        (seq None) and its chunks after afters[i], in one snapshot."""
+        """(stream_id, status, last_seq, final, end_event, first_seq, chunks) per stream that exists: its
+        state and its chunks after afters[i] from seq first_seq, in one snapshot."""
         return await self._tuples("SELECT * FROM switchboard.stream_read_many(%s, %s, %s)",
                                   (list(ids), list(afters), max_rows))
 

@@ -61,11 +61,12 @@ async def _disconnected(receive: Callable[[], Awaitable[Mapping[str, Any]]]) -> 
 
 
 def _after(req: falcon.Request) -> int:
-    raw = req.get_header("Last-Event-ID") or req.get_param("after") or "0"
-    if not raw.isdigit() or len(raw) > 10 or int(raw) > SEQ_MAX:
-        raise falcon.HTTPBadRequest(title="Bad Request",
-                                    description="after / Last-Event-ID must be a chunk seq (an integer >= 0)")
-    return int(raw)
+    values = [v for v in (req.get_header("Last-Event-ID"), req.get_param("after")) if v is not None]
+    for raw in values:                     # both checked; the header wins (an EventSource's reconnect)
+        if not raw.isdigit() or len(raw) > 10 or int(raw) > SEQ_MAX:
+            raise falcon.HTTPBadRequest(title="Bad Request",
+                                        description="after / Last-Event-ID must be a chunk seq (an integer >= 0)")
+    return int(values[0]) if values else 0
 
 
 class StreamList:

@@ -22,7 +22,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 from uuid import UUID
 
 from ..sockets import encode, frame
@@ -91,17 +91,20 @@ def gone_frame(stream: UUID) -> str:
                                   "message": f"stream {stream} no longer exists"}))
 
 
-def split_rows(rows: list[tuple[Any, ...]]) -> dict[UUID, tuple[tuple[Any, ...] | None, list[tuple[int, str]]]]:
-    """stream_read_many rows -> {stream: (state row or None, [(seq, data)...])}."""
-    out: dict[UUID, tuple[tuple[Any, ...] | None, list[tuple[int, str]]]] = {}
-    for r in rows:
-        state, chunks = out.get(r[0], (None, []))
-        if r[1] is None:
-            state = r
-        else:
-            chunks.append((r[1], r[2]))
-        out[r[0]] = (state, chunks)
-    return out
+class Read(NamedTuple):
+    """One stream as stream_read_many returns it: its state, and its chunks from seq
+    ``first`` (consecutive: a stream's log has no gaps)."""
+    status: str
+    last_seq: int
+    final: Any
+    end_event: int | None     # the durable stream.end event: a reader's end waits for it
+    first: int
+    chunks: list[str]
+
+
+def split_rows(rows: list[tuple[Any, ...]]) -> dict[UUID, Read]:
+    """stream_read_many rows (stream_id, status, last_seq, final, end_event, first_seq, chunks) by stream."""
+    return {r[0]: Read(r[1], int(r[2]), r[3], r[4], int(r[5]), r[6]) for r in rows}
 
 
 class StreamHub:
@@ -171,32 +174,29 @@ class StreamHub:
             self.all_dirty = False
             for i in range(0, len(ids), 1000):
                 part = ids[i:i + 1000]
-                rows = await read_on(part, [self.hub_pos.get(s, 0) for s in part], READ_ROWS)
-                for stream, (state, chunks) in split_rows(rows).items():
-                    self._deliver(stream, state, chunks)
-                for stream in set(part) - {r[0] for r in rows if r[1] is None}:   # no state row: gone
+                reads = split_rows(await read_on(part, [self.hub_pos.get(s, 0) for s in part], READ_ROWS))
+                for stream, rd in reads.items():
+                    self._deliver(stream, rd)
+                for stream in set(part) - reads.keys():        # no row: the stream is gone
                     self._gone(stream)
 
     def _followed_live(self, stream: UUID) -> bool:
         return any(sub.live for sub in self.subs.get(stream, {}).values())
 
-    def _deliver(self, stream: UUID, state: tuple[Any, ...] | None, chunks: list[tuple[int, str]]) -> None:
+    def _deliver(self, stream: UUID, rd: Read) -> None:
         subs = self.subs.get(stream)
         if not subs:
             return
-        if state is None:
-            self._gone(stream)
-            return
-        if chunks:
-            self._give(stream, subs, chunks)
-            self.hub_pos[stream] = max(self.hub_pos.get(stream, 0), chunks[-1][0])
-            if len(chunks) >= READ_ROWS:
+        if rd.chunks:
+            self._give(stream, subs, rd.first, rd.chunks)
+            self.hub_pos[stream] = max(self.hub_pos.get(stream, 0), rd.first + len(rd.chunks) - 1)
+            if len(rd.chunks) >= READ_ROWS:
                 self.dirty.add(stream)
                 self.wake.set()
                 return
-        status, last_seq, final = state[3], int(state[4]), state[5]
-        if status != "open":
-            text = end_frame(stream, status, last_seq, final)
+        last_seq = rd.last_seq
+        if rd.end_event is not None:          # ended, and its final written (a stop waits for the producer's)
+            text = end_frame(stream, rd.status, last_seq, rd.final)
             for sub in list(subs.values()):
                 if sub.live and sub.pos >= last_seq:
                     if sub.sink.push(text):
@@ -204,8 +204,8 @@ class StreamHub:
                     else:
                         self._behind(sub)         # its catch-up sends the end, waiting for room
 
-    def _give(self, stream: UUID, subs: dict[int, Subscription], chunks: list[tuple[int, str]]) -> None:
-        first, top = chunks[0][0], chunks[-1][0]
+    def _give(self, stream: UUID, subs: dict[int, Subscription], first: int, chunks: list[str]) -> None:
+        top = first + len(chunks) - 1
         encoded: dict[int, list[tuple[str, int]]] = {}   # frames per starting seq: encoded once for all at it
         for sub in list(subs.values()):
             if not sub.live or sub.pos >= top:
@@ -216,7 +216,7 @@ class StreamHub:
                 continue
             texts = encoded.get(start)
             if texts is None:
-                texts = encoded[start] = chunk_frames(stream, start, [c for _, c in chunks[start - first:]])
+                texts = encoded[start] = chunk_frames(stream, start, chunks[start - first:])
             for text, last in texts:
                 if not sub.sink.push(text):
                     self._behind(sub)             # from sub.pos: what was queued is not sent again
@@ -243,13 +243,13 @@ class StreamHub:
     async def _catch_up(self, sub: Subscription) -> None:
         try:
             while sub.sid in self.subs.get(sub.stream, {}):
-                rows = split_rows(await self.read_many([sub.stream], [sub.pos], READ_ROWS))
-                state, chunks = rows.get(sub.stream, (None, []))
-                if state is None:
+                rd = split_rows(await self.read_many([sub.stream], [sub.pos], READ_ROWS)).get(sub.stream)
+                if rd is None:
                     await sub.sink.send(gone_frame(sub.stream))
                     break
+                chunks = rd.chunks
                 if chunks:
-                    for text, last in chunk_frames(sub.stream, chunks[0][0], [c for _, c in chunks]):
+                    for text, last in chunk_frames(sub.stream, rd.first, chunks):
                         if not await sub.sink.send(text):
                             self.unsubscribe(sub)
                             return
@@ -257,9 +257,8 @@ class StreamHub:
                         sub.pos = last
                     if len(chunks) >= READ_ROWS:
                         continue
-                status, last_seq = state[3], int(state[4])
-                if status != "open" and sub.pos >= last_seq:
-                    await sub.sink.send(end_frame(sub.stream, status, last_seq, state[5]))
+                if rd.end_event is not None and sub.pos >= rd.last_seq:
+                    await sub.sink.send(end_frame(sub.stream, rd.status, rd.last_seq, rd.final))
                     break
                 if self.hub_pos.get(sub.stream, 0) > sub.pos:
                     continue                      # the hub delivered past us while we read
