@@ -61,7 +61,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psycopg
-from common import (APP_LOGIN, BENCH, RESULTS, ROOT, Cluster, CpuMeter, Proc, cpu_seconds, free_port, loadavg,
+from common import (APP_LOGIN, BENCH, RESULTS, ROOT, Cluster, CpuMeter, Proc, free_port, loadavg,
                     log, machine_info, pct, replica, stop_all, write_json)
 from e2e import _start, _tickets, _users
 
@@ -436,7 +436,6 @@ def mode_cluster(a: argparse.Namespace) -> dict[str, Any]:
     rates = [float(x) for x in a.rates.split(",")]
     st = Stack(a.streams, a.replicas, a.readers, a.fsync, cprofile=a.cprofile, pgss=a.pgss)
     rounds: list[dict[str, Any]] = []
-    failed: set[str] = set()
     try:
         log(f"cluster: {a.streams} streams on {a.replicas} replicas, {a.readers} reader processes, rates/stream "
             f"{rates}, {a.seconds} s windows; load {loadavg()}")

@@ -79,6 +79,35 @@ def replica_env(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, dic
     return env, env_for
 
 
+def command(msg: dict[str, Any], url: str, servers: dict[str, Server], proxy: RoundRobinProxy,
+            start: Any) -> dict[str, Any]:
+    """One command from the test on stdin; its answer."""
+    cmd = msg["cmd"]
+    if cmd == "sql":
+        with psycopg.connect(url, autocommit=True) as c:
+            cur = c.execute(msg["sql"], msg.get("params") or [])
+            rows = cur.fetchall() if cur.description else []
+        return {"rows": json.loads(json.dumps(rows, default=str))}
+    if cmd == "sigterm":
+        return {"exit": servers.pop(msg["replica"]).terminate(timeout=60)}
+    if cmd == "start":
+        s = start(msg.get("name", f"r{len(servers) + 10}"))
+        proxy.backends.append(("127.0.0.1", s.port))
+        return {"replica": replica_info(s)}
+    if cmd == "signal":
+        servers[msg["replica"]].proc.send_signal(getattr(signal, msg["sig"]))  # type: ignore[union-attr]
+        return {}
+    if cmd == "hold":
+        proxy.hold()
+        return {}
+    if cmd == "release":
+        proxy.release()
+        return {}
+    if cmd == "log":
+        return {"log": servers[msg["replica"]].log()}
+    return {"error": f"unknown command {cmd!r}"}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--replicas", type=int, default=2)
@@ -123,35 +152,10 @@ def main() -> int:
                 continue
             try:
                 msg = json.loads(line)
-                cmd = msg["cmd"]
-                if cmd == "quit":
+                if msg["cmd"] == "quit":
                     print("{}", flush=True)
                     break
-                if cmd == "sql":
-                    with psycopg.connect(url, autocommit=True) as c:
-                        cur = c.execute(msg["sql"], msg.get("params") or [])
-                        rows = cur.fetchall() if cur.description else []
-                    out: dict[str, Any] = {"rows": json.loads(json.dumps(rows, default=str))}
-                elif cmd == "sigterm":
-                    s = servers.pop(msg["replica"])
-                    out = {"exit": s.terminate(timeout=60)}
-                elif cmd == "start":
-                    s = start(msg.get("name", f"r{len(servers) + 10}"))
-                    proxy.backends.append(("127.0.0.1", s.port))
-                    out = {"replica": replica_info(s)}
-                elif cmd == "signal":
-                    servers[msg["replica"]].proc.send_signal(getattr(signal, msg["sig"]))  # type: ignore[union-attr]
-                    out = {}
-                elif cmd == "hold":
-                    proxy.hold()
-                    out = {}
-                elif cmd == "release":
-                    proxy.release()
-                    out = {}
-                elif cmd == "log":
-                    out = {"log": servers[msg["replica"]].log()}
-                else:
-                    out = {"error": f"unknown command {cmd!r}"}
+                out = command(msg, url, servers, proxy, start)
             except Exception as exc:
                 out = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
             print(json.dumps(out), flush=True)
