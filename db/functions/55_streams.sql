@@ -149,7 +149,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_variable
 DECLARE
-    v switchboard.streams%ROWTYPE;
+    v record;             -- a streams row (not %ROWTYPE: the file must load below V0022)
     v_n integer;
 BEGIN
     v_n := switchboard._stream_check_chunks(chunks, 10000);
@@ -277,17 +277,23 @@ COMMENT ON FUNCTION switchboard.stream_renew(uuid[]) IS
 REVOKE ALL ON FUNCTION switchboard.stream_renew(uuid[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.stream_renew(uuid[]) TO switchboard_app;
 
--- The end: the stream.end event, durable, to the owner (or the room), once.
-CREATE OR REPLACE FUNCTION switchboard._stream_end_event(v switchboard.streams)
+-- The end: the stream.end event, durable, to the owner (or the room), once. Takes the
+-- id, not a streams row: the function files load at every migration target, also
+-- below V0022, where the row type does not exist yet.
+CREATE OR REPLACE FUNCTION switchboard._stream_end_event(stream_id uuid)
 RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_payload jsonb := jsonb_build_object('stream', v.id, 'kind', v.kind, 'status', v.status,
-                                          'last_seq', v.last_seq, 'final', v.final);
+    v record;
+    v_payload jsonb;
     v_event bigint;
 BEGIN
+    SELECT s.id, s.user_id, s.room, s.kind, s.status, s.last_seq, s.final INTO v
+      FROM switchboard.streams s WHERE s.id = _stream_end_event.stream_id;
+    v_payload := jsonb_build_object('stream', v.id, 'kind', v.kind, 'status', v.status,
+                                    'last_seq', v.last_seq, 'final', v.final);
     IF v.room IS NOT NULL THEN
         v_event := switchboard.notify_room(v.room, 'stream.end', v_payload);
     ELSE
@@ -298,7 +304,7 @@ BEGIN
     RETURN v_event;
 END
 $$;
-REVOKE ALL ON FUNCTION switchboard._stream_end_event(switchboard.streams) FROM PUBLIC;
+REVOKE ALL ON FUNCTION switchboard._stream_end_event(uuid) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION switchboard.stream_close(stream_id uuid, status text DEFAULT 'done', final jsonb DEFAULT NULL)
 RETURNS bigint
@@ -307,7 +313,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_variable
 DECLARE
-    v switchboard.streams%ROWTYPE;
+    v record;             -- a streams row (not %ROWTYPE: the file must load below V0022)
 BEGIN
     IF status IS NULL OR status NOT IN ('done', 'error', 'stopped') THEN
         RAISE EXCEPTION 'invalid stream status "%"', status USING ERRCODE = '22023',
@@ -330,7 +336,7 @@ BEGIN
         RAISE EXCEPTION 'stream % is already closed (%)', stream_id, v.status USING ERRCODE = '55000',
             HINT = 'A stream closes once.';
     END IF;
-    RETURN switchboard._stream_end_event(v);
+    RETURN switchboard._stream_end_event(v.id);
 END
 $$;
 COMMENT ON FUNCTION switchboard.stream_close(uuid, text, jsonb) IS
@@ -345,7 +351,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_variable
 DECLARE
-    v switchboard.streams%ROWTYPE;
+    v record;             -- a streams row (not %ROWTYPE: the file must load below V0022)
 BEGIN
     SELECT * INTO v FROM switchboard.streams s WHERE s.id = stream_id FOR UPDATE;
     IF NOT FOUND OR NOT (by_user IS NULL OR by_user = v.user_id OR EXISTS (
@@ -461,9 +467,13 @@ GRANT EXECUTE ON FUNCTION switchboard.stream_read_many(uuid[], integer[], intege
 
 CREATE OR REPLACE FUNCTION switchboard.streams_of(user_id uuid)
 RETURNS TABLE (id uuid, room text, kind text, meta jsonb, status text, last_seq integer, opened_at timestamptz)
-LANGUAGE sql STABLE SECURITY DEFINER
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
+    -- PL/pgSQL, not SQL: an SQL body is checked when the file loads, and the function
+    -- files load at every migration target, also below V0022 (no streams table yet).
+    RETURN QUERY
     SELECT s.id, s.room, s.kind, s.meta, s.status, s.last_seq, s.opened_at
       FROM switchboard.streams s
      WHERE s.status = 'open'
@@ -471,7 +481,8 @@ AS $$
             OR (s.room IS NOT NULL AND s.room IN (
                     SELECT m.room FROM switchboard.room_members m WHERE m.user_id = streams_of.user_id)))
      ORDER BY s.opened_at, s.id
-     LIMIT 1000
+     LIMIT 1000;
+END
 $$;
 COMMENT ON FUNCTION switchboard.streams_of(uuid) IS
     'The open streams a user may read (theirs and their rooms'', at most 1000, oldest first): what a client that comes back (a page reload) resumes.';
@@ -488,7 +499,7 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v switchboard.streams%ROWTYPE;
+    v record;             -- a streams row (not %ROWTYPE: the file must load below V0022)
     v_chunks integer;
     v_rows integer;
 BEGIN
@@ -505,14 +516,14 @@ BEGIN
                          LIMIT max_rows FOR UPDATE SKIP LOCKED)
         RETURNING s.*
     LOOP
-        PERFORM switchboard._stream_end_event(v);
+        PERFORM switchboard._stream_end_event(v.id);
     END LOOP;
     FOR v IN
         SELECT * FROM switchboard.streams s
          WHERE s.status = 'stopped' AND s.end_event IS NULL AND s.closed_at < now() - s.lease
          ORDER BY s.closed_at LIMIT max_rows FOR UPDATE SKIP LOCKED
     LOOP
-        PERFORM switchboard._stream_end_event(v);
+        PERFORM switchboard._stream_end_event(v.id);
     END LOOP;
     DELETE FROM switchboard.stream_chunks c
      WHERE (c.stream_id, c.seq) IN (

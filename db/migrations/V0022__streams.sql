@@ -81,7 +81,7 @@ COMMENT ON COLUMN switchboard.stream_chunks.stream_id IS 'The stream (switchboar
 COMMENT ON COLUMN switchboard.stream_chunks.seq IS 'The chunk''s number in its stream: 1, 2, 3 ... with no gap.';
 COMMENT ON COLUMN switchboard.stream_chunks.data IS 'The chunk (text, up to 64 KiB): a few tokens, a JSON part, whatever the producer sent.';
 
-CREATE FUNCTION switchboard._stream_deleted() RETURNS trigger
+CREATE OR REPLACE FUNCTION switchboard._stream_deleted() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     DELETE FROM switchboard.stream_chunks c WHERE c.stream_id = OLD.id;

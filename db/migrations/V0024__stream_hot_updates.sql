@@ -19,6 +19,9 @@
 -- (30 ms a call, p99 385 ms) until the next ANALYZE.
 -- (IF EXISTS: on a fresh install the function files run after every migration.)
 DROP FUNCTION IF EXISTS switchboard.stream_read_many(uuid[], integer[], integer);
+-- _stream_end_event takes the stream's id now, not a streams row, and streams_of is
+-- PL/pgSQL: the function files load at every migration target, also below V0022.
+DROP FUNCTION IF EXISTS switchboard._stream_end_event(switchboard.streams);
 DROP INDEX switchboard.streams_open_lease;
 CREATE INDEX streams_open_expiry ON switchboard.streams (expires_at) WHERE status = 'open';
 ALTER TABLE switchboard.streams SET (fillfactor = 50);

@@ -706,11 +706,11 @@ BEGIN
     IF (has_function_privilege('switchboard_app', 'switchboard.stream_renew(uuid[])', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.stream_renew(uuid[])' USING ERRCODE = 'P0004';
     END IF;
-    IF (to_regprocedure('switchboard._stream_end_event(switchboard.streams)') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected function switchboard._stream_end_event(switchboard.streams)' USING ERRCODE = 'P0004';
+    IF (to_regprocedure('switchboard._stream_end_event(uuid)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard._stream_end_event(uuid)' USING ERRCODE = 'P0004';
     END IF;
-    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._stream_end_event(switchboard.streams)'))) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._stream_end_event(switchboard.streams)' USING ERRCODE = 'P0004';
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._stream_end_event(uuid)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._stream_end_event(uuid)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.stream_close(uuid, text, jsonb)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.stream_close(uuid, text, jsonb)' USING ERRCODE = 'P0004';

@@ -74,6 +74,7 @@ _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
         "Stream subscriptions that read on their own (a new one, a full send queue, a gap) before joining the "
         "shared read", ()),
     "switchboard_stream_errors_total": ("Stream reads that failed, by what (the subscriber was told)", ("what",)),
+    "switchboard_stream_listen_reconnects_total": ("The streams' LISTEN connection (re)connects", ()),
     # runfeed.py: the admin console's live run updates (polls only while an admin subscribes)
     "switchboard_runfeed_polls_total": ("Polls of the admin run feed, by outcome (ok, failed)", ("outcome",)),
     "switchboard_runfeed_frames_total": ("run.updated frames offered to subscribed admin sockets", ()),

@@ -71,8 +71,14 @@ async def abandon(task: asyncio.Task[Any], conn: psycopg.AsyncConnection[Any] | 
 
 class NotifyListener:
     def __init__(self, url: str, channels: Sequence[str], check_interval: float, metrics: Metrics, *,
-                 dispatch: Dispatch, on_session: OnSession, on_idle: Callable[[], None]) -> None:
+                 dispatch: Dispatch, on_session: OnSession, on_idle: Callable[[], None],
+                 names: tuple[str, str] = ("switchboard-listen", "switchboard-relay-read"),
+                 reconnect_metric: str = "switchboard_listen_reconnects_total") -> None:
+        """``names``: the application_name of the LISTEN and the reader connection (what
+        pg_stat_activity shows); ``reconnect_metric`` counts the sessions."""
         self.url = url
+        self.names = names
+        self.reconnect_metric = reconnect_metric
         self.channels = tuple(channels)
         self.check_interval = check_interval
         self.metrics = metrics
@@ -155,11 +161,11 @@ class NotifyListener:
             timeout=10)
 
     async def _session(self) -> None:
-        conn = self._conn = await self._connect("switchboard-listen")
-        self.reader = await self._connect("switchboard-relay-read")
+        conn = self._conn = await self._connect(self.names[0])
+        self.reader = await self._connect(self.names[1])
         for ch in self.channels:
             await bounded_wait(conn.execute(f"LISTEN {ch}"), max(self.check_interval, 1.0), "LISTEN")
-        self.metrics.inc("switchboard_listen_reconnects_total")
+        self.metrics.inc(self.reconnect_metric)
         worker = await self.on_session(self.reader)
         try:
             self.connected = True

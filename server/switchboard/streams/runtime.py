@@ -31,7 +31,9 @@ class StreamsRuntime:
                              on_behind=lambda: metrics.inc("switchboard_stream_catch_ups_total"))
         self.listener = NotifyListener(config.listen_database_url or config.database_url, (CHANNEL, STOP_CHANNEL),
                                        config.listen_check_interval, metrics, dispatch=self._dispatch,
-                                       on_session=self._on_session, on_idle=lambda: None)
+                                       on_session=self._on_session, on_idle=lambda: None,
+                                       names=("switchboard-stream-listen", "switchboard-stream-read"),
+                                       reconnect_metric="switchboard_stream_listen_reconnects_total")
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
