@@ -139,6 +139,8 @@ def test_stream_and_job_responses_conform(live, db: str) -> None:  # type: ignor
     conforms(doc, response_schema(doc, "/streams", "get", 200), listed)
     stop = httpx.post(s.base + f"/streams/{sid}/stop", headers=h)
     conforms(doc, response_schema(doc, "/streams/{stream_id}/stop", "post", 200), stop.json())
+    with psycopg.connect(db, autocommit=True) as c:        # the producer closes it with its final
+        c.execute("SELECT switchboard.stream_close(%s, 'stopped', '{\"text\": \"ab\"}')", (sid,))
     sse = httpx.get(s.base + f"/streams/{sid}", headers=h, params={"after": 1}, timeout=30)
     assert sse.headers["content-type"].startswith("text/event-stream")
     assert "text/event-stream" in doc["paths"]["/streams/{stream_id}"]["get"]["responses"]["200"]["content"]
