@@ -130,11 +130,15 @@ class WebSocketResource:
         grant, user, rooms, refused = admitted
         await ws.accept()
         client = self._register(ws, hs, grant, user, rooms, refused)
-        sender = asyncio.create_task(self._sender(ws, client))
+        sender: asyncio.Task[None] | None = None
         try:
+            # Presence first, then hello goes out: a client that has its hello is reachable
+            # (POST /tools/call finds its user online) -- it was written after the resume, and
+            # a tool call right after connecting could get 404 "no socket anywhere".
+            await self._presence(client.user_id, len(self.registry.by_user.get(client.user_id, ())))
+            sender = asyncio.create_task(self._sender(ws, client))
             if hs.after is not None:
                 await resume(self.db, client, hs.after, self.cfg.ws_replay_stall_seconds, hs.ahead)
-            await self._presence(client.user_id, len(self.registry.by_user.get(client.user_id, ())))
             await self._receive_loop(ws, client)
         except falcon.WebSocketDisconnected:
             pass
@@ -228,7 +232,7 @@ class WebSocketResource:
             client.queue.put_nowait(encode(err))
         return client
 
-    async def _unregister(self, client: Client, sender: asyncio.Task[None]) -> None:
+    async def _unregister(self, client: Client, sender: asyncio.Task[None] | None) -> None:
         if client.close_task is not None:  # the close code we chose goes out, not 1000
             await asyncio.gather(client.close_task, return_exceptions=True)
         if client.resume_task is not None:
@@ -239,7 +243,8 @@ class WebSocketResource:
         if self.actions.streams is not None:
             self.actions.streams.drop(client)
         client.queue.put_nowait(None)
-        sender.cancel()
+        if sender is not None:
+            sender.cancel()
         try:
             await self._presence(client.user_id, left)
         except Exception:
