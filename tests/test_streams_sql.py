@@ -115,6 +115,8 @@ def test_bounds_give_a_sqlstate_and_write_nothing(db: str) -> None:
         throws_ok(c, "SELECT switchboard.stream_open(%s, 'bad kind!')", "22023", (uid,))
         throws_ok(c, "SELECT switchboard.stream_open(%s, 'k', '[1]')", "22023", (uid,))
         throws_ok(c, "SELECT switchboard.stream_open(%s, 'k', %s::jsonb)", "22023", (uid, '{"x": "%s"}' % ("y" * 9000)))
+        deep = '{"a": ' * 200 + '1' + '}' * 200              # 1.4 KiB, 200 levels: readers recurse
+        throws_ok(c, "SELECT switchboard.stream_open(%s, 'k', %s::jsonb)", "22023", (uid, deep))
         throws_ok(c, "SELECT switchboard.stream_open(%s, 'k', lease => '0 seconds')", "22023", (uid,))
         throws_ok(c, "SELECT switchboard.stream_open(%s, 'k', lifetime => '2 days')", "22023", (uid,))
         throws_ok(c, "SELECT switchboard.stream_open(%s, 'k')", "P0002", (str(uuid.uuid4()),))

@@ -104,9 +104,11 @@ BEGIN
         RAISE EXCEPTION 'invalid stream kind "%"', kind USING ERRCODE = '22023',
             HINT = 'A kind is 1 to 64 characters: letters, digits, _ . : - (e.g. completion).';
     END IF;
-    IF meta IS NULL OR jsonb_typeof(meta) <> 'object' OR octet_length(meta::text) > 8192 THEN
+    IF meta IS NULL OR jsonb_typeof(meta) <> 'object' OR octet_length(meta::text) > 8192
+       OR jsonb_path_exists(meta, 'lax $.**{65}') THEN
+        -- (depth: readers parse meta recursively, GET /streams included; as _check_event)
         RAISE EXCEPTION 'invalid stream meta (%)', coalesce(jsonb_typeof(meta), 'NULL') USING ERRCODE = '22023',
-            HINT = 'meta is a JSON object of at most 8 KiB; put large data in the chunks or elsewhere.';
+            HINT = 'meta is a JSON object of at most 8 KiB, nested at most 64 levels; put large data elsewhere.';
     END IF;
     IF room IS NOT NULL AND room !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$' THEN
         RAISE EXCEPTION 'invalid room name "%"', room USING ERRCODE = '22023',
