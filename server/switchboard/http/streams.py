@@ -29,12 +29,12 @@ import falcon.asgi
 from ..auth import AuthState
 from ..db import Database
 from ..errors import Problem
+from ..streams.actions import SEQ_MAX
 from ..streams.hub import StreamHub, Subscription
 from ..streams.sinks import QueueSink
 from .common import authenticate
 
 KEEPALIVE_S = 15.0
-SEQ_MAX = 2**31 - 1
 SSE_PER_USER = 16          # open SSE responses per user and replica (each holds a subscription)
 
 
