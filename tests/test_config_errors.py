@@ -52,3 +52,13 @@ def test_the_limits_are_checked_before_gunicorn_forks_its_workers() -> None:
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
     assert p.stderr.strip() == ("switchboard: SWITCHBOARD_LIMIT_CONCURRENCY='-1' is out of range; "
                                 "expected an integer in [16, 1000000], e.g. SWITCHBOARD_LIMIT_CONCURRENCY=4096")
+
+
+@pytest.mark.parametrize("value", ["https://app.example/app", "app.example", "null", "https://app.example:99999"])
+def test_an_allowed_origin_that_is_not_an_origin_is_refused(value: str) -> None:
+    """Origins are compared exactly (scheme, host, port): an entry a browser can never
+    send is a mistake to report, not a rule that silently matches nothing."""
+    p = serve({"SWITCHBOARD_ALLOWED_ORIGINS": f"https://ok.example, {value}"})
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+    assert "SWITCHBOARD_ALLOWED_ORIGINS" in p.stderr and repr(value) in p.stderr, p.stderr

@@ -104,3 +104,46 @@ def test_cors_is_off_without_allowed_origins(server_factory, db: str) -> None:  
     assert r.status_code == 403
     r = httpx.post(s.base + "/auth/refresh", cookies=login.cookies, headers={"Origin": f"http://127.0.0.1:{s.port}"})
     assert r.status_code == 200
+
+
+def test_wildcard_never_opens_the_cookie_endpoints(server_factory, db: str) -> None:  # type: ignore[no-untyped-def]
+    """``*`` (the `switchboard dev` default) is for bearer routes and /ws: a page on any
+    other origin still cannot log the user out or refresh with the cookie."""
+    make_user(db, "wes")
+    s = server_factory(env={"SWITCHBOARD_ALLOWED_ORIGINS": "*"})
+    login = httpx.post(s.base + "/auth/login", json={"username": "wes", "password": PW})
+    assert login.status_code == 200
+    token = login.json()["access_token"]
+    for path in ("/auth/logout", "/auth/refresh"):
+        r = httpx.post(s.base + path, cookies=login.cookies, headers={"Origin": "http://evil.example"})
+        assert r.status_code == 403 and r.json()["type"].endswith("/origin-not-allowed"), (path, r.text)
+    # Bearer routes and /ws stay open to any origin under '*' (no ambient credential there).
+    me = httpx.get(s.base + "/me", headers={**auth(token), "Origin": "http://evil.example"})
+    assert me.status_code == 200 and me.headers["access-control-allow-origin"] == "*"
+    connect(f"{s.ws_base}/ws?ticket={s.ticket(token)}", origin="http://evil.example",  # type: ignore[arg-type]
+            open_timeout=10).close()
+    # The session survived every refused call.
+    r = httpx.post(s.base + "/auth/refresh", cookies=login.cookies, headers={"Origin": f"http://127.0.0.1:{s.port}"})
+    assert r.status_code == 200, r.text
+
+
+def test_own_origin_is_scheme_host_and_port_exactly(server_factory, db: str) -> None:  # type: ignore[no-untyped-def]
+    make_user(db, "oli")
+    s = server_factory()
+    login = httpx.post(s.base + "/auth/login", json={"username": "oli", "password": PW})
+    jar = login.cookies
+    for wrong in (f"https://127.0.0.1:{s.port}",       # same host and port, other scheme (we are plain HTTP)
+                  f"http://127.0.0.1:{s.port + 1}",     # other port
+                  f"http://127.0.0.1:{s.port}.evil.example", "null",
+                  f"http://127.0.0.1:{s.port}/path"):
+        r = httpx.post(s.base + "/auth/refresh", cookies=jar, headers={"Origin": wrong})
+        assert r.status_code == 403, (wrong, r.status_code)
+        try:
+            connect(f"{s.ws_base}/ws?ticket={s.ticket(login.json()['access_token'])}", origin=wrong,  # type: ignore[arg-type]
+                    open_timeout=10)
+            raise AssertionError(f"{wrong} opened a socket")
+        except InvalidStatus as exc:
+            assert exc.response.status_code == 403
+    # Our own origin, as a browser serialises it (case and default port normalised).
+    r = httpx.post(s.base + "/auth/refresh", cookies=jar, headers={"Origin": f"HTTP://127.0.0.1:{s.port}"})
+    assert r.status_code == 200, r.text

@@ -52,6 +52,9 @@ def test_dev_from_a_fresh_clone(tmp_path) -> None:  # type: ignore[no-untyped-de
         assert "Switchboard dev is up" in text, text[-4000:]
         m = re.search(r"login\s+admin / (\S+)", text)
         assert m, text
+        # It says which origins may use the session cookie: its own, never '*'.
+        o = re.search(r"origins\s+CORS and /ws: any origin; the session cookie \(/auth/refresh, /auth/logout\): (.*) \(", text)
+        assert o and o.group(1) == f"http://127.0.0.1:{port}, http://127.0.0.1:{port + 1}", text
         for p in (port, port + 1):
             r = httpx.get(f"http://127.0.0.1:{p}/healthz/ready", timeout=5)
             assert r.status_code == 200, r.text

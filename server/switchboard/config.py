@@ -45,6 +45,21 @@ def _list(name: str, default: str = "") -> list[str]:
     return [p.strip() for p in raw.split(",") if p.strip()]
 
 
+def _origins(values: list[str]) -> list[str]:
+    """SWITCHBOARD_ALLOWED_ORIGINS, each entry normalised as browsers send an Origin
+    (compared exactly: scheme, host and port), or ``*``."""
+    from .http.cors import normalize_origin
+
+    out = []
+    for v in values:
+        o = "*" if v == "*" else normalize_origin(v)
+        if o is None:
+            raise ConfigError(f"SWITCHBOARD_ALLOWED_ORIGINS: {v!r} is not an origin "
+                              "(scheme://host[:port], e.g. https://app.example.com, or *)")
+        out.append(o)
+    return out
+
+
 def prepare_threshold(listen_url: str | None) -> int | None:
     """SWITCHBOARD_PREPARE_THRESHOLD: after how many executions psycopg prepares a statement
     server-side on a request-pool connection; ``off`` never prepares.
@@ -256,7 +271,7 @@ class Config:
             listen_database_url=listen_url,
             migration_database_url=os.environ.get("SWITCHBOARD_MIGRATION_DATABASE_URL") or None,
             trusted_proxies=proxies,
-            allowed_origins=_list("SWITCHBOARD_ALLOWED_ORIGINS", "*" if dev else ""),
+            allowed_origins=_origins(_list("SWITCHBOARD_ALLOWED_ORIGINS", "*" if dev else "")),
             pool_min=_int("SWITCHBOARD_POOL_MIN", 2, 0, 1000),
             pool_size=_int("SWITCHBOARD_POOL_SIZE", 10, 1, 1000),
             pool_timeout=_float("SWITCHBOARD_POOL_TIMEOUT", 10.0, 0.1, 300),

@@ -25,7 +25,7 @@ from .bounded import BadInput
 from .config import Config
 from .cursor import Position
 from .db import Database
-from .http.cors import origin_allowed
+from .http.cors import origin_allowed, own_origin
 from .relay import Relay
 from .replica import ReplicaState
 from .resume import resume
@@ -154,7 +154,8 @@ class WebSocketResource:
         refused before any database call (draining, a foreign Origin, a malformed value)."""
         if self.replica.draining:
             return 1012
-        if not origin_allowed(req.get_header("Origin"), req.get_header("Host"), self.cfg.allowed_origins):
+        if not origin_allowed(req.get_header("Origin"), own_origin(req, self.cfg.trusted_proxies),
+                              self.cfg.allowed_origins, credentialed=False):
             LOG.info("refused WebSocket from origin %s", req.get_header("Origin"))
             return 1008
         ticket = req.get_param("ticket") or ""

@@ -138,6 +138,7 @@ class _DevSession:
         for port in ports:
             print(f"  replica  http://{shown}:{port}/   (ready: http://{shown}:{port}/healthz/ready)")
         print(f"  login    admin / {password}")
+        print(f"  origins  {_origins_line(self._replica_env()['SWITCHBOARD_ALLOWED_ORIGINS'], shown, ports)}")
         print(f"  database {self.url}")
         print("Press Ctrl-C to stop.\n", flush=True)
 
@@ -164,6 +165,17 @@ class _DevSession:
         if pg is not None:  # only now: the replicas needed it to drain
             pg.stop()
         print("switchboard dev: stopped", flush=True)
+
+
+def _origins_line(allowed: str, host: str, ports: list[int]) -> str:
+    """What SWITCHBOARD_ALLOWED_ORIGINS lets browsers do, in one line (the rules: http/cors.py)."""
+    named = [o.strip() for o in allowed.split(",") if o.strip() and o.strip() != "*"]
+    own = ", ".join(f"http://{host}:{p}" for p in ports)
+    cookie = ", ".join([own, *named])
+    wildcard = "*" in [o.strip() for o in allowed.split(",")]
+    bearer = "any origin" if wildcard else cookie
+    return (f"CORS and /ws: {bearer}; the session cookie (/auth/refresh, /auth/logout): {cookie} "
+            "(set SWITCHBOARD_ALLOWED_ORIGINS=http://localhost:5173,... to add a dev server)")
 
 
 def _port_free(host: str, port: int) -> bool:

@@ -22,7 +22,7 @@ from ..bounded import fold_username
 from ..errors import Problem
 from ..ratelimit import RateLimiter, client_ip, ip_key, too_many
 from .common import authenticate, check_fields, field_str, reached_over_tls, read_json
-from .cors import origin_allowed
+from .cors import origin_allowed, own_origin
 
 USERNAME_MAX = 64
 DEVICE_COOKIE = "sb_device_"  # + a hash of the username: one cookie per user a browser logged in as
@@ -62,8 +62,11 @@ class RefreshCookie:
 def check_origin(req: falcon.asgi.Request, config: Config) -> None:
     """The cookie endpoints refuse a browser Origin that is neither ours nor allowed
     (OWASP "verify origin"): SameSite keeps other *sites* out, this keeps other
-    origins of the same site (a sibling subdomain) from driving a refresh."""
-    if not origin_allowed(req.get_header("Origin"), req.get_header("Host"), config.allowed_origins):
+    origins of the same site (a sibling subdomain) from driving a refresh. ``*`` in
+    SWITCHBOARD_ALLOWED_ORIGINS does not count here: only the server's own origin and
+    the origins listed by name."""
+    if not origin_allowed(req.get_header("Origin"), own_origin(req, config.trusted_proxies), config.allowed_origins,
+                          credentialed=True):
         raise Problem(403, "origin-not-allowed", "this Origin may not use the session cookie; "
                       "see SWITCHBOARD_ALLOWED_ORIGINS")
 

@@ -141,7 +141,7 @@ def reached_over_tls(req: falcon.Request, trusted: list[ipaddress.IPv4Network | 
     SWITCHBOARD_TRUSTED_PROXIES (anybody else could send it). The right-most value is
     the one the nearest proxy wrote: a client may send its own header, which an
     appending proxy puts first."""
-    if req.scheme == "https":
+    if req.scheme in ("https", "wss"):   # a WebSocket upgrade's scheme is ws/wss
         return True
     if not trusted:
         return False

@@ -21,10 +21,13 @@ Off (no middleware at all) when the list is empty, the default.
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 from urllib.parse import urlsplit
 
 import falcon
+
+from .common import reached_over_tls
 
 CREDENTIAL_PATHS = frozenset({"/auth/login", "/auth/refresh", "/auth/logout"})
 EXPOSE = ("RateLimit", "RateLimit-Policy", "Retry-After", "WWW-Authenticate")
@@ -32,7 +35,7 @@ EXPOSE = ("RateLimit", "RateLimit-Policy", "Retry-After", "WWW-Authenticate")
 
 class Cors(falcon.CORSMiddleware):  # type: ignore[type-arg]  # falcon's generic takes the app's request types; this one serves both
     def __init__(self, allowed: list[str]) -> None:
-        origins = [o.rstrip("/") for o in allowed]
+        origins = list(allowed)   # normalised by Config (config.allowed_origins_list)
         self.wildcard = "*" in origins
         super().__init__(allow_origins="*" if self.wildcard else origins, expose_headers=list(EXPOSE),
                          allow_credentials=None)
@@ -52,19 +55,55 @@ class Cors(falcon.CORSMiddleware):  # type: ignore[type-arg]  # falcon's generic
             resp.set_header("Access-Control-Allow-Credentials", "true")
 
 
-def origin_allowed(origin: str | None, host: str | None, allowed: list[str]) -> bool:
-    if origin is None:
-        return True  # non-browser clients: the ticket alone decides
-    if "*" in allowed:
-        return True
-    origin = origin.rstrip("/")
-    if origin in [a.rstrip("/") for a in allowed]:
-        return True  # the CORS allowlist (SWITCHBOARD_ALLOWED_ORIGINS)
-    # and always the server's own origin (its demo page)
+_DEFAULT_PORT = {"http": 80, "https": 443}
+
+
+def normalize_origin(value: str) -> str | None:
+    """``scheme://host[:port]`` as a browser serialises an origin (RFC 6454: lower-case
+    scheme and host, the scheme's default port left out), or None for anything that is
+    not an http(s) origin: ``null``, a path, a query, credentials, a bad port."""
+    if not value or len(value) > 2048:
+        return None
     try:
-        return urlsplit(origin).netloc.lower() == (host or "").lower()
+        u = urlsplit(value.strip())
+        port = u.port
     except ValueError:
+        return None
+    scheme = u.scheme.lower()
+    if scheme not in _DEFAULT_PORT or not u.hostname or u.username is not None or u.password is not None \
+            or u.path not in ("", "/") or u.query or u.fragment:
+        return None
+    host = u.hostname.lower()
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{scheme}://{host}" + (f":{port}" if port is not None and port != _DEFAULT_PORT[scheme] else "")
+
+
+def own_origin(req: falcon.Request, trusted: list[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> str | None:
+    """This server's origin as the client reached it: the scheme it came over (TLS
+    directly or through a trusted proxy, see reached_over_tls) and the Host header."""
+    scheme = "https" if reached_over_tls(req, trusted) else "http"
+    return normalize_origin(f"{scheme}://{req.get_header('Host') or ''}")
+
+
+def origin_allowed(origin: str | None, own: str | None, allowed: list[str], *, credentialed: bool) -> bool:
+    """May a browser page on ``origin`` use this endpoint?
+
+    No Origin header: not a browser (the credential alone decides). Otherwise the
+    origin, normalised, must equal the server's own origin (scheme, host and port) or
+    an entry of SWITCHBOARD_ALLOWED_ORIGINS. ``*`` there admits any origin only where
+    no ambient credential is involved (``credentialed=False``: ``/ws``, which needs a
+    ticket bought with a bearer token); it never admits one to the cookie endpoints."""
+    if origin is None:
+        return True
+    o = normalize_origin(origin)
+    if o is None:
         return False
+    if o == own:
+        return True
+    if not credentialed and "*" in allowed:
+        return True
+    return o in allowed
 
 
 def cors_middleware(allowed: list[str]) -> list[Cors]:
