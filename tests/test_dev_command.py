@@ -80,7 +80,13 @@ def test_dev_from_a_fresh_clone(tmp_path) -> None:  # type: ignore[no-untyped-de
                 pass
     finally:
         if proc.poll() is None:
-            proc.kill()
+            # Ctrl-C first: a failed assertion must not leave dev's replicas (each in its
+            # own session) and its PostgreSQL running, and a SIGKILLed dev orphans them.
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
 
 
 # Runs the CLI with testing.postgresql made unimportable (the shared environment
