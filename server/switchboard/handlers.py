@@ -1,7 +1,8 @@
 """The public handler API: what a task handler sees, and how it is found.
 
 A handler is ``async def handler(ctx: HandlerContext) -> result`` where the
-result is JSON-serialisable (stored in task_runs.result). Raise
+result is JSON-serialisable (stored in task_runs.result). A plain ``def`` is
+run in a worker thread (``as_handler``), never on the event loop. Raise
 ``HandlerError("message")`` to fail the run with a clean message (it is
 retried while attempts remain).
 
@@ -31,14 +32,18 @@ a context.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import importlib
+import inspect
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from importlib.metadata import entry_points
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from .db import Database
@@ -50,6 +55,8 @@ if TYPE_CHECKING:
 
 ENTRY_POINT_GROUP = "switchboard.handlers"
 LOG = logging.getLogger("switchboard.handlers")
+T = TypeVar("T")
+SYNC_THREADS = 32   # worker threads for plain-def handlers, per replica process
 
 
 class HandlerError(Exception):
@@ -104,7 +111,7 @@ class HandlerContext:
     """
 
     __slots__ = ("run_id", "attempt", "max_attempts", "args", "task_id", "handler", "trigger",
-                 "scheduled_for", "_logger", "lease_lost", "cancelled", "_db", "_deadline", "_streams")
+                 "scheduled_for", "_logger", "lease_lost", "cancelled", "_db", "_deadline", "_streams", "_loop")
 
     def __init__(self, run: Run | Mapping[str, Any], db: Database, *, lease_seconds: float,
                  lease_lost: asyncio.Event | None = None, streams: Producer | None = None) -> None:
@@ -124,6 +131,7 @@ class HandlerContext:
         self._db = db
         self._streams = streams
         self._deadline = time.time() + lease_seconds
+        self._loop: asyncio.AbstractEventLoop | None = None   # set while a plain-def handler runs
 
     @property
     def logger(self) -> logging.LoggerAdapter[logging.Logger]:
@@ -171,6 +179,26 @@ class HandlerContext:
             raise RuntimeError("streams are not available in this context (no producer)")
         return self._streams.stream(user_id, kind, meta=meta, room=room, lease=lease, lifetime=lifetime)
 
+    # -- plain-def handlers -----------------------------------------------------------------
+    def sync(self, awaitable: Awaitable[T]) -> T:
+        """From a plain ``def`` handler (it runs in a worker thread): run one of the
+        context's coroutines on the replica's event loop and wait for its result, e.g.
+        ``ctx.sync(ctx.notify_user(user_id, "done", {}))``."""
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError("ctx.sync() works only while a plain-def handler runs (an async handler "
+                               "awaits instead; once its run ended or its lease was lost, nothing more is sent)")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            raise RuntimeError("ctx.sync() called on the event loop; await the coroutine instead")
+
+        async def wrap() -> T:
+            return await awaitable
+        return asyncio.run_coroutine_threadsafe(wrap(), loop).result()
+
     def __repr__(self) -> str:
         return f"<HandlerContext run={self.run_id} handler={self.handler!r} attempt={self.attempt}>"
 
@@ -185,20 +213,64 @@ def _cap_deadline(ctx: HandlerContext, until: float) -> None:
 
 
 Handler = Callable[[HandlerContext], Coroutine[Any, Any, Any]]  # an `async def` (run as a task)
+_threads: ThreadPoolExecutor | None = None
+
+
+def _thread_pool() -> ThreadPoolExecutor:
+    """Plain-def handlers' own threads: never the loop's default executor, which password
+    hashing and DNS share, so blocking jobs cannot hold up a login."""
+    global _threads
+    if _threads is None:
+        _threads = ThreadPoolExecutor(max_workers=SYNC_THREADS, thread_name_prefix="switchboard-handler")
+    return _threads
+
+
+def _is_async(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+def as_handler(name: str, fn: Any) -> Handler:
+    """``fn`` as the scheduler calls it. An ``async def`` as it is. A plain ``def`` runs in
+    a worker thread (SYNC_THREADS per process), so its blocking calls never stall the
+    event loop that serves every socket; it reaches the context's coroutines through
+    ``ctx.sync(...)``. A thread cannot be cancelled: after a lost lease its result is
+    discarded but its body runs to the end (check ``ctx.lease_lost.is_set()``). Refused
+    with HandlerLoadError: anything not callable, and generators (they return before
+    their body runs)."""
+    if not callable(fn):
+        raise HandlerLoadError(f"handler {name!r}: {fn!r} is not callable")
+    if _is_async(fn):
+        return fn  # type: ignore[no-any-return]
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise HandlerLoadError(f"handler {name!r}: {getattr(fn, '__qualname__', fn)!r} is a generator; "
+                               "a handler is an async def or a plain def returning its result")
+
+    @functools.wraps(fn)
+    async def in_thread(ctx: HandlerContext) -> Any:
+        loop = asyncio.get_running_loop()
+        ctx._loop = loop
+        try:
+            result = await loop.run_in_executor(_thread_pool(), contextvars.copy_context().run, fn, ctx)
+        finally:
+            ctx._loop = None
+        if inspect.isawaitable(result):   # a plain callable that returns a coroutine
+            result = await result
+        return result
+    return in_thread
 
 
 class HandlerRegistry:
     def __init__(self) -> None:
         self._handlers: dict[str, Handler] = {}
 
-    def register(self, name: str) -> Callable[[Handler], Handler]:
-        def deco(fn: Handler) -> Handler:
-            self._handlers[name] = fn
+    def register(self, name: str) -> Callable[[T], T]:
+        def deco(fn: T) -> T:
+            self.add(name, fn)
             return fn
         return deco
 
-    def add(self, name: str, fn: Handler) -> None:
-        self._handlers[name] = fn
+    def add(self, name: str, fn: Any) -> None:
+        self._handlers[name] = as_handler(name, fn)
 
     def get(self, name: str) -> Handler | None:
         return self._handlers.get(name)
