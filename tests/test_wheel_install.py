@@ -87,6 +87,8 @@ def test_wheel_carries_every_sql_file(wheel: Path) -> None:
     assert "pg_advisory_xact_lock(hashtext('switchboard.migrate'))" in conf
     assert "afterAll" in conf
     assert "switchboard/static/index.html" in names
+    # PEP 561: type checkers use the package's annotations (switchboard.api, handlers)
+    assert "switchboard/py.typed" in names
 
 
 def test_installed_wheel_migrates_an_empty_database_from_anywhere(
