@@ -121,3 +121,31 @@ def test_cli_without_a_database_is_one_line(tmp_path: Path) -> None:
     p = cli("postgresql://nobody@127.0.0.1:1/none", "runs", "list", check=False)
     assert p.returncode == 1 and p.stderr.startswith("switchboard: cannot connect to the database")
     assert "Traceback" not in p.stderr
+
+
+def test_enqueue_from_the_command_line(db: str, app_url: str) -> None:
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("SELECT switchboard.replica_heartbeat('r1', '{}', ARRAY['mail.send','noop'], '5 seconds', '1')")
+    out = cli(app_url, "enqueue", "mail.send", "--args", '{"to": "ann"}', "--queueing-lock", "mail-ann").stdout
+    assert out.startswith("run ") and "queued: mail.send" in out, out
+    rid = int(out.split()[1])
+    run = json.loads(cli(app_url, "enqueue", "noop", "--run-at", "10m", "--max-attempts", "1", "--json").stdout)["run"]
+    with psycopg.connect(db, autocommit=True) as c:
+        rows = c.execute("SELECT id, handler, args, queueing_lock, max_attempts, run_at > now() + interval '9 minutes' "
+                         "FROM switchboard.task_runs WHERE trigger = 'enqueue' ORDER BY id").fetchall()
+    assert rows == [(rid, "mail.send", {"to": "ann"}, "mail-ann", 3, False), (run["id"], "noop", {}, None, 1, True)]
+    # Refusals: one line, a non-zero exit, nothing queued.
+    for argv, code, says in (
+            (["enqueue", "mail.send", "--queueing-lock", "mail-ann"], 1, f"held by run {rid} (queued): nothing queued"),
+            (["enqueue", "report.build"], 1, "no live replica runs handler 'report.build'"),
+            (["enqueue", "noop", "--args", "[1]"], 2, "--args must be a JSON object"),
+            (["enqueue", "noop", "--args", "{x"], 2, "--args is not JSON"),
+            (["enqueue", "noop", "--run-at", "soon"], 2, "--run-at 'soon'"),
+            (["enqueue", "noop", "--max-attempts", "0"], 1, "invalid max_attempts 0 (hint: max_attempts is between")):
+        p = cli(app_url, *argv, check=False)
+        assert p.returncode == code and says in p.stderr and "Traceback" not in p.stderr, (argv, p.stderr)
+        assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    with psycopg.connect(db, autocommit=True) as c:
+        assert c.execute("SELECT count(*) FROM switchboard.task_runs WHERE trigger = 'enqueue'").fetchone()[0] == 2
+    # A handler about to be deployed: queued on request.
+    assert cli(app_url, "enqueue", "report.build", "--unserved-ok").stdout.startswith("run ")

@@ -8,6 +8,7 @@ import os
 from .. import __version__
 from .common import cmd_migrate
 from .dev import cmd_dev
+from .jobs import cmd_enqueue
 from .operate import cmd_handlers, cmd_runs, cmd_status, cmd_task, cmd_user
 from .serve import cmd_serve
 
@@ -67,6 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
     tt = tsub.add_parser("trigger")
     tt.add_argument("name")
     t.set_defaults(func=cmd_task)
+
+    e = sub.add_parser("enqueue", help="queue a one-off job (switchboard.enqueue)")
+    e.add_argument("handler")
+    e.add_argument("--args", default="{}", help="the job's arguments, a JSON object")
+    e.add_argument("--run-at", help="not before: an ISO timestamp, or a delay (30s, 10m, 2h)")
+    e.add_argument("--queueing-lock", help="at most one queued or running job holds it")
+    e.add_argument("--max-attempts", type=int, default=3)
+    e.add_argument("--unserved-ok", action="store_true", help="queue it even if no live replica runs the handler")
+    e.add_argument("--json", action="store_true", help="print the queued run as JSON")
+    e.set_defaults(func=cmd_enqueue)
 
     r = sub.add_parser("runs", help="list, show, retry and cancel runs")
     rsub = r.add_subparsers(dest="runs_cmd", required=True)

@@ -20,7 +20,8 @@ class ReplicaQueries(PoolBase):
         await self.fetchone("SELECT switchboard.replica_heartbeat(%s, %s, %s::text[], %s, %s)",
                             (replica_id, Jsonb(info), handlers, timedelta(seconds=interval), version))
 
-    async def known_handlers(self, version: str) -> list[str]:
+    async def known_handlers(self, version: str | None) -> list[str]:
+        """Handlers some live replica registers (of ``version``; None: any version)."""
         rows = await self.fetchall("SELECT h FROM switchboard.known_handlers(%s) AS h", (version,))
         return [r["h"] for r in rows]
 
