@@ -36,6 +36,7 @@ import contextvars
 import functools
 import importlib
 import inspect
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -61,6 +62,21 @@ SYNC_THREADS = 32   # worker threads for plain-def handlers, per replica process
 
 class HandlerError(Exception):
     """Raised by a handler to fail a run with a clean message."""
+
+
+def failure_message(exc: BaseException) -> str:
+    """What a run that raised ``exc`` records as its error: a HandlerError's own message,
+    any other exception's type and message."""
+    return str(exc) if isinstance(exc, HandlerError) else f"{type(exc).__name__}: {exc}"
+
+
+def stored_result(value: Any) -> Any:
+    """What a run's result is stored as: the value if JSON can carry it, else its repr."""
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return {"repr": repr(value)[:10000]}
 
 
 class HandlerLoadError(RuntimeError):

@@ -31,7 +31,6 @@ awaited, and whatever it claimed is handed back with release_run().
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
@@ -42,7 +41,7 @@ from typing import Any
 
 from ..config import Config
 from ..db import Database
-from ..handlers import Handler, HandlerContext, HandlerError, HandlerRegistry, _cap_deadline
+from ..handlers import Handler, HandlerContext, HandlerError, HandlerRegistry, _cap_deadline, failure_message, stored_result
 from ..metrics import Metrics
 from ..replica import ReplicaState
 from ..rows import Run
@@ -213,10 +212,10 @@ class Scheduler:
             slot.task.uncancel()            # the lease-loss cancel, consumed here
             return None, None               # never recorded: the run is lost
         except HandlerError as exc:
-            return None, str(exc)
+            return None, failure_message(exc)
         except Exception as exc:
             LOG.warning("run %s (%s) failed:\n%s", run.id, run.handler, traceback.format_exc())
-            return None, f"{type(exc).__name__}: {exc}"
+            return None, failure_message(exc)
         finally:
             slot.in_handler = False         # out of the handler: nothing left to cancel
 
@@ -226,7 +225,7 @@ class Scheduler:
         try:
             if error is None:
                 # counted in _flush, once per batch
-                finished = await self._finish_ok(run_id, None if result is None else _jsonable(result))
+                finished = await self._finish_ok(run_id, None if result is None else stored_result(result))
             else:
                 finished = await self.db.finish_run(run_id, self.worker, False, None, error)
                 self.metrics.inc("switchboard_runs_finished_total", outcome="failed")
@@ -344,9 +343,3 @@ class Scheduler:
                 LOG.warning("run %s: hand-back failed (%s); its lease will expire", run.id, exc)
 
 
-def _jsonable(v: Any) -> Any:
-    try:
-        json.dumps(v)
-        return v
-    except (TypeError, ValueError):
-        return {"repr": repr(v)[:10000]}
