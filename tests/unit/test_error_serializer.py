@@ -129,11 +129,19 @@ def test_cors_refuses_other_origins() -> None:
 
 
 def test_origin_allowed_accepts_the_list_and_our_own_origin() -> None:
-    assert origin_allowed(None, "api.example", [])  # non-browser
-    assert origin_allowed("https://api.example", "api.example", [])
-    assert origin_allowed(ORIGIN, "api.example", [ORIGIN])
-    assert origin_allowed("https://api.example", "api.example", [ORIGIN])
-    assert not origin_allowed("https://evil.example", "api.example", [ORIGIN])
+    own = "https://api.example"
+    for cred in (True, False):
+        assert origin_allowed(None, own, [], credentialed=cred)  # non-browser
+        assert origin_allowed("https://api.example", own, [], credentialed=cred)
+        assert origin_allowed("HTTPS://API.example:443", own, [], credentialed=cred)  # as browsers serialise
+        assert origin_allowed(ORIGIN, own, [ORIGIN], credentialed=cred)
+        assert not origin_allowed("https://evil.example", own, [ORIGIN], credentialed=cred)
+        assert not origin_allowed("http://api.example", own, [], credentialed=cred)       # scheme
+        assert not origin_allowed("https://api.example:8443", own, [], credentialed=cred)  # port
+        assert not origin_allowed("null", own, ["*"], credentialed=cred)
+    # '*' opens the non-credentialed doors (/ws) only
+    assert origin_allowed("https://evil.example", own, ["*"], credentialed=False)
+    assert not origin_allowed("https://evil.example", own, ["*"], credentialed=True)
 
 
 # -- Secure cookies behind a proxy ---------------------------------------------------------------
