@@ -177,3 +177,28 @@ def test_a_scrape_of_a_two_worker_pod_sums_both_workers(db, tmp_path) -> None:  
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def test_run_outcomes_and_durations_by_handler(server_factory, db) -> None:  # type: ignore[no-untyped-def]
+    """The handler label is the registered name, or ``unknown`` for a name no handler has:
+    whatever a job calls itself, the label set stays closed."""
+    s = server_factory()
+    with psycopg.connect(db, autocommit=True) as c:
+        for handler in ("noop", "noop", "fail", "made.up.handler"):
+            c.execute("SELECT switchboard.enqueue(%s, '{}', now(), NULL, 1)", (handler,))
+    want = {("noop", "ok"): 2, ("fail", "failed"): 1, ("unknown", "failed"): 1}
+    deadline = time.time() + 15
+    while True:
+        fam = scrape(s.base)
+        got = {k: total(fam["switchboard_runs_finished_total"], "switchboard_runs_finished_total",
+                        handler=k[0], outcome=k[1]) for k in want}
+        if got == want or time.time() > deadline:
+            break
+        time.sleep(0.1)
+    assert got == want
+    dur = fam["switchboard_run_duration_seconds"]
+    for (handler, outcome), n in want.items():
+        assert total(dur, "switchboard_run_duration_seconds_count", handler=handler, outcome=outcome) == n
+        assert total(dur, "switchboard_run_duration_seconds_bucket", handler=handler, outcome=outcome,
+                     le="+Inf") == n
+    assert not [x for x in dur if x.labels.get("handler") == "made.up.handler"]

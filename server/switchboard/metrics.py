@@ -42,6 +42,7 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # Latency buckets in seconds: requests are short; claims and deliveries can lag
 # by minutes when something is wrong (the alerts compare them with minutes).
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+RUN_BUCKETS = (0.005, 0.025, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)
 LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -63,7 +64,8 @@ _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
         "NOTIFY payloads the relay refused (oversized, nested, wrong types, ids past bigint, unknown kinds)",
         ("reason",)),
     "switchboard_claims_total": ("Runs claimed by this replica's scheduler", ("handler",)),
-    "switchboard_runs_finished_total": ("Runs finished by this replica, by outcome", ("outcome",)),
+    "switchboard_runs_finished_total": ("Runs finished by this replica, by outcome and handler (a registered "
+                                        "name, or unknown)", ("outcome", "handler")),
     "switchboard_ratelimit_denied_total": ("Requests refused by rate limits", ("policy",)),
     "switchboard_ratelimit_fail_open_total": (
         "Rate-limit checks that failed or timed out and let the request through", ("policy",)),
@@ -99,6 +101,9 @@ _HISTOGRAMS: dict[str, tuple[str, tuple[str, ...], tuple[float, ...]]] = {
         "HTTP request duration, by route and method", ("route", "method"), REQUEST_BUCKETS),
     "switchboard_claim_latency_seconds": (
         "Seconds from a run being due (run_at) to its claim (database clock)", (), LAG_BUCKETS),
+    "switchboard_run_duration_seconds": (
+        "Seconds a run's handler ran on this replica, by handler and outcome (ok, failed)",
+        ("handler", "outcome"), RUN_BUCKETS),
     "switchboard_delivery_latency_seconds": (
         "Seconds from an event's commit to its frame being offered to local sockets", (), LAG_BUCKETS),
 }

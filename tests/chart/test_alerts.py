@@ -37,6 +37,7 @@ EXPECTED_ALERTS = {
     "SwitchboardPoolExhausted",
     "SwitchboardNotifyQueueFilling",   # issue 21: a pinned NOTIFY queue stops every event
     "SwitchboardRelayBehindRetention",  # issue 30: events reaped before a relay read them
+    "SwitchboardRunsFailing",   # issue 33: a handler failing a large share of its runs
 }
 
 

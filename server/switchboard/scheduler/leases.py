@@ -212,7 +212,7 @@ class LeaseKeeper:
             return
         if cancelled:
             LOG.info("run %s: cancelled by an operator; stopping its handler", slot.run_id)
-            self.metrics.inc("switchboard_runs_finished_total", outcome="cancelled")
+            self.metrics.inc("switchboard_runs_finished_total", outcome="cancelled", handler=slot.label)
         else:
             LOG.warning("run %s: lease lost (%s); cancelling its handler", slot.run_id, why)
             self.metrics.inc("switchboard_leases_lost_total")

@@ -21,6 +21,9 @@ class RunSlot:
 
     run: Run
     ctx: HandlerContext
+    # the metrics' handler label: the registered name, or "unknown" (a closed set, whatever
+    # name a task or job carries)
+    label: str
     # local time the lease is proven until: the send time of the last proof (the claim,
     # then each acknowledged heartbeat) + lease
     lease_until: float
@@ -28,6 +31,7 @@ class RunSlot:
     # the handler is cancelling this task while ``in_handler``
     task: asyncio.Task[None] = field(init=False, repr=False)
     in_handler: bool = False
+    started: float = 0.0    # monotonic time the handler was entered (run duration)
     # the lease was lost or the run cancelled: the handler is told and, unless it returns
     # first, cancelled; its outcome is never recorded and the run is handed back
     lost: bool = False
