@@ -29,6 +29,8 @@ No sleeps: every wait is on DOM state (Playwright's expect) or on the API.
 
 from __future__ import annotations
 
+import json
+
 import os
 import time
 from collections.abc import Iterator
@@ -263,6 +265,21 @@ def test_console_views_and_run_actions_on_real_data(page: Any, server_factory: A
             row = page.locator(f'#runs tr[data-run="{rid}"]')
             if row.count():
                 expect(row).to_have_attribute("data-status", r["status"])
+
+        # A run's detail (GET /runs/{id}): arguments, error, attempts and timings as text.
+        failed_row.get_by_role("button", name=f"Details of run {failed['id']}").click()
+        detail = page.locator("#run-detail")
+        expect(detail).to_be_visible()
+        expect(page.locator("#run-detail-title")).to_have_text(f"Run {failed['id']} · fail")
+        expect(detail.locator('dd[data-field="attempt"]')).to_have_text("1 of 1")
+        expect(detail.locator('dd[data-field="status"]')).to_have_text("failed")
+        expect(detail.locator('dd[data-field="task"]')).to_have_text("flaky-import")
+        assert json.loads(page.locator("#run-detail-args").inner_text()) == {"message": "upstream said 503"}
+        expect(page.locator("#run-detail-error")).to_contain_text("upstream said 503")
+        expect(detail.get_by_role("button", name="Retry")).to_have_count(0)   # its retry is listed already
+        shot(page, "3-run-detail")
+        detail.get_by_role("button", name="Close").click()
+        expect(detail).not_to_be_visible()
 
         # Filter by status, with the keyboard ("/" focuses the filter).
         page.keyboard.press("Escape")
