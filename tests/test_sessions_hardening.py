@@ -363,3 +363,49 @@ def pair(server_factory) -> Callable[..., tuple[Server, Server]]:  # type: ignor
     def start(env: dict | None = None) -> tuple[Server, Server]:
         return server_factory(env=env), server_factory(env=env)
     return start
+
+
+# -- V0027 on a database with 0.2 sessions --------------------------------------------------------
+def test_v0027_bounds_the_families_and_lifetimes_of_existing_sessions(empty_db: str) -> None:
+    """Sessions made before V0027: a long-refreshed family is cut to its newest 8 rows
+    (the live token kept, generations numbered), and every session gets created_at +
+    30 days as its absolute expiry -- one older than that has expired."""
+    import shutil
+    import subprocess
+
+    from harness import ROOT, hash_pw
+
+    exe = shutil.which("pgmigrate")
+    assert exe, "pgmigrate (yandex-pgmigrate) is not installed"
+    up = subprocess.run([exe, "-d", "db", "-c", empty_db, "-t", "24", "migrate"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300)
+    assert up.returncode == 0, up.stderr[-3000:]
+    with psycopg.connect(empty_db, autocommit=True) as c:  # rows as 0.2.0 left them
+        uid = c.execute("SELECT switchboard.create_user('old', %s)", (hash_pw("pw-" + "s" * 12),)).fetchone()[0]
+        long_sid, new_sid = (c.execute(
+            "INSERT INTO switchboard.sessions (user_id, created_at, expires_at) VALUES (%s, now() - %s::interval,"
+            " now() + interval '14 days') RETURNING id", (uid, age)).fetchone()[0] for age in ("40 days", "1 day"))
+        tokens = {}
+        for sid, n in ((long_sid, 20), (new_sid, 3)):
+            for i in range(n):
+                raw = f"{i:02x}{str(sid).replace('-', '')}".ljust(64, "0")[:64]
+                c.execute("INSERT INTO switchboard.refresh_tokens (hash, session_id, issued_at, used_at)"
+                          " VALUES (sha256(decode(%s, 'hex')), %s, now() - %s * interval '1 minute',"
+                          " CASE WHEN %s THEN NULL ELSE now() END)", (raw, sid, n - i, i == n - 1))
+                tokens[(sid, i)] = raw
+    up = subprocess.run([exe, "-d", "db", "-c", empty_db, "migrate"], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300)
+    assert up.returncode == 0, up.stderr[-3000:]
+    assert token_rows(empty_db, str(long_sid)) == [(g, g < 7) for g in range(8)]
+    assert token_rows(empty_db, str(new_sid)) == [(0, True), (1, True), (2, False)]
+    with psycopg.connect(empty_db, autocommit=True) as c:
+        assert c.execute("SELECT bool_and(max_expires_at = created_at + interval '30 days'"
+                         " AND expires_at <= max_expires_at) FROM switchboard.sessions").fetchone()[0]
+
+        def refresh(token: str) -> str:
+            return str(c.execute("SELECT outcome FROM switchboard.refresh_session_v2(%s, '14 days')",
+                                 (token,)).fetchone()[0])
+
+        assert refresh(tokens[(new_sid, 2)]) == "rotated"  # the live token of a young session still works
+        assert refresh(tokens[(long_sid, 19)]) == "ended"  # 40 days old: past its absolute expiry
+        assert refresh(tokens[(long_sid, 3)]) == "unknown"  # pruned
