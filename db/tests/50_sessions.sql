@@ -1,6 +1,7 @@
--- pgTAP: login sessions (V0011, db/functions/62_sessions.sql) -- rotation,
--- reuse detection, expiry, tickets bound to sessions, and the user changes
--- that end every session. One transaction, rolled back: no row stays, and no
+-- pgTAP: login sessions (V0011, V0027, db/functions/62_sessions.sql) -- rotation,
+-- reuse detection, expiry, tickets bound to sessions, the user changes
+-- that end every session, the rows kept per session, the absolute lifetime, the
+-- grace for a lost response and the per-session refresh limit. One transaction, rolled back: no row stays, and no
 -- announcement is ever delivered.
 \set ON_ERROR_STOP 1
 \set QUIET 1
@@ -9,7 +10,7 @@
 \pset pager off
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
-SELECT plan(52);
+SELECT plan(85);
 
 -- The API: signatures, privileges, comments.
 SELECT has_function('switchboard', 'start_session', ARRAY['uuid', 'interval']);
@@ -21,6 +22,15 @@ SELECT has_function('switchboard', 'issue_ticket_v2', ARRAY['uuid', 'uuid', 'int
 SELECT has_function('switchboard', 'consume_ticket_v2', ARRAY['text']);
 SELECT has_function('switchboard', 'auth_snapshot_v3', ARRAY['interval']);
 SELECT has_function('switchboard', 'reap_sessions', ARRAY['interval']);
+SELECT has_function('switchboard', 'start_session_v2', ARRAY['uuid', 'interval', 'interval']);
+SELECT has_function('switchboard', 'refresh_session_v2',
+                    ARRAY['text', 'interval', 'interval', 'bytea', 'double precision', 'integer']);
+SELECT function_privs_are('switchboard', 'start_session_v2', ARRAY['uuid', 'interval', 'interval'],
+                          'switchboard_app', ARRAY['EXECUTE']);
+SELECT function_privs_are('switchboard', 'refresh_session_v2',
+                          ARRAY['text', 'interval', 'interval', 'bytea', 'double precision', 'integer'],
+                          'switchboard_app', ARRAY['EXECUTE']);
+SELECT col_not_null('switchboard', 'sessions', 'max_expires_at', 'every session has an absolute expiry');
 SELECT function_privs_are('switchboard', 'start_session', ARRAY['uuid', 'interval'], 'switchboard_app', ARRAY['EXECUTE']);
 SELECT function_privs_are('switchboard', 'refresh_session', ARRAY['text', 'interval', 'interval'], 'switchboard_app', ARRAY['EXECUTE']);
 SELECT function_privs_are('switchboard', 'end_session', ARRAY['uuid', 'text'], 'switchboard_app', ARRAY['EXECUTE']);
@@ -31,7 +41,8 @@ SELECT is((SELECT count(*) FROM unnest(ARRAY[
             'switchboard.end_session(uuid,text)', 'switchboard.end_session_by_refresh(text)',
             'switchboard.session_states(uuid[])', 'switchboard.issue_ticket_v2(uuid,uuid,interval)',
             'switchboard.consume_ticket_v2(text)', 'switchboard.auth_snapshot_v3(interval)',
-            'switchboard.reap_sessions(interval)']::regprocedure[]) f
+            'switchboard.reap_sessions(interval)', 'switchboard.start_session_v2(uuid,interval,interval)',
+            'switchboard.refresh_session_v2(text,interval,interval,bytea,double precision,integer)']::regprocedure[]) f
            WHERE obj_description(f, 'pg_proc') IS NULL), 0::bigint, 'every new public function has a COMMENT');
 SELECT table_privs_are('switchboard', 'refresh_tokens', 'switchboard_app', ARRAY[]::text[],
                        'the app role reads refresh tokens only through the functions');
@@ -106,6 +117,100 @@ SELECT session_id AS sd FROM switchboard.start_session(:'uid', '1 day') \gset
 SELECT switchboard.disable_user(:'uid');
 SELECT is((SELECT end_reason FROM switchboard.sessions WHERE id = :'sd'), 'disabled', 'disable_user ends sessions');
 SELECT throws_ok(format('SELECT * FROM switchboard.start_session(%L, %L)', :'uid', '1 day'), '28000');
+
+-- V0027: the absolute lifetime.
+SELECT switchboard.create_user('pgtap.b' || txid_current(), '$argon2id$v=19$m=65536,t=3,p=4$c2FsdA$aGFzaA') AS u2 \gset
+SELECT throws_ok(format('SELECT * FROM switchboard.start_session_v2(%L, %L, %L)', :'u2', '2 days', '1 day'), '22023',
+                 NULL, 'an absolute lifetime shorter than the idle one is refused');
+SELECT throws_ok(format('SELECT * FROM switchboard.start_session_v2(%L, %L, NULL)', :'u2', '1 day'), '22023');
+SELECT session_id AS m1, refresh_token AS mt1, max_expires_at AS mmax
+  FROM switchboard.start_session_v2(:'u2', '1 hour', '2 hours') \gset
+SELECT is(:'mmax'::timestamptz, now() + interval '2 hours', 'max_expires_at = now() + max_lifetime');
+SELECT is((SELECT expires_at FROM switchboard.refresh_session_v2(:'mt1', '1 day')), now() + interval '2 hours',
+          'a refresh never moves the expiry past max_expires_at');
+SELECT session_id AS m2 FROM switchboard.start_session(:'u2', '1 day') \gset
+SELECT is((SELECT max_expires_at - created_at FROM switchboard.sessions WHERE id = :'m2'), interval '30 days',
+          'the previous release''s start_session: 30 days absolute');
+SELECT session_id AS m3, refresh_token AS mt3 FROM switchboard.start_session_v2(:'u2', '1 hour', '2 hours') \gset
+UPDATE switchboard.sessions SET expires_at = now() - interval '1 second', max_expires_at = now() - interval '1 second'
+ WHERE id = :'m3';
+SELECT is((SELECT outcome FROM switchboard.refresh_session_v2(:'mt3', '1 day')), 'ended',
+          'past max_expires_at a refresh ends the session');
+SELECT is((SELECT end_reason FROM switchboard.sessions WHERE id = :'m3'), 'expired', '... as expired');
+
+-- V0027: at most 8 rows per session; an older spent token is unknown, not reuse.
+CREATE TEMP TABLE chain (i integer PRIMARY KEY, sid uuid, tok text);
+CREATE TEMP TABLE who AS SELECT :'u2'::uuid AS uid;
+DO $$
+DECLARE
+    v_sid uuid;
+    v_tok text;
+BEGIN
+    SELECT s.session_id, s.refresh_token INTO v_sid, v_tok
+      FROM switchboard.start_session_v2((SELECT uid FROM who), '1 day', '2 days') s;
+    FOR i IN 0..20 LOOP
+        INSERT INTO chain VALUES (i, v_sid, v_tok);
+        SELECT r.new_refresh_token INTO v_tok FROM switchboard.refresh_session_v2(v_tok, '1 day', '60 seconds',
+                                                                                  sha256('fp-a'::bytea)) r;
+    END LOOP;
+    INSERT INTO chain VALUES (21, v_sid, v_tok);
+END
+$$;
+SELECT is((SELECT count(*) FROM switchboard.refresh_tokens WHERE session_id = (SELECT sid FROM chain WHERE i = 0)),
+          8::bigint, '21 rotations leave 8 rows');
+SELECT is((SELECT count(*) FROM switchboard.refresh_tokens
+            WHERE session_id = (SELECT sid FROM chain WHERE i = 0) AND used_at IS NULL), 1::bigint,
+          '... one of them unused');
+SELECT is((SELECT outcome FROM switchboard.refresh_session_v2((SELECT tok FROM chain WHERE i = 5), '1 day')),
+          'unknown', 'a token older than 8 rotations is unknown');
+SELECT is((SELECT ended_at FROM switchboard.sessions WHERE id = (SELECT sid FROM chain WHERE i = 0)), NULL,
+          '... and revokes nothing');
+SELECT is((SELECT outcome FROM switchboard.refresh_session_v2((SELECT tok FROM chain WHERE i = 17), '1 day', '60 seconds',
+                                                               sha256('fp-a'::bytea))),
+          'reused', 'a kept spent token whose successor was used: reuse, even from the same client');
+
+-- V0027: a lost response. The same client gets the same successor; nobody else does.
+SELECT session_id AS g1, refresh_token AS ga FROM switchboard.start_session_v2(:'u2', '1 day', '2 days') \gset
+SELECT new_refresh_token AS gb FROM switchboard.refresh_session_v2(:'ga', '1 day', '60 seconds', sha256('fp-a'::bytea)) \gset
+SELECT results_eq(format($$SELECT outcome, new_refresh_token FROM switchboard.refresh_session_v2(%L, '1 day', '60 seconds', sha256('fp-a'::bytea))$$, :'ga'),
+                  format('VALUES (%L, %L)', 'resent', :'gb'), 'the same client within the grace: the same successor');
+SELECT is((SELECT count(*) FROM switchboard.refresh_tokens WHERE session_id = :'g1'), 2::bigint,
+          '... and no new row');
+SELECT is((SELECT count(*) FROM switchboard.refresh_tokens WHERE session_id = :'g1'
+              AND hash = sha256(decode(:'gb', 'hex')) AND used_at IS NULL), 1::bigint, '... which is the live one');
+SELECT is((SELECT outcome FROM switchboard.refresh_session(:'ga', '1 day', '10 seconds')), 'concurrent',
+          'the previous release''s call (no fingerprint): concurrent, as before');
+SELECT new_refresh_token AS gc FROM switchboard.refresh_session_v2(:'gb', '1 day', '60 seconds', sha256('fp-a'::bytea)) \gset
+SELECT is((SELECT successor_seed FROM switchboard.refresh_tokens WHERE hash = sha256(decode(:'ga', 'hex'))), NULL,
+          'the seed goes once the successor is used');
+SELECT is((SELECT outcome FROM switchboard.refresh_session_v2(:'ga', '1 day', '60 seconds', sha256('fp-a'::bytea))),
+          'reused', 'a replay after the successor was used ends the session');
+SELECT session_id AS g2, refresh_token AS ha FROM switchboard.start_session_v2(:'u2', '1 day', '2 days') \gset
+SELECT is((SELECT outcome FROM switchboard.refresh_session_v2(:'ha', '1 day', '60 seconds', sha256('fp-a'::bytea))),
+          'rotated', 'rotated by client a');
+SELECT is((SELECT outcome FROM switchboard.refresh_session_v2(:'ha', '1 day', '60 seconds', sha256('fp-b'::bytea))),
+          'reused', 'a replay from another client within the grace ends the session');
+SELECT is((SELECT end_reason FROM switchboard.sessions WHERE id = :'g2'), 'reuse', '... as reuse');
+SELECT refresh_token AS ia FROM switchboard.start_session_v2(:'u2', '1 day', '2 days') \gset
+SELECT is((SELECT outcome FROM switchboard.refresh_session_v2(:'ia', '1 day', '0 seconds', sha256('fp-a'::bytea))),
+          'rotated', 'rotated with no grace');
+SELECT is((SELECT outcome FROM switchboard.refresh_session_v2(:'ia', '1 day', '0 seconds', sha256('fp-a'::bytea))),
+          'reused', 'with no grace any replay ends the session');
+
+-- V0027: the per-session limit; a denied refresh changes nothing.
+SELECT refresh_token AS la FROM switchboard.start_session_v2(:'u2', '1 day', '2 days') \gset
+SELECT new_refresh_token AS lb FROM switchboard.refresh_session_v2(:'la', '1 day', '60 seconds', sha256('fp-a'::bytea), 0.001, 1) \gset
+SELECT ok((SELECT outcome = 'limited' AND retry_after_ms > 0
+             FROM switchboard.refresh_session_v2(:'lb', '1 day', '60 seconds', sha256('fp-a'::bytea), 0.001, 1)),
+          'the second refresh of a burst-1 session is limited, with a retry_after_ms');
+SELECT is((SELECT outcome FROM switchboard.refresh_session_v2(:'lb', '1 day', '60 seconds', sha256('fp-a'::bytea))),
+          'rotated', '... and its token was not spent');
+SELECT throws_ok($$SELECT * FROM switchboard.refresh_session_v2(repeat('0', 64), '1 day', '-1 second')$$, '22023',
+                 NULL, 'a negative grace is refused');
+SELECT throws_ok($$SELECT * FROM switchboard.refresh_session_v2(repeat('0', 64), '1 day', '1 minute', '\x0102'::bytea)$$,
+                 '22023', NULL, 'a fingerprint that is not 32 bytes is refused');
+SELECT throws_ok($$SELECT * FROM switchboard.refresh_session_v2(repeat('0', 64), '1 day', '1 minute', NULL, 1.0, NULL)$$,
+                 '22023', NULL, 'a rate without a burst is refused');
 
 -- Bounds and reaping.
 SELECT throws_ok($$SELECT * FROM switchboard.session_states(array_fill('00000000-0000-0000-0000-000000000000'::uuid, ARRAY[10001]))$$,

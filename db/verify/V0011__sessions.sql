@@ -15,9 +15,6 @@ BEGIN
     IF (to_regclass('switchboard.sessions_expires') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected index switchboard.sessions_expires' USING ERRCODE = 'P0004';
     END IF;
-    IF (to_regclass('switchboard.refresh_tokens_session') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected index switchboard.refresh_tokens_session' USING ERRCODE = 'P0004';
-    END IF;
     IF (to_regclass('switchboard.tickets_session') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected index switchboard.tickets_session' USING ERRCODE = 'P0004';
     END IF;

@@ -4,8 +4,8 @@ BEGIN;
 DO $verify$
 BEGIN
     -- exactly the functions the files define: no left-over overload of an older release
-    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 150) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected exactly 150 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
+    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 154) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected exactly 154 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.cron_next(text, timestamptz, text)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.cron_next(text, timestamptz, text)' USING ERRCODE = 'P0004';
@@ -970,6 +970,21 @@ BEGIN
     IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._check_lifetime(interval)'))) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._check_lifetime(interval)' USING ERRCODE = 'P0004';
     END IF;
+    IF (to_regprocedure('switchboard._check_max_lifetime(interval, interval)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard._check_max_lifetime(interval, interval)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._check_max_lifetime(interval, interval)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._check_max_lifetime(interval, interval)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard.start_session_v2(uuid, interval, interval)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.start_session_v2(uuid, interval, interval)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.start_session_v2(uuid, interval, interval)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.start_session_v2(uuid, interval, interval)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard.start_session_v2(uuid, interval, interval)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.start_session_v2(uuid, interval, interval)' USING ERRCODE = 'P0004';
+    END IF;
     IF (to_regprocedure('switchboard.start_session(uuid, interval)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.start_session(uuid, interval)' USING ERRCODE = 'P0004';
     END IF;
@@ -978,6 +993,21 @@ BEGIN
     END IF;
     IF (has_function_privilege('switchboard_app', 'switchboard.start_session(uuid, interval)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.start_session(uuid, interval)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard._check_refresh_args(interval, interval, bytea, double precision, integer)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard._check_refresh_args(interval, interval, bytea, double precision, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._check_refresh_args(interval, interval, bytea, double precision, integer)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._check_refresh_args(interval, interval, bytea, double precision, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard.refresh_session_v2(text, interval, interval, bytea, double precision, integer)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.refresh_session_v2(text, interval, interval, bytea, double precision, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.refresh_session_v2(text, interval, interval, bytea, double precision, integer)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.refresh_session_v2(text, interval, interval, bytea, double precision, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard.refresh_session_v2(text, interval, interval, bytea, double precision, integer)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.refresh_session_v2(text, interval, interval, bytea, double precision, integer)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.refresh_session(text, interval, interval)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.refresh_session(text, interval, interval)' USING ERRCODE = 'P0004';
@@ -1489,8 +1519,14 @@ BEGIN
     IF (obj_description(to_regprocedure('switchboard.is_room_member(text, uuid)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.is_room_member(text, uuid)' USING ERRCODE = 'P0004';
     END IF;
+    IF (obj_description(to_regprocedure('switchboard.start_session_v2(uuid, interval, interval)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.start_session_v2(uuid, interval, interval)' USING ERRCODE = 'P0004';
+    END IF;
     IF (obj_description(to_regprocedure('switchboard.start_session(uuid, interval)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.start_session(uuid, interval)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (obj_description(to_regprocedure('switchboard.refresh_session_v2(text, interval, interval, bytea, double precision, integer)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.refresh_session_v2(text, interval, interval, bytea, double precision, integer)' USING ERRCODE = 'P0004';
     END IF;
     IF (obj_description(to_regprocedure('switchboard.refresh_session(text, interval, interval)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.refresh_session(text, interval, interval)' USING ERRCODE = 'P0004';

@@ -113,7 +113,7 @@ def create_app(config: Config) -> SwitchboardApp:
     # -- the route table ---------------------------------------------------------------
     app.add_route("/", ops.Page())
     app.add_route("/auth/login", auth.Login(db, au, svc.limiter, cfg))
-    app.add_route("/auth/refresh", auth.Refresh(db, au, cfg))
+    app.add_route("/auth/refresh", auth.Refresh(db, au, svc.limiter, svc.metrics, cfg))
     app.add_route("/auth/logout", auth.Logout(db, au, cfg))
     app.add_route("/me", auth.Me(au, svc.replica.replica_id))
     app.add_route("/ws/ticket", auth.Ticket(db, au, cfg.ticket_ttl, svc.limiter, cfg))

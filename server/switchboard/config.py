@@ -98,6 +98,36 @@ def _samesite() -> str:
     return raw
 
 
+def session_lifetimes() -> tuple[int, int]:
+    """SWITCHBOARD_SESSION_TTL and SWITCHBOARD_SESSION_MAX_LIFETIME, seconds.
+
+    The TTL (default 14 days) is the idle lifetime: every refresh moves the
+    session's expiry to now + TTL. The max lifetime (default 30 days, or the TTL
+    if that is longer; at most 365 days) is absolute, counted from the login: no
+    refresh moves the expiry past it, so a stolen session that keeps refreshing
+    still ends. It must be at least the TTL."""
+    ttl = _int("SWITCHBOARD_SESSION_TTL", 14 * 86400, 5, 365 * 86400)
+    explicit = os.environ.get("SWITCHBOARD_SESSION_MAX_LIFETIME", "") != ""
+    max_lifetime = _int("SWITCHBOARD_SESSION_MAX_LIFETIME", max(30 * 86400, ttl), 5, 365 * 86400)
+    if explicit and max_lifetime < ttl:
+        raise ConfigError(f"SWITCHBOARD_SESSION_MAX_LIFETIME={max_lifetime} is shorter than "
+                          f"SWITCHBOARD_SESSION_TTL={ttl}; the absolute lifetime of a session must be at "
+                          "least its idle lifetime (raise the first or lower the second)")
+    return ttl, max_lifetime
+
+
+def refresh_grace() -> float:
+    """SWITCHBOARD_SESSION_REFRESH_GRACE_SECONDS (default 60, 0 .. 600): for this long after
+    a refresh token was used, the same client presenting it again (its response was
+    lost, or two tabs refreshed at once) gets the same successor instead of ending
+    the session. SWITCHBOARD_SESSION_REFRESH_RACE_SECONDS (the 0.2 name, 0 .. 60) is
+    read as an alias when the new name is unset."""
+    if os.environ.get("SWITCHBOARD_SESSION_REFRESH_GRACE_SECONDS", "") == "" and \
+            os.environ.get("SWITCHBOARD_SESSION_REFRESH_RACE_SECONDS", "") != "":
+        return _float("SWITCHBOARD_SESSION_REFRESH_RACE_SECONDS", 10.0, 0, 60)
+    return _float("SWITCHBOARD_SESSION_REFRESH_GRACE_SECONDS", 60.0, 0, 600)
+
+
 def ws_compression_enabled() -> bool:
     """SWITCHBOARD_WS_COMPRESSION (default off): negotiate permessage-deflate on /ws.
 
@@ -202,11 +232,13 @@ class Config:
     prepare_threshold: int | None = 5
     jwt_ttl: int = 3600
     ticket_ttl: int = 30
-    # sessions (refresh cookie): idle lifetime, extended by every refresh
+    # sessions (refresh cookie): idle lifetime, extended by every refresh up to the
+    # absolute lifetime, which no refresh extends (session_lifetimes())
     session_ttl: int = 14 * 86400
+    session_max_lifetime: int = 30 * 86400
     session_cookie_samesite: str = "Strict"
     session_check_interval: float = 1.0
-    session_race_window: float = 10.0
+    session_refresh_grace: float = 60.0
     # scheduler
     scheduler_enabled: bool = True
     scheduler_concurrency: int = 8
@@ -239,6 +271,10 @@ class Config:
     login_ip_burst: int = 10
     login_user_rate: float = 5 / 60
     login_user_burst: int = 5
+    refresh_ip_rate: float = 5.0
+    refresh_ip_burst: int = 100
+    refresh_session_rate: float = 0.2
+    refresh_session_burst: int = 30
     ratelimit_timeout: float = 0.5
     sql_allow_no_timeout: bool = False
     sql_kill_grace_seconds: float = 5.0
@@ -265,6 +301,7 @@ class Config:
             except ValueError as exc:
                 raise ConfigError(f"SWITCHBOARD_TRUSTED_PROXIES: {p!r} is not an IP or CIDR") from exc
         listen_url = os.environ.get("SWITCHBOARD_LISTEN_DATABASE_URL") or None
+        session_ttl, session_max_lifetime = session_lifetimes()
         return cls(
             database_url=db,
             jwt_secret=secret,
@@ -278,10 +315,11 @@ class Config:
             prepare_threshold=prepare_threshold(listen_url),
             jwt_ttl=_int("SWITCHBOARD_JWT_TTL", 3600, 60, 86400),
             ticket_ttl=_int("SWITCHBOARD_TICKET_TTL", 30, 1, 3600),
-            session_ttl=_int("SWITCHBOARD_SESSION_TTL", 14 * 86400, 5, 365 * 86400),
+            session_ttl=session_ttl,
+            session_max_lifetime=session_max_lifetime,
             session_cookie_samesite=_samesite(),
             session_check_interval=_float("SWITCHBOARD_SESSION_CHECK_INTERVAL", 1.0, 0.1, 300),
-            session_race_window=_float("SWITCHBOARD_SESSION_REFRESH_RACE_SECONDS", 10.0, 0, 60),
+            session_refresh_grace=refresh_grace(),
             scheduler_enabled=os.environ.get("SWITCHBOARD_SCHEDULER", "on").lower() not in ("0", "off", "false", "no"),
             scheduler_concurrency=_int("SWITCHBOARD_SCHEDULER_CONCURRENCY", 8, 1, 1000),
             lease_seconds=_float("SWITCHBOARD_LEASE_SECONDS", 60.0, 1, 86400),
@@ -312,6 +350,10 @@ class Config:
             login_ip_burst=_int("SWITCHBOARD_LOGIN_IP_BURST", 10, 1, 1_000_000),
             login_user_rate=_float("SWITCHBOARD_LOGIN_USER_RATE", 5 / 60, 0.0001, 1e6),
             login_user_burst=_int("SWITCHBOARD_LOGIN_USER_BURST", 5, 1, 1_000_000),
+            refresh_ip_rate=_float("SWITCHBOARD_REFRESH_IP_RATE", 5.0, 0.0001, 1e6),
+            refresh_ip_burst=_int("SWITCHBOARD_REFRESH_IP_BURST", 100, 1, 1_000_000),
+            refresh_session_rate=_float("SWITCHBOARD_REFRESH_SESSION_RATE", 0.2, 0.0001, 1e6),
+            refresh_session_burst=_int("SWITCHBOARD_REFRESH_SESSION_BURST", 30, 1, 1_000_000),
             ratelimit_timeout=_float("SWITCHBOARD_RATELIMIT_TIMEOUT", 0.5, 0.01, 60),
             sql_allow_no_timeout=os.environ.get("SWITCHBOARD_SQL_ALLOW_NO_TIMEOUT", "off").lower()
             in ("1", "on", "true", "yes"),

@@ -67,6 +67,9 @@ _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "switchboard_runs_finished_total": ("Runs finished by this replica, by outcome and handler (a registered "
                                         "name, or unknown)", ("outcome", "handler")),
     "switchboard_ratelimit_denied_total": ("Requests refused by rate limits", ("policy",)),
+    "switchboard_session_refreshes_total": (
+        "POST /auth/refresh by outcome: rotated, resent (a lost response or two tabs: the same successor "
+        "again), limited, concurrent, unknown, ended, reused (the session was revoked)", ("outcome",)),
     "switchboard_ratelimit_fail_open_total": (
         "Rate-limit checks that failed or timed out and let the request through", ("policy",)),
     "switchboard_ws_closed_total": ("WebSockets closed by the server, by code", ("code",)),

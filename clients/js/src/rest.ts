@@ -32,7 +32,7 @@ export interface paths {
         put?: never;
         /**
          * A new access token for the refresh cookie, which is rotated
-         * @description Single use: the cookie is used up and replaced. A used cookie presented again (after the concurrent-refresh window) ends the whole session: 401 refresh-token-reused, and its sockets close with 1008 'session revoked'.
+         * @description Single use: the cookie is used up and replaced. The same client presenting the used cookie again within the grace (60 s), before the next one was used, gets the same next cookie (a lost response, two tabs). Any other replay ends the whole session: 401 refresh-token-reused, and its sockets close with 1008 'session revoked'. 400 ambiguous-session-cookie: two refresh cookies were sent. 429: per client IP, and per session.
          */
         post: operations["refreshSession"];
         delete?: never;
@@ -737,7 +737,7 @@ export interface components {
         RateLimit: string;
         /** @description IETF RateLimit-Policy: quota and window */
         RateLimitPolicy: string;
-        /** @description sb_refresh=<token>; HttpOnly; Path=/auth; SameSite=Strict; Max-Age=<session lifetime> (Secure over TLS) */
+        /** @description __Host-sb_refresh=<token>; Secure; HttpOnly; Path=/; SameSite=Strict; Max-Age=<session lifetime> (plain HTTP: sb_refresh, Path=/auth, not Secure) */
         SetRefreshCookie: string;
     };
     pathItems: never;
@@ -800,9 +800,10 @@ export interface operations {
                     "application/json": components["schemas"]["Token"];
                 };
             };
+            400: components["responses"]["Problem"];
             401: components["responses"]["Problem"];
             403: components["responses"]["Problem"];
-            /** @description refresh-in-progress: the cookie was used by a concurrent refresh a moment ago; retry (the browser holds the newer cookie) */
+            /** @description refresh-in-progress: a previous-release replica used the cookie a moment ago; retry (the browser holds the newer cookie) */
             409: {
                 headers: {
                     "Retry-After": components["headers"]["RetryAfter"];
@@ -812,6 +813,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Problem"];
         };
     };
@@ -832,6 +834,7 @@ export interface operations {
                 };
                 content?: never;
             };
+            400: components["responses"]["Problem"];
             401: components["responses"]["Problem"];
             403: components["responses"]["Problem"];
             503: components["responses"]["Problem"];

@@ -37,17 +37,23 @@ class AuthQueries(PoolBase):
         return await self.fetchone("SELECT user_id, session_id, session_expires_at"
                                    " FROM switchboard.consume_ticket_v2(%s)", (ticket,))
 
-    async def start_session(self, user_id: UUID, lifetime: int) -> Row:
-        row = await self.fetchone("SELECT session_id, refresh_token, expires_at FROM switchboard.start_session(%s, %s)",
-                                  (user_id, timedelta(seconds=lifetime)))
+    async def start_session_v2(self, user_id: UUID, lifetime: int, max_lifetime: int) -> Row:
+        """{session_id, refresh_token, expires_at, max_expires_at} of a new login session."""
+        row = await self.fetchone(
+            "SELECT session_id, refresh_token, expires_at, max_expires_at FROM switchboard.start_session_v2(%s, %s, %s)",
+            (user_id, timedelta(seconds=lifetime), timedelta(seconds=max_lifetime)))
         assert row is not None  # the function returns exactly one row or raises
         return row
 
-    async def refresh_session(self, refresh_token: str, lifetime: int, race_window: float) -> Row:
+    async def refresh_session_v2(self, refresh_token: str, lifetime: int, grace: float, client_fingerprint: bytes,
+                                 session_rate: float, session_burst: int) -> Row:
+        """The outcome of one refresh (rotated, resent, limited, concurrent, unknown, ended, reused)
+        and, for rotated/resent, the user and the session's next refresh token."""
         row = await self.fetchone(
-            "SELECT outcome, session_id, user_id, username, role, token_epoch, new_refresh_token, expires_at"
-            " FROM switchboard.refresh_session(%s, %s, %s)",
-            (refresh_token, timedelta(seconds=lifetime), timedelta(seconds=race_window)))
+            "SELECT outcome, session_id, user_id, username, role, token_epoch, new_refresh_token, expires_at,"
+            " retry_after_ms FROM switchboard.refresh_session_v2(%s, %s, %s, %s, %s, %s)",
+            (refresh_token, timedelta(seconds=lifetime), timedelta(seconds=grace), client_fingerprint,
+             session_rate, session_burst))
         assert row is not None  # the function returns exactly one row (its outcome) or raises
         return row
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import ipaddress
 import json
+import math
 import secrets
 import time
 from datetime import datetime, timezone
@@ -20,43 +22,97 @@ from ..config import Config
 from ..db import Database
 from ..bounded import fold_username
 from ..errors import Problem
-from ..ratelimit import RateLimiter, client_ip, ip_key, too_many
+from ..metrics import Metrics
+from ..ratelimit import Decision, RateLimiter, client_ip, ip_key, too_many
 from .common import authenticate, check_fields, field_str, reached_over_tls, read_json
 from .cors import origin_allowed, own_origin
 
 USERNAME_MAX = 64
 DEVICE_COOKIE = "sb_device_"  # + a hash of the username: one cookie per user a browser logged in as
 DEVICE_TTL = 30 * 86400
-# The refresh cookie: sent only to /auth/refresh and /auth/logout (and /auth/login,
-# which ignores it); never readable by scripts (HttpOnly).
+# The refresh cookie, never readable by scripts (HttpOnly). Whenever it is Secure it is
+# __Host-sb_refresh: the prefix makes the browser refuse it unless it is Secure, Path=/ and
+# has no Domain, so no other host (a sibling subdomain) can plant or shadow it. On plain
+# HTTP (development) a __Host- cookie cannot exist: there it is sb_refresh, Path=/auth,
+# the name and path of the 0.2 release.
 REFRESH_COOKIE = "sb_refresh"
 REFRESH_PATH = "/auth"
+SECURE_REFRESH_COOKIE = "__Host-sb_refresh"
+_EPOCH = datetime.fromtimestamp(0, tz=timezone.utc)
 
 
 class RefreshCookie:
-    """Sets and clears the refresh cookie with the attributes of this deployment."""
+    """Sets, reads and clears the refresh cookie with the attributes of this deployment."""
 
     def __init__(self, config: Config) -> None:
         self.cfg = config
 
-    def _secure(self, req: falcon.asgi.Request) -> bool:
+    def secure(self, req: falcon.asgi.Request) -> bool:
         # SameSite=None is only honoured with Secure, so it forces it.
         return reached_over_tls(req, self.cfg.trusted_proxies) or self.cfg.session_cookie_samesite == "None"
 
+    def _name_path(self, req: falcon.asgi.Request) -> tuple[str, str]:
+        return (SECURE_REFRESH_COOKIE, "/") if self.secure(req) else (REFRESH_COOKIE, REFRESH_PATH)
+
     def set(self, req: falcon.asgi.Request, resp: falcon.Response, token: str, expires_at: datetime) -> None:
         max_age = max(1, int(expires_at.timestamp() - time.time()))
-        resp.set_cookie(REFRESH_COOKIE, token, max_age=max_age, path=REFRESH_PATH, secure=self._secure(req),
+        name, path = self._name_path(req)
+        resp.set_cookie(name, token, max_age=max_age, path=path, secure=self.secure(req),
                         http_only=True, same_site=self.cfg.session_cookie_samesite)
+        self._clear_legacy(req, resp)
 
     def clear(self, req: falcon.asgi.Request, resp: falcon.Response) -> None:
         # Expires in 1970 (falcon drops max_age=0 as falsy): the browser deletes it.
-        resp.set_cookie(REFRESH_COOKIE, "", expires=datetime.fromtimestamp(0, tz=timezone.utc), path=REFRESH_PATH,
-                        secure=self._secure(req), http_only=True, same_site=self.cfg.session_cookie_samesite)
+        name, path = self._name_path(req)
+        resp.set_cookie(name, "", expires=_EPOCH, path=path, secure=self.secure(req), http_only=True,
+                        same_site=self.cfg.session_cookie_samesite)
+        self._clear_legacy(req, resp)
 
-    @staticmethod
-    def get(req: falcon.asgi.Request) -> str | None:
-        values = req.get_cookie_values(REFRESH_COOKIE) or []
+    def _clear_legacy(self, req: falcon.asgi.Request, resp: falcon.Response) -> None:
+        """Over TLS, an sb_refresh (Path=/auth) a 0.2 replica set is never read: delete it."""
+        if self.secure(req) and req.get_cookie_values(REFRESH_COOKIE):
+            resp.set_cookie(REFRESH_COOKIE, "", expires=_EPOCH, path=REFRESH_PATH, secure=True, http_only=True,
+                            same_site=self.cfg.session_cookie_samesite)
+
+    def get(self, req: falcon.asgi.Request, resp: falcon.Response) -> str | None:
+        """The one refresh token the request carries under this deployment's cookie name.
+
+        Two or more values are refused before anything is looked up: a browser sends
+        every cookie whose domain and path match, so a second one was planted
+        (e.g. a Domain cookie from a sibling subdomain, sent first) and the server
+        cannot tell which is the user's. Taking either could refresh the user into
+        somebody else's session (fixation). The cookie is cleared."""
+        name, _ = self._name_path(req)
+        values = req.get_cookie_values(name) or []
+        if len(values) > 1:
+            self.clear(req, resp)
+            raise Problem(400, "ambiguous-session-cookie",
+                          f"the request carries {len(values)} {name} cookies; it must carry one. "
+                          "The cookie is cleared: log in again (and remove cookies another site set for this domain)")
         return values[0] if values else None
+
+
+class ClientFingerprint:
+    """Which client spent a refresh token: HMAC-SHA256 of the client's network (ratelimit.ip_key:
+    the address, an IPv6 client's /64) and its User-Agent, keyed with a key derived from the
+    JWT secret (the same on every replica; the stored value reveals neither).
+
+    A replay of a spent token within the grace is forgiven only from the same
+    fingerprint. Both parts are what a browser sends unchanged between a lost response
+    and its retry; a thief elsewhere has another address. Trade-offs: a thief behind the
+    same NAT (or /64) sending the same User-Agent passes -- within the grace, before the
+    user's next refresh, and only with a token already stolen; a user whose address
+    changes between the lost response and the retry (a phone moving from Wi-Fi to
+    mobile) is logged out, as every replay was before."""
+
+    def __init__(self, secret: str, trusted: list[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> None:
+        self.key = hashlib.sha256(b"switchboard-refresh-client:" + secret.encode()).digest()
+        self.trusted = trusted
+
+    def of(self, req: falcon.asgi.Request) -> bytes:
+        ua = (req.get_header("User-Agent") or "")[:1024]
+        msg = ip_key(client_ip(req, self.trusted)).encode() + b"\n" + ua.encode("utf-8", "replace")
+        return hmac.new(self.key, msg, hashlib.sha256).digest()
 
 
 def check_origin(req: falcon.asgi.Request, config: Config) -> None:
@@ -171,7 +227,7 @@ class Login:
             raise too_many(d_user)
         ok = await verify_password(stored_hash, password)
         if ok and row and not row["disabled"]:
-            session = await self.db.start_session(row["user_id"], cfg.session_ttl)
+            session = await self.db.start_session_v2(row["user_id"], cfg.session_ttl, cfg.session_max_lifetime)
             token, ttl = self.auth.issue(row["user_id"], username, row["role"], row["token_epoch"],
                                          session_id=session["session_id"],
                                          not_after=session["expires_at"].timestamp())
@@ -192,32 +248,57 @@ class Login:
 class Refresh:
     """POST /auth/refresh: the refresh cookie buys a new access token and the next cookie.
 
-    The presented refresh token is used up (refresh_session: rotating, single use);
-    presenting a used one again ends the whole session (reuse detection), except
-    within a few seconds of its use, which is two tabs refreshing at once: 409, retry
-    (the browser holds the newer cookie by then)."""
+    1. Every request costs a token of the client's IP bucket (SWITCHBOARD_REFRESH_IP_*),
+       before any session is looked at.
+    2. The presented refresh token is used up (refresh_session_v2: rotating, single
+       use); a rotation also costs a token of the session's own bucket
+       (SWITCHBOARD_REFRESH_SESSION_*), charged inside the database only once the token
+       is known to be the session's, so nobody spends another session's budget.
+    3. Presenting a used one again ends the whole session (reuse detection), except
+       from the same client (ClientFingerprint) within SWITCHBOARD_SESSION_REFRESH_GRACE_SECONDS
+       while its successor is unused: a lost response or two tabs at once. That client
+       gets the same successor again."""
 
-    def __init__(self, db: Database, auth: AuthState, config: Config) -> None:
+    def __init__(self, db: Database, auth: AuthState, limiter: RateLimiter, metrics: Metrics,
+                 config: Config) -> None:
         self.db = db
         self.auth = auth
+        self.limiter = limiter
+        self.metrics = metrics
         self.cfg = config
         self.cookie = RefreshCookie(config)
+        self.fingerprint = ClientFingerprint(config.jwt_secret, config.trusted_proxies)
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.Response) -> None:
-        check_origin(req, self.cfg)
-        raw = self.cookie.get(req)
+        cfg = self.cfg
+        check_origin(req, cfg)
+        d_ip = await self.limiter.check("refresh-ip", ip_key(client_ip(req, cfg.trusted_proxies)),
+                                        cfg.refresh_ip_rate, cfg.refresh_ip_burst)
+        if not d_ip.allowed:
+            raise too_many(d_ip)
+        raw = self.cookie.get(req, resp)
         if not raw:
             raise Problem(401, "no-session", "no refresh cookie: log in with POST /auth/login")
-        r = await self.db.refresh_session(raw, self.cfg.session_ttl, self.cfg.session_race_window)
+        r = await self.db.refresh_session_v2(raw, cfg.session_ttl, cfg.session_refresh_grace, self.fingerprint.of(req),
+                                             cfg.refresh_session_rate, cfg.refresh_session_burst)
         outcome = r["outcome"]
-        if outcome == "rotated":
+        self.metrics.inc("switchboard_session_refreshes_total", outcome=outcome)
+        if outcome in ("rotated", "resent"):
             token, ttl = self.auth.issue(r["user_id"], r["username"], r["role"], r["token_epoch"],
                                          session_id=r["session_id"], not_after=r["expires_at"].timestamp())
             self.cookie.set(req, resp, r["new_refresh_token"], r["expires_at"])
+            resp.set_headers(d_ip.headers())
             resp.cache_control = ["no-store"]
             resp.media = token_body(token, ttl, r["user_id"], r["role"])
             return
+        if outcome == "limited":
+            self.metrics.inc("switchboard_ratelimit_denied_total", policy="refresh-session")
+            burst, rate = cfg.refresh_session_burst, cfg.refresh_session_rate
+            raise too_many(Decision(False, 0, r["retry_after_ms"], r["retry_after_ms"], "refresh-session", burst,
+                                    max(1, math.ceil(burst / rate))))
         if outcome == "concurrent":
+            # A token a 0.2 replica spent a moment ago (no client fingerprint to compare):
+            # the browser holds the newer cookie by now.
             raise Problem(409, "refresh-in-progress",
                           "this refresh token was just used by a concurrent refresh; retry with the newer cookie",
                           headers={"Retry-After": "1"})
@@ -245,7 +326,7 @@ class Logout:
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.Response) -> None:
         check_origin(req, self.cfg)
-        raw = self.cookie.get(req)
+        raw = self.cookie.get(req, resp)  # two cookies: 400 before anything ends
         try:
             p = authenticate(self.auth, req)
         except AuthError:

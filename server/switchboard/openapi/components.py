@@ -92,9 +92,10 @@ def components() -> dict[str, Any]:
     return {
         "securitySchemes": {
             "bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"},
-            "refreshCookie": {"type": "apiKey", "in": "cookie", "name": "sb_refresh",
+            "refreshCookie": {"type": "apiKey", "in": "cookie", "name": "__Host-sb_refresh",
                               "description": "HttpOnly refresh cookie set by /auth/login and /auth/refresh "
-                                             "(Path=/auth, SameSite=Strict, Secure over TLS)"},
+                                             "(Secure, Path=/, SameSite=Strict); on plain HTTP "
+                                             "(development) it is sb_refresh, Path=/auth"},
         },
         "headers": {
             "RetryAfter": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}},
@@ -102,8 +103,9 @@ def components() -> dict[str, Any]:
                           "schema": {"type": "string"}},
             "RateLimitPolicy": {"description": "IETF RateLimit-Policy: quota and window",
                                 "schema": {"type": "string"}},
-            "SetRefreshCookie": {"description": "sb_refresh=<token>; HttpOnly; Path=/auth; SameSite=Strict; "
-                                                "Max-Age=<session lifetime> (Secure over TLS)",
+            "SetRefreshCookie": {"description": "__Host-sb_refresh=<token>; Secure; HttpOnly; Path=/; "
+                                                "SameSite=Strict; Max-Age=<session lifetime> (plain HTTP: "
+                                                "sb_refresh, Path=/auth, not Secure)",
                                  "schema": {"type": "string"}},
         },
         "schemas": {"Problem": PROBLEM_SCHEMA, "Task": TASK, "Run": RUN, "Token": TOKEN, "Me": ME,

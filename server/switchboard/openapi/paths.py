@@ -26,20 +26,23 @@ def paths_auth() -> dict[str, Any]:
             "refreshSession", "auth", "A new access token for the refresh cookie, which is rotated",
             {"200": json_body(schema("Token"), "a new access token; the next refresh cookie is set",
                               {"Set-Cookie": ref("headers", "SetRefreshCookie")}),
-             "409": {"description": "refresh-in-progress: the cookie was used by a concurrent refresh "
+             "409": {"description": "refresh-in-progress: a previous-release replica used the cookie "
                                     "a moment ago; retry (the browser holds the newer cookie)",
                      "content": {PROBLEM: {"schema": schema("Problem")}},
                      "headers": {"Retry-After": ref("headers", "RetryAfter")}}},
-            (401, 403, 503), secured=False,
-            description="Single use: the cookie is used up and replaced. A used cookie presented again "
-                        "(after the concurrent-refresh window) ends the whole session: 401 "
-                        "refresh-token-reused, and its sockets close with 1008 'session revoked'."),
+            (400, 401, 403, 429, 503), secured=False,
+            description="Single use: the cookie is used up and replaced. The same client presenting the "
+                        "used cookie again within the grace (60 s), before the next one was used, gets "
+                        "the same next cookie (a lost response, two tabs). Any other replay ends the "
+                        "whole session: 401 refresh-token-reused, and its sockets close with 1008 "
+                        "'session revoked'. 400 ambiguous-session-cookie: two refresh cookies were sent. "
+                        "429: per client IP, and per session."),
             "security": [{"refreshCookie": []}]}},
         "/auth/logout": {"post": {**op(
             "logout", "auth", "End the session on every replica (its sockets close with 1008)",
             {"204": {"description": "ended; the refresh cookie is cleared",
                      "headers": {"Set-Cookie": ref("headers", "SetRefreshCookie")}}},
-            (401, 403, 503)),
+            (400, 401, 403, 503)),
             "security": [{"bearer": []}, {"refreshCookie": []}]}},
         "/me": {"get": op("getMe", "auth", "Who am I", {"200": json_body(schema("Me"), "the caller")},
                           (401, 503))},
