@@ -357,6 +357,28 @@ def test_a_user_never_reads_another_users_events(db: str) -> None:
                   match="room-b")
 
 
+def test_a_client_event_is_never_stored_and_has_no_id(db: str) -> None:
+    """publish_client_event: an ephemeral row (read by the relays within 30 s) and a
+    hint naming it; nothing in switchboard.events, no event id, no tick to deliver."""
+    with psycopg.connect(db, autocommit=True) as c:
+        a = new_user(c, "typist")
+        c.execute("SELECT switchboard.add_room_member('desk', %s)", (a,))
+        before = c.execute("SELECT count(*), coalesce(max(id), 0) FROM switchboard.events").fetchone()
+        lst = listener(db, CHANNEL)
+        try:
+            c.execute("SELECT switchboard.publish_client_event(%s, 'desk', 'typing', '{\"on\": true}')", (a,))
+            (note,) = notifications(lst, 2.0, stop_after=1)
+        finally:
+            lst.close()
+        eph = json.loads(note.payload)
+        assert set(eph) == {"eph"}
+        assert c.execute("SELECT room, event, sender, payload FROM switchboard.ephemeral_events WHERE id = %s",
+                         (eph["eph"],)).fetchone() == ("desk", "typing", a, {"on": True})
+        assert c.execute("SELECT count(*), coalesce(max(id), 0) FROM switchboard.events").fetchone() == before
+        assert tick(c) == 0                                  # nothing for the stream to deliver
+        assert since_v2(c, a, (0, 0), ["desk"]) == []
+
+
 def test_reap_events_counts_retention_from_the_tick_and_advances_the_window(db: str) -> None:
     with psycopg.connect(db, autocommit=True) as c:
         uid = new_user(c, "reap")
