@@ -450,7 +450,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.events_since_v2(uuid, bigint, bigint, text[], bigint, integer) IS
-    'What user_id missed after the position (after_tick, after_id) -- an event frame''s cursor -- through tick through_tick (NULL: the newest): its own events and events of the given rooms it belongs to, in delivery order (tick, then id). Exact under any commit order: every event after the position exactly once. after_id 9223372036854775807 = all of after_tick. Compare with event_window() for resume_gap.';
+    'What user_id missed after the position (after_tick, after_id) -- an event frame''s cursor -- through tick through_tick (NULL: the newest): its own events and events of the given rooms it belongs to, in delivery order (tick, then id). Exact under any commit order: every event after the position exactly once. Only events in a tick are read: one committed since the newest tick comes with a later read (relays tick within milliseconds of a COMMIT; from psql alone call event_tick() first). after_id 9223372036854775807 = all of after_tick. Compare with event_window() for resume_gap.';
 REVOKE ALL ON FUNCTION switchboard.events_since_v2(uuid, bigint, bigint, text[], bigint, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.events_since_v2(uuid, bigint, bigint, text[], bigint, integer) TO switchboard_app;
 
