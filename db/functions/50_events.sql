@@ -331,7 +331,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.event_tick() IS
-    'Internal (relay): record a tick if events became visible since the last one (and NOTIFY {"tick": k} once for the batch when publishers_notify is off). Returns the new tick, 0 if nothing new, -1 if another replica is ticking right now (try again shortly). Run it in a transaction of its own.';
+    'The ticker (relays after each wake-up; reap_events when no relay ticks; a DBA reading events from psql alone): record a tick if events became visible since the last one (and NOTIFY {"tick": k} once for the batch when publishers_notify is off). Returns the new tick, 0 if nothing new, -1 if another replica is ticking right now (try again shortly). Run it in a transaction of its own.';
 REVOKE ALL ON FUNCTION switchboard.event_tick() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.event_tick() TO switchboard_app;
 
