@@ -433,7 +433,7 @@ def _users(url: str, n: int, prefix: str, room: str | None = None, role: str = "
 def _tickets(url: str, ids: list[str]) -> list[str]:
     with psycopg.connect(url, autocommit=True) as c:
         return [r[0] for r in c.execute(
-            "SELECT switchboard.issue_ticket(u::uuid, interval '10 minutes') FROM unnest(%s::text[]) u",
+            "SELECT switchboard.issue_ticket_v2(u::uuid, NULL, interval '10 minutes') FROM unnest(%s::text[]) u",
             (ids,)).fetchall()]
 
 

@@ -27,7 +27,7 @@ other load hits both alike; each figure reports the ratio largest/smallest.
 - rate:     rate_check with K live keys (pgbench, 16 clients) beside the raw
             UNLOGGED upsert over the same K keys; reap_rate_limits over K idle
             keys beside one plain DELETE.
-- events:   events_since p50/p99 with R retained events (half to users, half
+- events:   events_since_v2 p50/p99 with R retained events (half to users, half
             to rooms), a resume of the last 1 % beside the same query as plain SQL.
 - cron:     create_task and cron_next per call with T tasks; claim latency
             with T active cron tasks, T/10 due at once.
@@ -558,7 +558,7 @@ def fig_rate(cluster: Cluster, sizes: list[int], seconds: int = 5, runs: int = 2
     return out
 
 
-# -- events_since ----------------------------------------------------------------------------------
+# -- events_since_v2 -------------------------------------------------------------------------------
 EVENTS_PLAIN = """
 SELECT e.* FROM (
     SELECT * FROM switchboard.events ue WHERE ue.user_id = %(u)s AND ue.id > %(after)s
@@ -596,8 +596,11 @@ def fig_events(cluster: Cluster, sizes: list[int], users: int = 1000, rooms: int
                        {"users": users, "rooms": rooms, "add": add})
             have = r
             db.execute("VACUUM ANALYZE switchboard.events")
+            db.execute("SELECT switchboard.event_tick()")   # the relays' tick: the rows become a batch
             head = db.execute("SELECT max(id) FROM switchboard.events")[0][0]
             after = head - max(1, r // 100)  # a resume of the last 1 % of retention
+            # events_since_v2 resumes from a position: (the batch of event `after`, after)
+            after_tick = db.execute("SELECT switchboard.event_batch(%s)", (after,))[0][0]
             wait_quiet()
             res: dict[str, list[float]] = {"switchboard": [], "plain": []}
             rows: dict[str, int] = {"switchboard": 0, "plain": 0}
@@ -608,14 +611,15 @@ def fig_events(cluster: Cluster, sizes: list[int], users: int = 1000, rooms: int
                     for name in ("switchboard", "plain"):
                         t = time.perf_counter()
                         if name == "switchboard":
-                            got = c.execute("SELECT * FROM switchboard.events_since(%s, %s, %s)", (u, after, rms)).fetchall()
+                            got = c.execute("SELECT * FROM switchboard.events_since_v2(%s, %s, %s, %s)",
+                                            (u, after_tick, after, rms)).fetchall()
                         else:
                             got = c.execute(EVENTS_PLAIN, {"u": u, "after": after, "rooms": rms}, prepare=True).fetchall()
                         res[name].append(time.perf_counter() - t)
                         rows[name] += len(got)
             pt = {"events": r, "after_id_back": head - after, "rows_returned": rows,
                   "switchboard": summary(res["switchboard"]), "plain": summary(res["plain"])}
-            log(f"  events_since {r:>9,}: {pt['switchboard']} plain {pt['plain']} rows {rows}")
+            log(f"  events_since_v2 {r:>9,}: {pt['switchboard']} plain {pt['plain']} rows {rows}")
             out["points"].append(pt)
     finally:
         db.drop()
@@ -986,10 +990,10 @@ def plots(res: dict[str, Any]) -> dict[str, str]:
            "ms per call", "presence_sync per heartbeat")
     simple("rate", "keys", [("rate_check", lambda p: p["rate_check_tps"]), ("raw UNLOGGED upsert", lambda p: p["raw_upsert_tps"])],
            "tps (16 clients)", "rate_check vs raw upsert")
-    simple("events", "events", [("events_since p50", lambda p: p["switchboard"]["p50_ms"]),
-                                ("events_since p99", lambda p: p["switchboard"]["p99_ms"]),
+    simple("events", "events", [("events_since_v2 p50", lambda p: p["switchboard"]["p50_ms"]),
+                                ("events_since_v2 p99", lambda p: p["switchboard"]["p99_ms"]),
                                 ("plain SQL p99", lambda p: p["plain"]["p99_ms"])],
-           "ms", "events_since, resume of the last 1 %")
+           "ms", "events_since_v2, resume of the last 1 %")
     simple("cron", "tasks", [("create_task mean", lambda p: p["create_task"]["mean_ms"]),
                              ("plain INSERT mean", lambda p: p["plain_insert"]["mean_ms"]),
                              ("claim p99 (T/10 due)", lambda p: p["claim"]["p99_ms"]),
@@ -1090,10 +1094,10 @@ def render_md(res: dict[str, Any], made: dict[str, str]) -> str:
     if ev.get("points"):
         ps = ev["points"]
         for pt in ps:
-            rows.append(f"| events_since, resume of last 1 % | {pt['events']:,} events | p50 {pt['switchboard']['p50_ms']} / "
+            rows.append(f"| events_since_v2, resume of last 1 % | {pt['events']:,} events | p50 {pt['switchboard']['p50_ms']} / "
                         f"p99 {pt['switchboard']['p99_ms']} ms | plain SQL p50 {pt['plain']['p50_ms']} / p99 "
                         f"{pt['plain']['p99_ms']} ms | — | | — |")
-        rows.append(f"| events_since p99, largest/smallest | {ps[0]['events']:,} → {ps[-1]['events']:,} | | | "
+        rows.append(f"| events_since_v2 p99, largest/smallest | {ps[0]['events']:,} → {ps[-1]['events']:,} | | | "
                     f"{_r(ps[-1]['switchboard']['p99_ms'], ps[0]['switchboard']['p99_ms'])} (rows returned grow "
                     f"{_r(ps[-1]['rows_returned']['switchboard'], ps[0]['rows_returned']['switchboard'])}) | | |")
     cr = f.get("cron", {})

@@ -8,7 +8,7 @@ and reports the median of the runs:
 
 - ``rate_check`` (16 clients, random key out of 10,000) vs a raw UNLOGGED
   one-row-per-key upsert (target >= 0.8x), with ``SELECT 1`` as the floor;
-- ``issue_ticket`` + ``consume_ticket`` pairs (16 clients) vs the same
+- ``issue_ticket_v2`` + ``consume_ticket_v2`` pairs (16 clients) vs the same
   insert + delete (and hashing) on an UNLOGGED table, in one bare PL/pgSQL
   call (a single statement cannot insert a row and delete it again);
 - ``claim_due_task`` + ``finish_run`` cycles (8 clients, fresh 150k-job backlog

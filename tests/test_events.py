@@ -22,9 +22,14 @@ def new_user(c: psycopg.Connection, name: str) -> str:
     return c.execute("SELECT switchboard.create_user(%s, %s)", (name, ARGON)).fetchone()[0]
 
 
-def ids_since(c: psycopg.Connection, user: str, after: int = 0, rooms: list[str] | None = None) -> list[int]:
-    return [r[0] for r in c.execute("SELECT id FROM switchboard.events_since(%s, %s, %s)",
-                                    (user, after, rooms or []))]
+def stored_after(c: psycopg.Connection, after_id: int) -> list[tuple]:
+    """What a relay reads: a tick (as a relay takes after a wake-up), then every stored
+    event after the start of what is retained, as relay_read_v3 returns it."""
+    assert c.execute("SELECT switchboard.event_tick()").fetchone()[0] >= 0
+    c.commit()
+    return c.execute("SELECT id, kind = 'ephemeral', user_id, room, event, payload, ts "
+                     "FROM switchboard.relay_read_v3(0, 0) WHERE kind = 'event' AND id > %s ORDER BY tick, id",
+                     (after_id,)).fetchall()
 
 
 def test_notify_arrives_at_commit_never_on_rollback(db: str) -> None:
@@ -46,13 +51,11 @@ def test_notify_arrives_at_commit_never_on_rollback(db: str) -> None:
             pub.commit()
             (note,) = notifications(lst, 2.0, stop_after=1)
         assert note.channel == CHANNEL
-        # A hint only: the id. The body is read with relay_read(), never taken from the bus.
+        # A hint only: the id. The body is read with relay_read_v3(), never taken from the bus.
         assert json.loads(note.payload) == {"id": eid}
         with psycopg.connect(db) as c:
-            rows = c.execute("SELECT id, ephemeral, user_id, room, event, payload, ts "
-                             "FROM switchboard.relay_read(%s)", (eid - 1,)).fetchall()
+            rows = stored_after(c, eid - 1)
             assert rows == [(eid, False, uid, None, "chat.message", {"text": "hi", "n": [1, 2]}, ts)]
-            assert c.execute("SELECT switchboard.event_head()").fetchone()[0] == eid
             assert c.execute("SELECT count(*) FROM switchboard.events WHERE event = 'x.rolled'").fetchone()[0] == 0
     finally:
         lst.close()
@@ -69,8 +72,7 @@ def test_room_notify_payload(db: str) -> None:
         finally:
             lst.close()
         assert json.loads(note.payload) == {"id": eid}
-        assert admin.execute("SELECT room, payload FROM switchboard.relay_read(%s)",
-                             (eid - 1,)).fetchall() == [("lobby", {"t": 1})]
+        assert [(r[3], r[5]) for r in stored_after(admin, eid - 1)] == [("lobby", {"t": 1})]
         # An empty or unknown room is not an error: stored, delivered to nobody live.
         nowhere = admin.execute("SELECT switchboard.notify_room('nowhere', 'x', '{}')").fetchone()[0]
         assert nowhere > eid
@@ -102,10 +104,10 @@ def test_one_mebibyte_payload_round_trips_and_its_notify_carries_only_the_id(db:
         finally:
             lst.close()
         assert json.loads(note.payload) == {"id": eid}
-        ((read_payload,),) = c.execute("SELECT payload FROM switchboard.relay_read(%s)", (eid - 1,)).fetchall()
+        ((read_payload,),) = [r[5:6] for r in stored_after(c, eid - 1)]
         assert read_payload == json.loads(just_under)
         ((got_id, got_payload),) = c.execute(
-            "SELECT id, payload FROM switchboard.events_since(%s, %s)", (uid, eid - 1)).fetchall()
+            "SELECT id, payload FROM switchboard.events_since_v2(%s, 0, 0)", (uid,)).fetchall()
         assert got_id == eid and got_payload == json.loads(just_under)
 
         exact = _payload_of_size(c, LIMIT)
@@ -332,31 +334,49 @@ def test_a_user_never_reads_another_users_events(db: str) -> None:
             ("shared", "SELECT switchboard.notify_room('shared', 'x', '{}')", ()),
         ]}
         every_room = ["room-a", "room-b", "shared", "nowhere"]
-        assert ids_since(c, a, 0, every_room) == [ev["to_a"], ev["room_a"], ev["shared"]]
-        tick(c)
+        k = tick(c)
         assert [e for _, e in since_v2(c, a, (0, 0), every_room)] == [ev["to_a"], ev["room_a"], ev["shared"]]
         assert [e for _, e in since_v2(c, b, (0, 0), every_room)] == [ev["to_b"], ev["room_b"], ev["shared"]]
-        assert [e for _, e in since_v2(c, a, (0, 0), ["room-b"])] == [ev["to_a"]]
-        assert ids_since(c, b, 0, every_room) == [ev["to_b"], ev["room_b"], ev["shared"]]
-        assert ids_since(c, a, 0) == [ev["to_a"]]
-        assert ids_since(c, a, 0, ["room-b"]) == [ev["to_a"]]  # B's room adds nothing
-        assert ids_since(c, a, ev["to_a"], ["room-a"]) == [ev["room_a"]]
+        assert [e for _, e in since_v2(c, a, (0, 0))] == [ev["to_a"]]
+        assert [e for _, e in since_v2(c, a, (0, 0), ["room-b"])] == [ev["to_a"]]  # B's room adds nothing
+        assert [e for _, e in since_v2(c, a, (k, ev["to_a"]), ["room-a"])] == [ev["room_a"]]
         # membership is checked at read time
         c.execute("SELECT switchboard.remove_room_member('shared', %s)", (a,))
-        assert ids_since(c, a, 0, every_room) == [ev["to_a"], ev["room_a"]]
         assert [e for _, e in since_v2(c, a, (0, 0), every_room)] == [ev["to_a"], ev["room_a"]]
-        # events_since is the only public function that returns stored events
+        # no public function returns rows of switchboard.events (the whole row, any user's):
+        # a user's events are read with events_since_v2, which filters by user and room
         readers = [r[0] for r in c.execute(
             """SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
                 WHERE n.nspname = 'switchboard' AND p.proname !~ '^_'
                   AND p.prorettype = 'switchboard.events'::regtype""")]
-        assert readers == ["events_since"]
-        throws_ok(c, "SELECT * FROM switchboard.events_since(%s, -1)", "22023", (a,))
+        assert readers == []
         throws_ok(c, "SELECT * FROM switchboard.events_since_v2(%s, -1, 0)", "22023", (a,))
         throws_ok(c, "SELECT * FROM switchboard.events_since_v2(%s, 0, 0, '{}', NULL, 0)", "22023", (a,))
         throws_ok(c, "SELECT * FROM switchboard.relay_read_v2(0, -1)", "22023")
         throws_ok(c, "SELECT switchboard.publish_client_event(%s, 'room-b', 'typing', '{}')", "42501", (a,),
                   match="room-b")
+
+
+def test_a_client_event_is_never_stored_and_has_no_id(db: str) -> None:
+    """publish_client_event: an ephemeral row (read by the relays within 30 s) and a
+    hint naming it; nothing in switchboard.events, no event id, no tick to deliver."""
+    with psycopg.connect(db, autocommit=True) as c:
+        a = new_user(c, "typist")
+        c.execute("SELECT switchboard.add_room_member('desk', %s)", (a,))
+        before = c.execute("SELECT count(*), coalesce(max(id), 0) FROM switchboard.events").fetchone()
+        lst = listener(db, CHANNEL)
+        try:
+            c.execute("SELECT switchboard.publish_client_event(%s, 'desk', 'typing', '{\"on\": true}')", (a,))
+            (note,) = notifications(lst, 2.0, stop_after=1)
+        finally:
+            lst.close()
+        eph = json.loads(note.payload)
+        assert set(eph) == {"eph"}
+        assert c.execute("SELECT room, event, sender, payload FROM switchboard.ephemeral_events WHERE id = %s",
+                         (eph["eph"],)).fetchone() == ("desk", "typing", a, {"on": True})
+        assert c.execute("SELECT count(*), coalesce(max(id), 0) FROM switchboard.events").fetchone() == before
+        assert tick(c) == 0                                  # nothing for the stream to deliver
+        assert since_v2(c, a, (0, 0), ["desk"]) == []
 
 
 def test_reap_events_counts_retention_from_the_tick_and_advances_the_window(db: str) -> None:
@@ -375,7 +395,7 @@ def test_reap_events_counts_retention_from_the_tick_and_advances_the_window(db: 
         c.execute("UPDATE switchboard.event_ticks SET created_at = now() - interval '10 minutes' WHERE tick <= %s",
                   (k_old,))
         assert c.execute("SELECT switchboard.reap_events('5 minutes')").fetchone()[0] >= 3
-        assert c.execute("SELECT switchboard.event_horizon()").fetchone()[0] >= old[-1]
+        assert c.execute("SELECT reaped_through FROM switchboard.event_window()").fetchone()[0] >= old[-1]
         assert c.execute("SELECT first_tick, last_tick FROM switchboard.event_window()").fetchone() == (k_old, k_new)
         assert since_v2(c, uid, (k_old, END)) == [(k_new, new)]
         assert c.execute("SELECT count(*) FROM switchboard.event_ticks WHERE tick < %s", (k_old,)).fetchone()[0] == 0

@@ -145,7 +145,7 @@ def test_cursor_below_the_horizon_gets_resume_gap(db: str, server_factory) -> No
     with psycopg.connect(db, autocommit=True) as c:
         c.execute("SELECT switchboard.event_tick()")   # a tick covers them (the relay's may not have yet)
         c.execute("SELECT switchboard.reap_events('0 seconds')")
-        horizon = c.execute("SELECT switchboard.event_horizon()").fetchone()[0]
+        horizon = c.execute("SELECT reaped_through FROM switchboard.event_window()").fetchone()[0]
     assert horizon >= old[-1]
     new = _publish(db, uid, 10, 5)
     ws = srv.ws(tok)

@@ -12,12 +12,11 @@ from pgtap import function_privs_are, throws_ok
 
 ARGON = "$argon2id$v=19$m=65536,t=3,p=4$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA"
 PINNED = "search_path=pg_catalog, pg_temp"
-# Helpers the application role may execute on purpose: the relay reads a
-# truncated event; cron_next/cron_validate run with the caller's rights and
-# call the _cron_* helpers, _every_interval and _check_timezone (the zone rule
-# cron_validate shares with create_task). Anything else starting with "_"
-# stays private.
-APP_HELPERS = {"_relay_fetch_event", "_every_interval", "_check_timezone"}
+# Helpers the application role may execute on purpose: cron_next/cron_validate
+# run with the caller's rights and call the _cron_* helpers, _every_interval and
+# _check_timezone (the zone rule cron_validate shares with create_task). Anything
+# else starting with "_" stays private.
+APP_HELPERS = {"_every_interval", "_check_timezone"}
 
 
 # Public functions the application may NOT run: whether event contents may travel on the
@@ -76,18 +75,19 @@ def test_the_app_role_can_do_its_job(db: str, app_url: str) -> None:
     with psycopg.connect(app_url, autocommit=True) as app:
         assert app.execute("SELECT current_user").fetchone()[0] == "sb_app_login"
         uid = app.execute("SELECT switchboard.create_user('appuser', %s)", (ARGON,)).fetchone()[0]
-        assert app.execute("SELECT user_id, password_hash FROM switchboard.login_lookup('appuser')"
+        assert app.execute("SELECT user_id, password_hash FROM switchboard.login_lookup_v2('appuser')"
                            ).fetchone() == (uid, ARGON)
         assert app.execute("SELECT id, username, role FROM switchboard.users WHERE id = %s",
                            (uid,)).fetchone() == (uid, "appuser", "member")
-        ticket = app.execute("SELECT switchboard.issue_ticket(%s)", (uid,)).fetchone()[0]
-        assert app.execute("SELECT switchboard.consume_ticket(%s)", (ticket,)).fetchone()[0] == uid
+        ticket = app.execute("SELECT switchboard.issue_ticket_v2(%s, NULL)", (uid,)).fetchone()[0]
+        assert app.execute("SELECT user_id FROM switchboard.consume_ticket_v2(%s)", (ticket,)).fetchone()[0] == uid
         assert app.execute("SELECT allowed FROM switchboard.rate_check('app', 1, 1)").fetchone()[0] is True
         job = app.execute("SELECT id FROM switchboard.enqueue('app.job')").fetchone()[0]
         assert app.execute("SELECT id FROM switchboard.claim_due_task('app-w')").fetchone()[0] == job
         assert app.execute("SELECT switchboard.finish_run(%s, 'app-w', true)", (job,)).fetchone()[0] is True
         eid = app.execute("SELECT switchboard.notify_user(%s, 'hello', '{}')", (uid,)).fetchone()[0]
-        assert app.execute("SELECT id FROM switchboard.events_since(%s, 0)", (uid,)).fetchall() == [(eid,)]
+        assert app.execute("SELECT switchboard.event_tick()").fetchone()[0] > 0
+        assert app.execute("SELECT id FROM switchboard.events_since_v2(%s, 0, 0)", (uid,)).fetchall() == [(eid,)]
         task = app.execute("SELECT id FROM switchboard.create_task('app-task', '*/5 * * * *', 'sql', "
                            "'{\"sql\": \"SELECT 1\"}')").fetchone()[0]
         assert app.execute("SELECT count(*) FROM switchboard.create_run_exclusive(%s)", (task,)).fetchone()[0] == 1

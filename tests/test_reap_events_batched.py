@@ -96,7 +96,7 @@ def test_previous_release_forms_are_unchanged(db: str) -> None:
                         ).fetchone()[0]
         assert res["events"] == 30
         assert _ids(c) == set(new)
-        assert c.execute("SELECT switchboard.event_horizon()").fetchone()[0] == max(old)
+        assert c.execute("SELECT reaped_through FROM switchboard.event_window()").fetchone()[0] == max(old)
         assert c.execute("SELECT first_tick FROM switchboard.event_window()").fetchone()[0] == k_old
         old2, _, _, _ = _backlog(c, uid, 3, 0)
         assert c.execute("SELECT switchboard.reap_events('5 minutes')").fetchone()[0] == 3 + len(new)
@@ -139,7 +139,7 @@ def test_concurrent_bounded_reapers_delete_each_event_once(db: str) -> None:
     assert sum(counts) == len(old)
     with psycopg.connect(db, autocommit=True) as c:
         assert _ids(c) == set(new)
-        assert c.execute("SELECT switchboard.event_horizon()").fetchone()[0] == max(old)
+        assert c.execute("SELECT reaped_through FROM switchboard.event_window()").fetchone()[0] == max(old)
 
 
 @pytest.mark.parametrize("max_rows", [0, -1, None, 1_000_001])

@@ -527,7 +527,7 @@ def test_a_tasks_history_is_read_through_its_index(conn: psycopg.Connection) -> 
 def test_hot_sql_helpers_are_inlined(conn: psycopg.Connection, call: str) -> None:
     """A SQL-language helper that the planner cannot inline (a SET clause or a
     FROM in its body) is parsed and planned again in every transaction that
-    calls it; for _random_128 that doubled the cost of issue_ticket."""
+    calls it; for _random_128 that doubled the cost of issuing a ticket."""
     plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN (VERBOSE) SELECT {call}"))
     name = call.split("(")[0].split(".")[1]
     assert name not in plan, plan

@@ -26,6 +26,20 @@ from switchboard.pgtest import ThrowawayPostgres
 
 SQITCH_LOCK = 75474063  # sqitch's registry lock (App::Sqitch::Engine::pg)
 FIRST_TAG = "v0.1.0"
+SECOND_TAG = "v0.2.0"
+# Kept for 0.1 servers through 0.2.0, dropped by V0026: upgrades go one release at
+# a time, and no 0.2.0 server calls them.
+ONLY_0_1 = ("events_since(uuid, bigint, text[], integer)", "event_horizon()", "event_head()",
+            "relay_read(bigint, bigint[], integer)", "_relay_fetch_event(bigint)",
+            "issue_ticket(uuid, interval)", "consume_ticket(text)", "login_lookup(text)",
+            "auth_snapshot(interval)", "tool_call_start(uuid, text, text, jsonb, interval)",
+            "tool_call_take(uuid)", "replica_heartbeat(text, jsonb)")
+
+
+def _present(url: str, signatures: tuple[str, ...]) -> list[str]:
+    with psycopg.connect(url) as c:
+        return [s for s in signatures
+                if c.execute("SELECT to_regprocedure(%s) IS NOT NULL", (f"switchboard.{s}",)).fetchone()[0]]
 
 
 def _plan_changes() -> list[str]:
@@ -161,9 +175,14 @@ def test_upgrade_from_first_tag_with_both_tools(cluster: ThrowawayPostgres, inst
         _create_utc_task(sq)  # v0.1.0's zone check: the bug this release fixes is there
     p = pg_prove(sq, "db/tests/10_scheduler.sql")
     assert p.returncode != 0 and "not ok 2 - create_task accepts 'utc'" in p.stdout, p.stdout
+    # the supported path: one release at a time. 0.2.0 still has the 0.1 forms ...
+    out = _ok(sqitch("deploy", "--to", f"@{SECOND_TAG}", url=sq))
+    assert "functions @v0.2.0" in out
+    assert _present(sq, ONLY_0_1) == list(ONLY_0_1)
     out = _ok(sqitch("deploy", url=sq))
     assert "+ functions" in out
     _ok(sqitch("verify", url=sq))
+    assert _present(sq, ONLY_0_1) == []          # ... which this release drops
     _create_utc_task(sq)
     assert orphan_overloads(sq) == []
     assert catalog(sq) == catalog(sq_fresh)

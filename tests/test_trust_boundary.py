@@ -449,13 +449,13 @@ def test_tool_call_collect_takes_only_answered_calls_and_ephemeral_reads_are_bou
     ((eph_id, event, payload),) = conn.execute(
         "SELECT id, event, payload FROM switchboard.ephemeral_events WHERE user_id = %s", (u,)).fetchall()
     assert (event, payload) == (f"tool.call.{call}", {"name": "ask", "args": {"q": 1}})
-    head = conn.execute("SELECT switchboard.event_head()").fetchone()[0]
-    assert conn.execute("SELECT ephemeral, event FROM switchboard.relay_read(%s, ARRAY[%s::bigint])",
-                        (head, eph_id)).fetchall() == [(True, f"tool.call.{call}")]
+    head = conn.execute("SELECT last_tick FROM switchboard.event_window()").fetchone()[0]
+    read = ("SELECT kind, event FROM switchboard.relay_read_v3(%s, 9223372036854775807, ARRAY[%s::bigint]) "
+            "WHERE kind <> 'window'")
+    assert conn.execute(read, (head, eph_id)).fetchall() == [("ephemeral", f"tool.call.{call}")]
     conn.execute("UPDATE switchboard.ephemeral_events SET created_at = now() - interval '31 seconds' "
                  "WHERE id = %s", (eph_id,))
-    assert conn.execute("SELECT * FROM switchboard.relay_read(%s, ARRAY[%s::bigint])",
-                        (head, eph_id)).fetchall() == []  # a replayed old id delivers nothing
+    assert conn.execute(read, (head, eph_id)).fetchall() == []  # a replayed old id delivers nothing
     # a wake-up that was not an answer changes nothing
     assert conn.execute("SELECT * FROM switchboard.tool_call_collect(%s)", (call,)).fetchall() == []
     assert conn.execute("SELECT switchboard.tool_call_answer(%s, %s, '{\"a\": 2}')", (call, u)).fetchone()[0]
@@ -463,5 +463,5 @@ def test_tool_call_collect_takes_only_answered_calls_and_ephemeral_reads_are_bou
     assert conn.execute("SELECT * FROM switchboard.tool_call_collect(%s, true)", (call,)).fetchall() == []
     late = conn.execute("SELECT switchboard.tool_call_send(%s, 'r1', 'slow')", (u,)).fetchone()[0]
     assert conn.execute("SELECT * FROM switchboard.tool_call_collect(%s, true)", (late,)).fetchall() == [(False, None)]
-    throws_ok(conn, "SELECT * FROM switchboard.relay_read(-1)", "22023")
-    throws_ok(conn, "SELECT * FROM switchboard.relay_read(0, '{}', 0)", "22023")
+    throws_ok(conn, "SELECT * FROM switchboard.relay_read_v3(-1, 0)", "22023")
+    throws_ok(conn, "SELECT * FROM switchboard.relay_read_v3(0, 0, '{}', 0)", "22023")

@@ -31,11 +31,11 @@ def test_create_user_refuses_bad_usernames(conn: psycopg.Connection, name: str |
 def test_create_user_and_login_lookup(conn: psycopg.Connection) -> None:
     a = new_user(conn, "ada.lovelace@example")
     b = conn.execute("SELECT switchboard.create_user('bob_2', %s, 'admin')", (BCRYPT,)).fetchone()[0]
-    assert conn.execute("SELECT * FROM switchboard.login_lookup('ada.lovelace@example')").fetchone() == (
-        a, ARGON, "member", False)
+    assert conn.execute("SELECT * FROM switchboard.login_lookup_v2('ada.lovelace@example')").fetchone() == (
+        a, ARGON, "member", False, 0)
     assert conn.execute("SELECT * FROM switchboard.login_lookup_v2('bob_2')").fetchone() == (
         b, BCRYPT, "admin", False, 0)
-    assert conn.execute("SELECT * FROM switchboard.login_lookup('nobody')").fetchall() == []
+    assert conn.execute("SELECT * FROM switchboard.login_lookup_v2('nobody')").fetchall() == []
     assert conn.execute("SELECT * FROM switchboard.find_user('bob_2')").fetchone() == (b, "bob_2", "admin", False)
     throws_ok(conn, "SELECT switchboard.create_user('bob_2', %s)", "23505", (ARGON,), match="bob_2")
     throws_ok(conn, "SELECT switchboard.create_user('carl', %s, 'root')", "22023", (ARGON,), match="root")
@@ -109,7 +109,7 @@ def test_room_membership(db: str) -> None:
 def test_presence_follows_replica_liveness(conn: psycopg.Connection) -> None:
     u = new_user(conn, "present")
     assert conn.execute("SELECT switchboard.user_online(%s)", (u,)).fetchone()[0] is False
-    conn.execute("SELECT switchboard.replica_heartbeat('r1', '{\"host\": \"pod-1\"}')")
+    conn.execute("SELECT switchboard.replica_heartbeat('r1', '{\"host\": \"pod-1\"}', '{}', '5 seconds', NULL)")
     conn.execute("SELECT switchboard.presence_set('r1', %s, 2)", (u,))
     assert conn.execute("SELECT switchboard.user_online(%s)", (u,)).fetchone()[0] is True
     assert conn.execute("SELECT username, replica_id, sockets FROM switchboard.presence WHERE user_id = %s",
@@ -142,11 +142,11 @@ def test_status_counts_what_is_there(db: str) -> None:
         run = c.execute("SELECT id FROM switchboard.claim_due_task('w')").fetchone()[0]
         c.execute("SELECT switchboard.claim_due_task('w2')")
         c.execute("SELECT switchboard.finish_run(%s, 'w', true)", (run,))
-        c.execute("SELECT switchboard.issue_ticket(%s) FROM generate_series(1, 2)", (u,))
+        c.execute("SELECT switchboard.issue_ticket_v2(%s, NULL) FROM generate_series(1, 2)", (u,))
         c.execute("SELECT switchboard.rate_check(k, 1, 1) FROM unnest(ARRAY['a', 'b', 'c']) k")
         last = c.execute("SELECT max(switchboard.notify_user(%s, 'e', '{}')) FROM generate_series(1, 4)",
                          (u,)).fetchone()[0]
-        c.execute("SELECT switchboard.replica_heartbeat('r1')")
+        c.execute("SELECT switchboard.replica_heartbeat('r1', '{}', '{}', '5 seconds', NULL)")
         c.execute("SELECT switchboard.presence_set('r1', %s, 3)", (u,))
         status = dict(c.execute("SELECT item, value FROM switchboard.status()").fetchall())
         c.execute("SELECT switchboard.db_instance()")      # a replica's LISTEN connect sets the epoch
@@ -162,17 +162,17 @@ def test_status_counts_what_is_there(db: str) -> None:
         "runs_cancelled": 0, "handlers_paused": 0, "runs_due": 1, "expired_leases": 0, "live_tickets": 2, "rate_limit_keys": 3,
         "events_retained": 4, "event_backlog_seconds": 0, "last_event_id": last,
         "live_replicas": 1, "users_online": 1, "sockets_open": 3,
-        "handlers_unserved": 1,  # 's' has pending runs; r1 (previous-release heartbeat) registers none
+        "handlers_unserved": 1,  # 's' has pending runs; r1 registers no handler
         "tasks_broken": 0,
     }
 
 
 def test_tool_call_bridge(conn: psycopg.Connection) -> None:
     target, other = new_user(conn, "target"), new_user(conn, "other")
-    assert conn.execute("SELECT switchboard.tool_call_start(%s, 'r1', 'pick_file')", (target,)).fetchone()[0] is None
-    conn.execute("SELECT switchboard.replica_heartbeat('r1')")
+    assert conn.execute("SELECT switchboard.tool_call_send(%s, 'r1', 'pick_file')", (target,)).fetchone()[0] is None
+    conn.execute("SELECT switchboard.replica_heartbeat('r1', '{}', '{}', '5 seconds', NULL)")
     conn.execute("SELECT switchboard.presence_set('r1', %s, 1)", (target,))
-    call = conn.execute("SELECT switchboard.tool_call_start(%s, 'r1', 'pick_file', '{\"ext\": \"pdf\"}')",
+    call = conn.execute("SELECT switchboard.tool_call_send(%s, 'r1', 'pick_file', '{\"ext\": \"pdf\"}')",
                         (target,)).fetchone()[0]
     assert call is not None
     assert conn.execute("SELECT switchboard.tool_call_answer(%s, %s, '{\"path\": \"/evil\"}')",
@@ -181,14 +181,14 @@ def test_tool_call_bridge(conn: psycopg.Connection) -> None:
                         (call, target)).fetchone()[0] is True
     assert conn.execute("SELECT switchboard.tool_call_answer(%s, %s, '{\"path\": \"/b.pdf\"}')",
                         (call, target)).fetchone()[0] is False
-    assert conn.execute("SELECT * FROM switchboard.tool_call_take(%s)", (call,)).fetchone() == (
+    assert conn.execute("SELECT * FROM switchboard.tool_call_collect(%s)", (call,)).fetchone() == (
         True, {"path": "/a.pdf"})
-    assert conn.execute("SELECT * FROM switchboard.tool_call_take(%s)", (call,)).fetchall() == []
+    assert conn.execute("SELECT * FROM switchboard.tool_call_collect(%s)", (call,)).fetchall() == []
     # an expired call takes no answer
-    late = conn.execute("SELECT switchboard.tool_call_start(%s, 'r1', 'slow')", (target,)).fetchone()[0]
+    late = conn.execute("SELECT switchboard.tool_call_send(%s, 'r1', 'slow')", (target,)).fetchone()[0]
     conn.execute("UPDATE switchboard.tool_calls SET expires_at = now() - interval '1 second' WHERE id = %s", (late,))
     assert conn.execute("SELECT switchboard.tool_call_answer(%s, %s, '{}')", (late, target)).fetchone()[0] is False
-    throws_ok(conn, "SELECT switchboard.tool_call_start(%s, 'r1', 'x', '{}', '1 hour')", "22023", (target,))
+    throws_ok(conn, "SELECT switchboard.tool_call_send(%s, 'r1', 'x', '{}', '1 hour')", "22023", (target,))
 
 
 def test_tool_call_reaches_the_user_at_commit(db: str) -> None:
@@ -197,12 +197,13 @@ def test_tool_call_reaches_the_user_at_commit(db: str) -> None:
         c.execute("SELECT switchboard.presence_set('r1', %s, 1)", (u,))
         lst = listener(db, "switchboard_events", CONTROL)
         try:
-            call = c.execute("SELECT switchboard.tool_call_start(%s, 'r1', 'ask')", (u,)).fetchone()[0]
+            call = c.execute("SELECT switchboard.tool_call_send(%s, 'r1', 'ask')", (u,)).fetchone()[0]
             (note,) = notifications(lst, 2.0, stop_after=1)
-            msg = json.loads(note.payload)
-            assert (note.channel, msg["user_id"], msg["event"], msg["ephemeral"]) == (
-                "switchboard_events", str(u), f"tool.call.{call}", True)
-            assert msg["payload"] == {"name": "ask", "args": {}}
+            # the hint names an ephemeral row; the call itself is that row
+            eph = json.loads(note.payload)["eph"]
+            assert note.channel == "switchboard_events"
+            assert c.execute("SELECT user_id, event, payload FROM switchboard.ephemeral_events WHERE id = %s",
+                             (eph,)).fetchone() == (u, f"tool.call.{call}", {"name": "ask", "args": {}})
             c.execute("SELECT switchboard.tool_call_answer(%s, %s, '{\"ok\": 1}')", (call, u))
             (note,) = notifications(lst, 2.0, stop_after=1)
             assert (note.channel, json.loads(note.payload)) == (

@@ -1,3 +1,3 @@
 -- One WebSocket handshake's worth of tickets: issue then consume, as one statement
--- (consume_ticket sees issue_ticket's row: a volatile PL/pgSQL call takes a new snapshot).
-SELECT switchboard.consume_ticket(switchboard.issue_ticket(:uid));
+-- (consume_ticket_v2 sees issue_ticket_v2's row: a volatile PL/pgSQL call takes a new snapshot).
+SELECT user_id FROM switchboard.consume_ticket_v2(switchboard.issue_ticket_v2(:uid, NULL));

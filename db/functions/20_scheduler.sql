@@ -817,9 +817,9 @@ COMMENT ON FUNCTION switchboard.reap_runs(interval, integer) IS
 REVOKE ALL ON FUNCTION switchboard.reap_runs(interval, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.reap_runs(interval, integer) TO switchboard_app;
 
--- The previous release's entry point, now one batch of 10,000 (the
--- documented batch size): its callers already loop on the count or run it
--- every maintenance tick.
+-- The one-argument form (a DBA's call, and maintenance(keep_runs, ...)'s, which
+-- the 0.2.0 server's sweep calls), now one batch of 10,000 (the documented batch
+-- size): its callers already loop on the count or run it every maintenance tick.
 CREATE OR REPLACE FUNCTION switchboard.reap_runs(keep interval DEFAULT '7 days')
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER

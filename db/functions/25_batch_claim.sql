@@ -96,7 +96,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) IS
-    'Claim up to max_runs units of work in one call: the first exactly as claim_due_task() (oldest due first, ticks included, expired leases rescued), the rest from the queued runs (FOR UPDATE SKIP LOCKED). When no lease has expired and no tick is due, all of them are the oldest due queued runs, taken in one statement. Paused handlers (pause_handler()) are skipped. No row when nothing is due.';
+    'Claim up to max_runs units of work in one call: the first as claim_due_task() claims it (oldest due first, ticks included, expired leases rescued), the rest from the queued runs (FOR UPDATE SKIP LOCKED). When no lease has expired and no tick is due, all of them are the oldest due queued runs, taken in one statement. Paused handlers (pause_handler()) are skipped. No row when nothing is due.';
 REVOKE ALL ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) TO switchboard_app;
 

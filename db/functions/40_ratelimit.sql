@@ -135,7 +135,8 @@ COMMENT ON FUNCTION switchboard.reap_rate_limits(interval, integer) IS
 REVOKE ALL ON FUNCTION switchboard.reap_rate_limits(interval, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.reap_rate_limits(interval, integer) TO switchboard_app;
 
--- The previous release's entry point: one batch of 10,000 (the documented batch size).
+-- The one-argument form (a DBA's call, and maintenance(keep_runs, ...)'s, which the
+-- 0.2.0 server's sweep calls): one batch of 10,000 (the documented batch size).
 CREATE OR REPLACE FUNCTION switchboard.reap_rate_limits(idle interval DEFAULT '1 hour')
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER

@@ -5,7 +5,7 @@
 -- carries only the id ({"id": N}) and is dropped on ROLLBACK. NOTIFY has no
 -- permissions (any role that can connect may pg_notify anything, and LISTEN
 -- to anything), so the payload is a hint: the relay reads what the ticks say
--- it has not read yet (relay_read_v2) and delivers what it read, never what it
+-- it has not read yet (relay_read_v3) and delivers what it read, never what it
 -- was told (docs/security.md). The body never travels on the bus either, so a
 -- LISTENing stranger learns ids, not contents.
 --
@@ -248,136 +248,6 @@ COMMENT ON FUNCTION switchboard.notify_room(text, text, jsonb) IS
 REVOKE ALL ON FUNCTION switchboard.notify_room(text, text, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.notify_room(text, text, jsonb) TO switchboard_app;
 
--- events_since: the resume cursor. Targeted events of this user plus events of
--- the given rooms *that the user is a member of* (a room the user does not
--- belong to yields nothing), in id (= commit) order.
-CREATE OR REPLACE FUNCTION switchboard.events_since(
-    user_id uuid, after_id bigint, rooms text[] DEFAULT '{}', max_rows integer DEFAULT 10000)
-RETURNS SETOF switchboard.events
-LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_variable
-DECLARE
-    v_user uuid := events_since.user_id;
-BEGIN
-    IF after_id IS NULL OR after_id < 0 THEN
-        RAISE EXCEPTION 'invalid after_id %', after_id USING ERRCODE = '22023',
-            HINT = 'after_id is the last event id the client saw (0 for everything retained).';
-    END IF;
-    IF max_rows IS NULL OR max_rows NOT BETWEEN 1 AND 100000 THEN
-        RAISE EXCEPTION 'invalid max_rows %', max_rows USING ERRCODE = '22023';
-    END IF;
-    RETURN QUERY
-    SELECT e.* FROM (
-        SELECT * FROM switchboard.events ue
-         WHERE ue.user_id = v_user AND ue.id > after_id
-        UNION ALL
-        SELECT re.* FROM switchboard.events re
-          JOIN switchboard.room_members m ON m.room = re.room AND m.user_id = v_user
-         WHERE re.room = ANY (coalesce(rooms, '{}')) AND re.id > after_id
-    ) e
-    ORDER BY e.id
-    LIMIT max_rows;
-END
-$$;
-COMMENT ON FUNCTION switchboard.events_since(uuid, bigint, text[], integer) IS
-    'What user_id missed after after_id: its own events and events of the given rooms it belongs to, in commit order. Complete: once id N was seen, no event with id <= N can still commit. Compare after_id with event_horizon() to detect a gap past retention.';
-REVOKE ALL ON FUNCTION switchboard.events_since(uuid, bigint, text[], integer) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION switchboard.events_since(uuid, bigint, text[], integer) TO switchboard_app;
-
-CREATE OR REPLACE FUNCTION switchboard.event_horizon()
-RETURNS bigint
-LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    RETURN (SELECT h.reaped_through FROM switchboard.event_horizon h);
-END
-$$;
-COMMENT ON FUNCTION switchboard.event_horizon() IS
-    'The highest event id deleted by reap_events(). A client resuming after an id below it may have missed events (resume_gap).';
-REVOKE ALL ON FUNCTION switchboard.event_horizon() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION switchboard.event_horizon() TO switchboard_app;
-
--- Kept for a previous-release relay during a rolling update (it read events
--- whose NOTIFY was truncated); this release reads with relay_read().
-CREATE OR REPLACE FUNCTION switchboard._relay_fetch_event(event_id bigint)
-RETURNS SETOF switchboard.events
-LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    RETURN QUERY SELECT * FROM switchboard.events e WHERE e.id = event_id;
-END
-$$;
-COMMENT ON FUNCTION switchboard._relay_fetch_event(bigint) IS
-    'Internal (relay): read one event whose NOTIFY was truncated because its payload did not fit.';
-REVOKE ALL ON FUNCTION switchboard._relay_fetch_event(bigint) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION switchboard._relay_fetch_event(bigint) TO switchboard_app;
-
--- The relay's read, once per LISTEN wake-up (not per notification, not per
--- socket): every stored event after the replica's cursor, in id (= commit)
--- order, plus the ephemeral events whose ids the wake-ups named. The ids in a
--- NOTIFY are hints: a forged id names no row, or a row the relay has already
--- delivered (its cursor and recently-seen set skip it); the cursor only ever
--- moves to ids read here. Ephemeral rows older than 30 seconds are not
--- returned, so an old id replayed on the bus delivers nothing.
-CREATE OR REPLACE FUNCTION switchboard.relay_read(after_id bigint, ephemeral_ids bigint[] DEFAULT '{}',
-                                                  max_rows integer DEFAULT 1000)
-RETURNS TABLE (id bigint, ephemeral boolean, user_id uuid, room text, event text, sender uuid,
-               payload jsonb, ts bigint)
-LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF after_id IS NULL OR after_id < 0 THEN
-        RAISE EXCEPTION 'invalid after_id %', after_id USING ERRCODE = '22023',
-            HINT = 'after_id is the relay cursor: the highest event id it has read (see event_head()).';
-    END IF;
-    IF max_rows IS NULL OR max_rows NOT BETWEEN 1 AND 100000 THEN
-        RAISE EXCEPTION 'invalid max_rows %', max_rows USING ERRCODE = '22023', HINT = 'Between 1 and 100000.';
-    END IF;
-    IF cardinality(ephemeral_ids) > 10000 THEN
-        RAISE EXCEPTION 'too many ephemeral ids (%)', cardinality(ephemeral_ids) USING ERRCODE = '22023',
-            HINT = 'At most 10000 per read.';
-    END IF;
-    RETURN QUERY
-    (SELECT e.id, false, e.user_id, e.room, e.event, NULL::uuid, e.payload,
-            (extract(epoch FROM e.created_at) * 1000)::bigint
-       FROM switchboard.events e WHERE e.id > after_id ORDER BY e.id LIMIT max_rows)
-    UNION ALL
-    (SELECT x.id, true, x.user_id, x.room, x.event, x.sender, x.payload,
-            (extract(epoch FROM x.created_at) * 1000)::bigint
-       FROM switchboard.ephemeral_events x
-      WHERE x.id = ANY (coalesce(ephemeral_ids, '{}'))
-        AND x.created_at > now() - interval '30 seconds'
-      ORDER BY x.id);
-END
-$$;
-COMMENT ON FUNCTION switchboard.relay_read(bigint, bigint[], integer) IS
-    'Internal (relay): stored events after the cursor after_id in commit order (at most max_rows), then the ephemeral events with the given ids (younger than 30 s). What a replica delivers; NOTIFY payloads only say when to call it.';
-REVOKE ALL ON FUNCTION switchboard.relay_read(bigint, bigint[], integer) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION switchboard.relay_read(bigint, bigint[], integer) TO switchboard_app;
-
--- Where a relay starts its cursor: the highest committed event id (or the
--- reaped horizon when nothing is retained). Ids are commit-ordered, so no
--- event with a lower id can still appear.
-CREATE OR REPLACE FUNCTION switchboard.event_head()
-RETURNS bigint
-LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    RETURN greatest(coalesce((SELECT max(e.id) FROM switchboard.events e), 0),
-                    (SELECT h.reaped_through FROM switchboard.event_horizon h));
-END
-$$;
-COMMENT ON FUNCTION switchboard.event_head() IS
-    'The highest event id committed so far: a relay''s starting cursor for relay_read().';
-REVOKE ALL ON FUNCTION switchboard.event_head() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION switchboard.event_head() TO switchboard_app;
-
 -- Whether an event exists that the tick with snapshot prev does not cover: one
 -- written by a transaction at or above prev's xmax, or by one in prev's xip (in
 -- progress then). Both are index probes on events_xid whatever the plan (see
@@ -461,7 +331,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.event_tick() IS
-    'Internal (relay): record a tick if events became visible since the last one (and NOTIFY {"tick": k} once for the batch when publishers_notify is off). Returns the new tick, 0 if nothing new, -1 if another replica is ticking right now (try again shortly). Run it in a transaction of its own.';
+    'The ticker (relays after each wake-up; reap_events when no relay ticks; a DBA reading events from psql alone): record a tick if events became visible since the last one (and NOTIFY {"tick": k} once for the batch when publishers_notify is off). Returns the new tick, 0 if nothing new, -1 if another replica is ticking right now (try again shortly). Run it in a transaction of its own.';
 REVOKE ALL ON FUNCTION switchboard.event_tick() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.event_tick() TO switchboard_app;
 
@@ -580,7 +450,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.events_since_v2(uuid, bigint, bigint, text[], bigint, integer) IS
-    'What user_id missed after the position (after_tick, after_id) -- an event frame''s cursor -- through tick through_tick (NULL: the newest): its own events and events of the given rooms it belongs to, in delivery order (tick, then id). Exact under any commit order: every event after the position exactly once. after_id 9223372036854775807 = all of after_tick. Compare with event_window() for resume_gap.';
+    'What user_id missed after the position (after_tick, after_id) -- an event frame''s cursor -- through tick through_tick (NULL: the newest): its own events and events of the given rooms it belongs to, in delivery order (tick, then id). Exact under any commit order: every event after the position exactly once. Only events in a tick are read: one committed since the newest tick comes with a later read (relays tick within milliseconds of a COMMIT; from psql alone call event_tick() first). after_id 9223372036854775807 = all of after_tick. Compare with event_window() for resume_gap.';
 REVOKE ALL ON FUNCTION switchboard.events_since_v2(uuid, bigint, bigint, text[], bigint, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.events_since_v2(uuid, bigint, bigint, text[], bigint, integer) TO switchboard_app;
 
@@ -626,8 +496,10 @@ COMMENT ON FUNCTION switchboard.relay_read_v3(bigint, bigint, bigint[], integer)
 REVOKE ALL ON FUNCTION switchboard.relay_read_v3(bigint, bigint, bigint[], integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.relay_read_v3(bigint, bigint, bigint[], integer) TO switchboard_app;
 
--- The previous release's relay reads with relay_read_v2 during a rolling update:
--- the same read without the window row.
+-- 0.2.x relays read with relay_read_v2 while they run beside this release's
+-- (a rolling update from 0.2): the same read without the window row, so such a
+-- relay learns of reaped events only when it compares its position with
+-- event_window(), which it does after a LISTEN reconnect.
 CREATE OR REPLACE FUNCTION switchboard.relay_read_v2(after_tick bigint, after_id bigint,
                                                      ephemeral_ids bigint[] DEFAULT '{}',
                                                      max_rows integer DEFAULT 1000)
@@ -641,7 +513,7 @@ AS $$
      WHERE r.kind <> 'window'
 $$;
 COMMENT ON FUNCTION switchboard.relay_read_v2(bigint, bigint, bigint[], integer) IS
-    'Previous release (0.2.x relays during a rolling update): relay_read_v3 without its window row. Stored events after the position (after_tick, after_id) in delivery order (tick, then id; at most max_rows), then the ephemeral events with the given ids (younger than 30 s).';
+    'The 0.2.x relay''s read, kept for a rolling update from 0.2 (this release''s relays call relay_read_v3): relay_read_v3 without its window row. Stored events after the position (after_tick, after_id) in delivery order (tick, then id; at most max_rows), then the ephemeral events with the given ids (younger than 30 s). It does not say whether events after the position were reaped: a position below event_window().first_tick reads on from the oldest retained tick with no sign of the gap (compare with event_window() yourself, or use relay_read_v3).';
 REVOKE ALL ON FUNCTION switchboard.relay_read_v2(bigint, bigint, bigint[], integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.relay_read_v2(bigint, bigint, bigint[], integer) TO switchboard_app;
 
@@ -650,8 +522,8 @@ GRANT EXECUTE ON FUNCTION switchboard.relay_read_v2(bigint, bigint, bigint[], in
 -- (tool.call.<id>, typing) have no position, so their hints were simply lost and
 -- a tool call to a user on that replica waited out its timeout (504). The relay
 -- asks, on each reconnect, for the ids created within `lookback` (the time it
--- was down, plus a margin, at most the 30 s that relay_read_v2 still reads) and
--- reads the ones it has not seen through relay_read_v2 as usual: it acts on rows,
+-- was down, plus a margin, at most the 30 s that relay_read_v3 still reads) and
+-- reads the ones it has not seen through relay_read_v3 as usual: it acts on rows,
 -- never on a hint. Newest first, at most max_rows.
 CREATE OR REPLACE FUNCTION switchboard.relay_ephemeral_missed(lookback interval, max_rows integer DEFAULT 10000)
 RETURNS TABLE (id bigint)
@@ -661,11 +533,11 @@ AS $$
 BEGIN
     IF lookback IS NULL OR lookback < interval '0' OR lookback > interval '30 seconds' THEN
         RAISE EXCEPTION 'invalid lookback "%"', lookback USING ERRCODE = '22023',
-            HINT = 'Between 0 and 30 seconds: relay_read_v2 reads ephemeral events younger than 30 s.';
+            HINT = 'Between 0 and 30 seconds: relay_read_v3 reads ephemeral events younger than 30 s.';
     END IF;
     IF max_rows IS NULL OR max_rows NOT BETWEEN 1 AND 10000 THEN
         RAISE EXCEPTION 'invalid max_rows %', max_rows USING ERRCODE = '22023',
-            HINT = 'Between 1 and 10000 (relay_read_v2 takes at most 10000 ephemeral ids per read).';
+            HINT = 'Between 1 and 10000 (relay_read_v3 takes at most 10000 ephemeral ids per read).';
     END IF;
     RETURN QUERY
     SELECT x.id FROM switchboard.ephemeral_events x
@@ -675,7 +547,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.relay_ephemeral_missed(interval, integer) IS
-    'Internal (relay): ids of the ephemeral events created within lookback (at most 30 s), newest first, at most max_rows. A relay calls it after a LISTEN reconnect and reads those it has not delivered with relay_read_v2.';
+    'Internal (relay): ids of the ephemeral events created within lookback (at most 30 s), newest first, at most max_rows. A relay calls it after a LISTEN reconnect and reads those it has not delivered with relay_read_v3.';
 REVOKE ALL ON FUNCTION switchboard.relay_ephemeral_missed(interval, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.relay_ephemeral_missed(interval, integer) TO switchboard_app;
 
@@ -696,8 +568,8 @@ COMMENT ON FUNCTION switchboard.event_window()
 REVOKE ALL ON FUNCTION switchboard.event_window() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.event_window() TO switchboard_app;
 
--- A bare event id (the previous release's resume cursor) as a position: the
--- batch that made it visible. Exact for a client that processed frames in
+-- A bare event id (a 0.1 client's resume cursor, ?after=<id>, and hello's last_id)
+-- as a position: the batch that made it visible. Exact for a client that processed frames in
 -- delivery order: having seen event N it has seen everything before (batch(N), N).
 CREATE OR REPLACE FUNCTION switchboard.event_batch(event_id bigint)
 RETURNS bigint
@@ -717,11 +589,45 @@ COMMENT ON FUNCTION switchboard.event_batch(bigint) IS
 REVOKE ALL ON FUNCTION switchboard.event_batch(bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.event_batch(bigint) TO switchboard_app;
 
+-- reap_events ticks when no relay does (V0026). Retention counts from the tick
+-- that covered an event, so with no relay ticking (every replica down, or a
+-- database used from psql alone) nothing committed since the last tick was ever
+-- covered, and no call deleted it, whatever keep said. Now a call ticks itself,
+-- with event_tick() (the relays' own function: the same ticker row, the same
+-- snapshot rule, so a reaper's tick is an ordinary tick), when no tick was taken
+-- since the previous call (event_horizon.reap_seen_tick, the newest tick that call
+-- saw). Relays that run tick every batch within milliseconds of its COMMIT, so a
+-- reaper does not take the ticker row from them (while a caller holds it, relays
+-- get -1 and wait) except in the moment between a first COMMIT after a quiet spell
+-- and their tick; event_tick()'s read-only check takes no lock when nothing is new.
+-- It ticks only as the first write of a READ COMMITTED transaction: event_tick()
+-- refuses a transaction with an xid (that xid could count as committed in the
+-- snapshot, so events it wrote later would be dated before their COMMIT), and the
+-- snapshot must be taken after the ticker lock. -1 (another ticker is ticking right
+-- now) is left to that ticker. Returns event_tick()'s answer, NULL if it did not ask.
+CREATE OR REPLACE FUNCTION switchboard._reap_tick()
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF pg_current_xact_id_if_assigned() IS NOT NULL
+       OR current_setting('transaction_isolation') <> 'read committed'
+       OR (SELECT max(k.tick) FROM switchboard.event_ticks k)
+          > (SELECT h.reap_seen_tick FROM switchboard.event_horizon h) THEN
+        RETURN NULL;
+    END IF;
+    RETURN switchboard.event_tick();
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._reap_tick() FROM PUBLIC;
+
 -- Retention counts from when an event became visible (its tick), not from its
 -- insert: an event whose transaction stayed open longer than the window is
 -- still kept for a full window after it commits. The cut is the newest tick
 -- older than keep: every event visible in its snapshot goes, older ticks go,
 -- the cut itself stays as the first batch boundary (event_window().first_tick).
+-- The tick (_reap_tick) comes first, before this transaction writes anything.
 CREATE OR REPLACE FUNCTION switchboard.reap_events(keep interval DEFAULT '5 minutes')
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER
@@ -737,6 +643,7 @@ BEGIN
         RAISE EXCEPTION 'invalid keep interval "%"', keep USING ERRCODE = '22023',
             HINT = 'keep is the resume window, e.g. ''5 minutes''.';
     END IF;
+    PERFORM switchboard._reap_tick();
     SELECT k.tick, k.snap INTO v_cut, v_snap
       FROM switchboard.event_ticks k WHERE k.created_at < now() - keep ORDER BY k.tick DESC LIMIT 1;
     IF v_cut IS NOT NULL AND v_cut > (SELECT h.reaped_tick FROM switchboard.event_horizon h) THEN
@@ -750,13 +657,15 @@ BEGIN
         UPDATE switchboard.event_horizon
            SET reaped_tick = v_cut, reaped_through = greatest(reaped_through, coalesce(v_max, 0));
     END IF;
+    UPDATE switchboard.event_horizon
+       SET reap_seen_tick = coalesce((SELECT max(k.tick) FROM switchboard.event_ticks k), reap_seen_tick);
     -- Ephemeral rows are only read within 30 s of their NOTIFY.
     DELETE FROM switchboard.ephemeral_events x WHERE x.created_at < now() - interval '1 minute';
     RETURN v_n;
 END
 $$;
 COMMENT ON FUNCTION switchboard.reap_events(interval) IS
-    'Delete the events that became visible more than keep ago (the resume window, default 5 minutes, counted from the tick that made them visible, so a long transaction''s events get the full window after COMMIT) and the ticks before; advance event_window() / event_horizon(); drop ephemeral events older than a minute. Returns how many events.';
+    'Delete the events that became visible more than keep ago (default 5 minutes) and the ticks before them, in one transaction however many (the 0.2.0 server''s sweep calls this form; see reap_events(keep, max_rows)); advance event_window(); drop ephemeral events older than a minute. Returns how many events. Retention counts from the tick that covered an event, never from its insert, so an event is kept at least keep after its COMMIT however long its transaction stayed open, and the first call that starts more than keep after that tick deletes it. When no tick was taken since the previous call (no relay is ticking: every replica down, or a database used from psql alone), the call takes one itself (event_tick()) before it reaps, so every event committed before such a call is deleted by the first call that starts more than keep after it. It ticks only as the first write of a READ COMMITTED transaction and not while another ticker holds the ticker row (-1), and a call that ticked holds that row until its transaction ends: call it in a transaction of its own, as maintenance() does.';
 REVOKE ALL ON FUNCTION switchboard.reap_events(interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.reap_events(interval) TO switchboard_app;
 
@@ -768,13 +677,15 @@ GRANT EXECUTE ON FUNCTION switchboard.reap_events(interval) TO switchboard_app;
 -- deleted, so every position at or below the cut already gets resume_gap while
 -- its events are still going; the leftover (events visible in the snapshot of
 -- tick reaped_tick) is deleted by this and the following calls. reaped_through
--- (a previous-release client's bare-id horizon) is the highest id actually
--- deleted: whatever order the batches take, no event above it is gone.
+-- (the bare-id horizon of event_window()) is the highest id actually deleted:
+-- whatever order the batches take, no event above it is gone.
 -- The move and the first batch are one transaction, so once a cut that held
 -- events is committed, reaped_through is above 0 (resume.py: after=0 gets
 -- resume_gap iff an event was reaped). Snapshots only grow with ticks, so a
--- later cut's snapshot covers any leftover of an earlier one. The event_horizon row lock serialises reapers (the
--- previous release's reap_events(interval) updates that row too).
+-- later cut's snapshot covers any leftover of an earlier one. The event_horizon
+-- row lock serialises reapers (reap_events(interval) updates that row too). The
+-- tick (_reap_tick) comes first, before that lock: a row lock gives the
+-- transaction an xid.
 CREATE OR REPLACE FUNCTION switchboard.reap_events(keep interval, max_rows integer)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER
@@ -795,6 +706,7 @@ BEGIN
         RAISE EXCEPTION 'invalid max_rows %', max_rows USING ERRCODE = '22023',
             HINT = 'max_rows bounds one call''s transaction, 1 to 1000000 (e.g. 10000); call again while it returns max_rows.';
     END IF;
+    PERFORM switchboard._reap_tick();
     SELECT h.reaped_tick INTO v_reaped FROM switchboard.event_horizon h FOR UPDATE;
     SELECT k.tick INTO v_cut
       FROM switchboard.event_ticks k WHERE k.created_at < now() - keep ORDER BY k.tick DESC LIMIT 1;
@@ -803,6 +715,8 @@ BEGIN
         UPDATE switchboard.event_horizon SET reaped_tick = v_cut;
         v_reaped := v_cut;
     END IF;
+    UPDATE switchboard.event_horizon
+       SET reap_seen_tick = coalesce((SELECT max(k.tick) FROM switchboard.event_ticks k), reap_seen_tick);
     SELECT k.snap INTO v_snap FROM switchboard.event_ticks k WHERE k.tick = v_reaped;
     IF v_snap IS NOT NULL THEN
         -- The batch: events_xid's range below the snapshot's xmax, oldest first;
@@ -829,7 +743,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.reap_events(interval, integer) IS
-    'Bounded reap_events(keep): delete at most max_rows of the events that became visible more than keep ago, oldest first, in one short transaction; call again while it returns max_rows. The horizon (event_window() / event_horizon()) moves to the cut before its events go, so a client never silently misses a partly reaped batch. Returns how many events.';
+    'reap_events(keep) in bounded batches (what maintenance(max_rows, ...) calls): delete at most max_rows of the events that became visible more than keep ago, oldest first, in one short transaction; call again while it returns max_rows. Returns how many events. The window (event_window().first_tick) moves to the cut before the cut''s events go, so a position inside a partly reaped batch already gets resume_gap. Retention as reap_events(keep): at least keep after an event''s COMMIT, counted from the tick that covered it; the first call that starts more than keep after that tick moves the window past the event and deletes it, or leaves it to the following calls when more than max_rows are due. When no tick was taken since the previous call (no relay is ticking), the call takes one itself (event_tick()) first, so every event committed before such a call is past the window after the first call that starts more than keep after it. It ticks only as the first write of a READ COMMITTED transaction and not while another ticker holds the ticker row (-1), and a call that ticked holds that row until its transaction ends: call it in a transaction of its own, as maintenance() does.';
 REVOKE ALL ON FUNCTION switchboard.reap_events(interval, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.reap_events(interval, integer) TO switchboard_app;
 
@@ -858,10 +772,8 @@ COMMENT ON FUNCTION switchboard.publish_client_event(uuid, text, text, jsonb) IS
 REVOKE ALL ON FUNCTION switchboard.publish_client_event(uuid, text, text, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.publish_client_event(uuid, text, text, jsonb) TO switchboard_app;
 
--- One registration for both tool-call entry points (tool_call_send and the
--- previous release's tool_call_start): validate, refuse an offline user (NULL),
--- record who the call went to and which replica waits. The callers differ only
--- in how the browser hears of the call.
+-- A tool call's registration (tool_call_send): validate, refuse an offline user
+-- (NULL), record who the call went to and which replica waits.
 CREATE OR REPLACE FUNCTION switchboard._tool_call_register(
     user_id uuid, replica_id text, name text, args jsonb, timeout interval)
 RETURNS uuid
@@ -886,9 +798,8 @@ END
 $$;
 REVOKE ALL ON FUNCTION switchboard._tool_call_register(uuid, text, text, jsonb, interval) FROM PUBLIC;
 
--- The tool bridge's send and collect, replacing tool_call_start and
--- tool_call_take (db/functions/70_replicas.sql; kept for a previous-release
--- server during a rolling update). tool_call_start put the call's name and
+-- The tool bridge's send and collect, which replaced 0.1's tool_call_start and
+-- tool_call_take (dropped by V0026). tool_call_start put the call's name and
 -- args in the NOTIFY payload, so anybody could send a browser a forged
 -- tool.call; here the call is an ephemeral row read by the relay. And a
 -- forged tool_result wake-up made the waiter collect (and delete) an

@@ -544,6 +544,6 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.reap_streams(integer) IS
-    'Bounded stream reaper (run by maintenance()): ends as error every open stream whose producer''s lease or lifetime ran out (sending its stream.end), sends the end of stopped streams their producer never closed, and deletes up to max_rows chunks and max_rows rows of streams closed longer ago than their retention. Returns how many chunks and rows it deleted: call again while that equals max_rows or more.';
+    'Bounded stream reaper (run by maintenance()): ends as error every open stream whose producer''s lease or lifetime ran out (sending its stream.end), sends the end of stopped streams their producer did not close, and deletes up to max_rows chunks and max_rows rows of streams closed longer ago than their retention. Returns how many chunks and rows it deleted: call again while that equals max_rows or more.';
 REVOKE ALL ON FUNCTION switchboard.reap_streams(integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.reap_streams(integer) TO switchboard_app;

@@ -113,27 +113,11 @@ COMMENT ON FUNCTION switchboard.find_user(text) IS 'Look a user up by name, comp
 REVOKE ALL ON FUNCTION switchboard.find_user(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.find_user(text) TO switchboard_app;
 
--- PL/pgSQL rather than LANGUAGE sql: a SQL function with a SET clause is never
--- inlined and is re-planned on every call; PL/pgSQL caches its plan.
-CREATE OR REPLACE FUNCTION switchboard.login_lookup(username text)
-RETURNS TABLE (user_id uuid, password_hash text, role text, disabled boolean)
-LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    RETURN QUERY SELECT u.id, u.password_hash, u.role, u.disabled
-                   FROM switchboard.users u
-                  WHERE switchboard.fold_username(u.username) = switchboard.fold_username(login_lookup.username);
-END
-$$;
-COMMENT ON FUNCTION switchboard.login_lookup(text) IS
-    'The one way the application reads a password hash: for verifying a login. No row if the user is unknown.';
-REVOKE ALL ON FUNCTION switchboard.login_lookup(text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION switchboard.login_lookup(text) TO switchboard_app;
-
--- login_lookup_v2 adds token_epoch (what the issued token carries as "gen").
--- Beside login_lookup, not instead of it: a previous-release server keeps
--- calling the old one during a rolling update (drop it a release later).
+-- login_lookup_v2: the user's row for verifying a login, with token_epoch (what
+-- the issued token carries as "gen"). PL/pgSQL rather than LANGUAGE sql: a SQL
+-- function with a SET clause is never inlined and is re-planned on every call;
+-- PL/pgSQL caches its plan. (0.1's login_lookup, without token_epoch, was
+-- dropped by V0026.)
 CREATE OR REPLACE FUNCTION switchboard.login_lookup_v2(username text)
 RETURNS TABLE (user_id uuid, password_hash text, role text, disabled boolean, token_epoch integer)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -146,7 +130,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.login_lookup_v2(text) IS
-    'login_lookup plus the user''s token_epoch, which the issued token carries (a role or password change, or disabling, moves it on and so revokes older tokens). No row if the user is unknown.';
+    'The one way the application reads a password hash, for verifying a login: the user''s id, hash, role, disabled flag and token_epoch, which the issued token carries (a role or password change, or disabling, moves it on and so revokes older tokens). No row if the user is unknown.';
 REVOKE ALL ON FUNCTION switchboard.login_lookup_v2(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.login_lookup_v2(text) TO switchboard_app;
 
@@ -277,25 +261,9 @@ GRANT EXECUTE ON FUNCTION switchboard.revoke_token(text, uuid, timestamptz) TO s
 -- What a replica needs to (re)build its view of revoked tokens and changed
 -- users after it (re)connects its LISTEN connection and may have missed
 -- announcements. A user whose last change is older than the token lifetime
--- needs no entry: every token issued before that change has expired.
-CREATE OR REPLACE FUNCTION switchboard.auth_snapshot(since interval DEFAULT '1 day')
-RETURNS TABLE (kind text, id text, user_id uuid, role text, disabled boolean)
-LANGUAGE sql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT 'revoke', r.jti, r.user_id, NULL::text, NULL::boolean
-      FROM switchboard.revoked_tokens r WHERE r.expires_at > now()
-    UNION ALL
-    SELECT 'user', u.id::text, u.id, u.role, u.disabled
-      FROM switchboard.users u WHERE u.disabled OR u.updated_at > now() - since
-$$;
-COMMENT ON FUNCTION switchboard.auth_snapshot(interval) IS
-    'Revoked tokens still valid, and users disabled or changed within since: what a replica reloads after its LISTEN connection reconnects.';
-REVOKE ALL ON FUNCTION switchboard.auth_snapshot(interval) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION switchboard.auth_snapshot(interval) TO switchboard_app;
-
--- auth_snapshot_v2 adds token_epoch; auth_snapshot stays for a previous-release
--- server during a rolling update.
+-- needs no entry: every token issued before that change has expired. No server
+-- calls it directly: auth_snapshot_v3 (62_sessions.sql) adds the ended sessions
+-- to it. (0.1's auth_snapshot, without token_epoch, was dropped by V0026.)
 CREATE OR REPLACE FUNCTION switchboard.auth_snapshot_v2(since interval DEFAULT '1 day')
 RETURNS TABLE (kind text, id text, user_id uuid, role text, disabled boolean, token_epoch integer)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -313,7 +281,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.auth_snapshot_v2(interval) IS
-    'auth_snapshot plus each user''s token_epoch: revoked tokens still valid, and users disabled or changed within since. What a replica reloads after its LISTEN connection reconnects.';
+    'Revoked tokens still valid, and users disabled or changed within since, with each user''s token_epoch: what a replica reloads after its LISTEN connection reconnects. Servers call auth_snapshot_v3, which adds the sessions ended within since.';
 REVOKE ALL ON FUNCTION switchboard.auth_snapshot_v2(interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.auth_snapshot_v2(interval) TO switchboard_app;
 

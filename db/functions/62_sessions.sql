@@ -313,7 +313,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.refresh_session_v2(text, interval, interval, bytea, double precision, integer) IS
-    'Rotate a refresh token. outcome: rotated (new_refresh_token issued; expires_at = least(now() + lifetime, the session''s max_expires_at)); resent (the same client_fingerprint presented the token it spent less than grace ago and its successor is still unused: the SAME successor again, nothing changed); limited (the session''s bucket, session_rate per second and session_burst, is empty: retry after retry_after_ms, nothing changed); concurrent (used less than grace ago, but a fingerprint is missing: retry with the newer one); unknown (no such token: never issued, older than the 8 kept per session, or reaped); ended (the session ended or expired); reused (any other replay of a used token: the whole session ended and was announced).';
+    'Rotate a refresh token. outcome: rotated (new_refresh_token issued; expires_at = least(now() + lifetime, the session''s max_expires_at)); resent (the same client_fingerprint presented the token it spent less than grace ago and its successor is still unused: the SAME successor again, nothing changed); limited (the session''s bucket, session_rate per second and session_burst, is empty: retry after retry_after_ms, nothing changed); concurrent (used less than grace ago, but a fingerprint is missing: retry with the newer one); unknown (no such token: not one we issued, older than the 8 kept per session, or reaped); ended (the session ended or expired); reused (any other replay of a used token: the whole session ended and was announced). Calls racing with one token hand out exactly one successor.';
 REVOKE ALL ON FUNCTION switchboard.refresh_session_v2(text, interval, interval, bytea, double precision, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.refresh_session_v2(text, interval, interval, bytea, double precision, integer) TO switchboard_app;
 
@@ -427,8 +427,8 @@ COMMENT ON FUNCTION switchboard.reap_sessions(interval) IS
 REVOKE ALL ON FUNCTION switchboard.reap_sessions(interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.reap_sessions(interval) TO switchboard_app;
 
--- issue_ticket_v2 binds the ticket to the session it is minted under;
--- issue_ticket (the previous release's call) is a thin overload with no session.
+-- issue_ticket_v2 binds the ticket to the session it is minted under (session_id
+-- NULL: a ticket bound to no session). The 0.1 issue_ticket is gone (V0026).
 CREATE OR REPLACE FUNCTION switchboard.issue_ticket_v2(user_id uuid, session_id uuid,
                                                        ttl interval DEFAULT '30 seconds')
 RETURNS text
@@ -511,7 +511,8 @@ GRANT EXECUTE ON FUNCTION switchboard.consume_ticket_v2(text) TO switchboard_app
 
 -- auth_snapshot_v3 adds the sessions ended within since (kind 'session', id =
 -- the session id): what a replica reloads after its LISTEN connection
--- reconnects. auth_snapshot_v2 stays for the previous release's server.
+-- reconnects. It builds on auth_snapshot_v2 (users, revocations), which the 0.2.0
+-- server also calls.
 CREATE OR REPLACE FUNCTION switchboard.auth_snapshot_v3(since interval DEFAULT '1 day')
 RETURNS TABLE (kind text, id text, user_id uuid, role text, disabled boolean, token_epoch integer)
 LANGUAGE plpgsql STABLE SECURITY DEFINER

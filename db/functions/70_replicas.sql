@@ -51,29 +51,6 @@ COMMENT ON FUNCTION switchboard.replica_heartbeat(text, jsonb, text[], interval,
 REVOKE ALL ON FUNCTION switchboard.replica_heartbeat(text, jsonb, text[], interval, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.replica_heartbeat(text, jsonb, text[], interval, text) TO switchboard_app;
 
--- The previous release's heartbeat (kept for a rolling update: drop it one
--- release later). Its replicas keep the default 5 s interval (30 s window,
--- as before) and register no handlers (NULL: "does not say").
-
-CREATE OR REPLACE FUNCTION switchboard.replica_heartbeat(replica_id text, info jsonb DEFAULT '{}')
-RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF replica_id IS NULL OR length(replica_id) NOT BETWEEN 1 AND 200 THEN
-        RAISE EXCEPTION 'invalid replica id "%"', replica_id USING ERRCODE = '22023';
-    END IF;
-    INSERT INTO switchboard.replica_registry AS r (id, info, heartbeat_at)
-    VALUES (replica_id, coalesce(info, '{}'), now())
-    ON CONFLICT ON CONSTRAINT replica_registry_pkey
-    DO UPDATE SET heartbeat_at = now(), info = coalesce(EXCLUDED.info, r.info);
-END
-$$;
-COMMENT ON FUNCTION switchboard.replica_heartbeat(text, jsonb) IS
-    'Register or refresh a replica (the previous release''s heartbeat; current servers call the five-argument form).';
-REVOKE ALL ON FUNCTION switchboard.replica_heartbeat(text, jsonb) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION switchboard.replica_heartbeat(text, jsonb) TO switchboard_app;
 
 CREATE OR REPLACE FUNCTION switchboard.replica_stop(replica_id text)
 RETURNS boolean
@@ -255,34 +232,11 @@ COMMENT ON COLUMN switchboard.handlers.paused IS 'Paused by pause_handler(): cla
 COMMENT ON COLUMN switchboard.handlers.paused_at IS 'When it was paused.';
 GRANT SELECT ON switchboard.handlers TO switchboard_app;
 
--- Tool bridge. tool_call_start registers the call (who it went to, which
--- replica waits) and sends tool.call.<id> to the user's sockets as an
+-- Tool bridge. tool_call_send (50_events.sql) registers the call (who it went
+-- to, which replica waits) and sends tool.call.<id> to the user's sockets as an
 -- ephemeral event; tool_call_answer accepts the answer only from that user,
--- only once, and wakes the waiting replica on switchboard_control.
-CREATE OR REPLACE FUNCTION switchboard.tool_call_start(
-    user_id uuid, replica_id text, name text, args jsonb DEFAULT '{}', timeout interval DEFAULT '30 seconds')
-RETURNS uuid
-LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_id uuid;
-BEGIN
-    v_id := switchboard._tool_call_register(user_id, replica_id, name, args, timeout);
-    IF v_id IS NULL THEN
-        RETURN NULL;
-    END IF;
-    PERFORM pg_notify('switchboard_events',
-        json_build_object('id', NULL, 'user_id', user_id, 'room', NULL, 'event', 'tool.call.' || v_id,
-                          'ts', (extract(epoch FROM clock_timestamp()) * 1000)::bigint,
-                          'ephemeral', true, 'payload', json_build_object('name', name, 'args', args))::text);
-    RETURN v_id;
-END
-$$;
-COMMENT ON FUNCTION switchboard.tool_call_start(uuid, text, text, jsonb, interval) IS
-    'Send tool.call.<id> to user_id''s sockets wherever they are; returns the call id, or NULL if the user has no socket on any live replica.';
-REVOKE ALL ON FUNCTION switchboard.tool_call_start(uuid, text, text, jsonb, interval) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION switchboard.tool_call_start(uuid, text, text, jsonb, interval) TO switchboard_app;
+-- only once, and wakes the waiting replica on switchboard_control, which then
+-- collects it with tool_call_collect.
 
 CREATE OR REPLACE FUNCTION switchboard.tool_call_answer(call_id uuid, sender uuid, result jsonb)
 RETURNS boolean
@@ -308,17 +262,3 @@ COMMENT ON FUNCTION switchboard.tool_call_answer(uuid, uuid, jsonb) IS
 REVOKE ALL ON FUNCTION switchboard.tool_call_answer(uuid, uuid, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.tool_call_answer(uuid, uuid, jsonb) TO switchboard_app;
 
-CREATE OR REPLACE FUNCTION switchboard.tool_call_take(call_id uuid)
-RETURNS TABLE (answered boolean, result jsonb)
-LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    RETURN QUERY
-    DELETE FROM switchboard.tool_calls c WHERE c.id = call_id RETURNING c.answered, c.result;
-END
-$$;
-COMMENT ON FUNCTION switchboard.tool_call_take(uuid) IS
-    'The waiting replica collects (and forgets) a tool call: whether it was answered, and the result.';
-REVOKE ALL ON FUNCTION switchboard.tool_call_take(uuid) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION switchboard.tool_call_take(uuid) TO switchboard_app;

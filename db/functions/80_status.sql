@@ -92,7 +92,9 @@ GRANT EXECUTE ON FUNCTION switchboard.status() TO switchboard_app;
 
 -- The maintenance sweep, run by the default task 'switchboard.maintenance'
 -- (handler 'maintenance') on one replica per tick. Each reaper is bounded by
--- its own index; the whole sweep is one transaction.
+-- its own index; the whole sweep is one transaction. reap_events comes first:
+-- it ticks when no relay does, and only as its transaction's first write (see
+-- _reap_tick).
 CREATE OR REPLACE FUNCTION switchboard.maintenance(
     keep_runs interval DEFAULT '7 days', keep_events interval DEFAULT '5 minutes',
     rate_limit_idle interval DEFAULT '1 hour', replica_stale interval DEFAULT '30 seconds')
@@ -104,12 +106,12 @@ DECLARE
     v jsonb := '{}';
     v_n integer;
 BEGIN
+    v := v || jsonb_build_object('events', switchboard.reap_events(keep_events));
     v := v || jsonb_build_object('expired_runs', switchboard.reap_expired_runs());
     v := v || jsonb_build_object('runs', switchboard.reap_runs(keep_runs));
     v := v || jsonb_build_object('tickets', switchboard.reap_tickets());
     v := v || jsonb_build_object('sessions', switchboard.reap_sessions());
     v := v || jsonb_build_object('rate_limits', switchboard.reap_rate_limits(rate_limit_idle));
-    v := v || jsonb_build_object('events', switchboard.reap_events(keep_events));
     v := v || jsonb_build_object('replicas', switchboard.reap_replicas(replica_stale));
     DELETE FROM switchboard.revoked_tokens WHERE expires_at < now();
     GET DIAGNOSTICS v_n = ROW_COUNT;
@@ -121,7 +123,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.maintenance(interval, interval, interval, interval) IS
-    'Run every reaper once (expired leases, old runs, tickets, sessions ended a day ago, idle rate-limit keys, old events, dead replicas, expired revocations, stale tool calls). Returns counts per reaper.';
+    'Run every reaper once, in one transaction (old events first, with the unbounded reap_events(keep_events); expired leases, old runs, tickets, sessions ended a day ago, idle rate-limit keys, dead replicas, expired revocations, stale tool calls). What the 0.2.0 server''s sweep calls; this release''s calls maintenance(max_rows, ...). Returns counts per reaper.';
 REVOKE ALL ON FUNCTION switchboard.maintenance(interval, interval, interval, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.maintenance(interval, interval, interval, interval) TO switchboard_app;
 
@@ -129,7 +131,7 @@ GRANT EXECUTE ON FUNCTION switchboard.maintenance(interval, interval, interval, 
 -- most max_rows per call (runs, rate-limit keys, events), so one sweep is one
 -- short transaction whatever the backlog; the caller sweeps again while a
 -- count comes back at max_rows. max_rows comes first and has no default so
--- that the previous release's call by name (keep_events =>, replica_stale =>)
+-- that the 0.2.0 server's call by name (keep_events =>, replica_stale =>)
 -- still resolves to the four-argument form above, which it keeps: its
 -- reap_events is the unbounded one and its handler does not loop on events.
 CREATE OR REPLACE FUNCTION switchboard.maintenance(
@@ -147,12 +149,12 @@ BEGIN
         RAISE EXCEPTION 'invalid max_rows %', max_rows USING ERRCODE = '22023',
             HINT = 'max_rows bounds each reaper in one sweep, 1 to 1000000 (e.g. 10000).';
     END IF;
+    v := v || jsonb_build_object('events', switchboard.reap_events(keep_events, max_rows));
     v := v || jsonb_build_object('expired_runs', switchboard.reap_expired_runs());
     v := v || jsonb_build_object('runs', switchboard.reap_runs(keep_runs, max_rows));
     v := v || jsonb_build_object('tickets', switchboard.reap_tickets());
     v := v || jsonb_build_object('sessions', switchboard.reap_sessions());
     v := v || jsonb_build_object('rate_limits', switchboard.reap_rate_limits(rate_limit_idle, max_rows));
-    v := v || jsonb_build_object('events', switchboard.reap_events(keep_events, max_rows));
     v := v || jsonb_build_object('streams', switchboard.reap_streams(max_rows));
     v := v || jsonb_build_object('replicas', switchboard.reap_replicas(replica_stale));
     DELETE FROM switchboard.revoked_tokens WHERE expires_at < now();

@@ -11,7 +11,7 @@
 \pset pager off
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
-SELECT plan(66);
+SELECT plan(78);
 
 SELECT has_schema('switchboard');
 SELECT schema_privs_are('switchboard', 'switchboard_app', ARRAY['USAGE'],
@@ -34,18 +34,18 @@ SELECT has_function('switchboard', 'cron_next', ARRAY['text', 'timestamp with ti
 SELECT function_returns('switchboard', 'cron_next', ARRAY['text', 'timestamp with time zone', 'text'], 'timestamp with time zone');
 SELECT has_function('switchboard', 'cron_validate', ARRAY['text', 'text']);
 SELECT function_returns('switchboard', 'cron_validate', ARRAY['text', 'text'], 'void');
-SELECT has_function('switchboard', 'issue_ticket', ARRAY['uuid', 'interval']);
-SELECT function_returns('switchboard', 'issue_ticket', ARRAY['uuid', 'interval'], 'text');
-SELECT has_function('switchboard', 'consume_ticket', ARRAY['text']);
-SELECT function_returns('switchboard', 'consume_ticket', ARRAY['text'], 'uuid');
+SELECT has_function('switchboard', 'issue_ticket_v2', ARRAY['uuid', 'uuid', 'interval']);
+SELECT function_returns('switchboard', 'issue_ticket_v2', ARRAY['uuid', 'uuid', 'interval'], 'text');
+SELECT has_function('switchboard', 'consume_ticket_v2', ARRAY['text']);
+SELECT function_returns('switchboard', 'consume_ticket_v2', ARRAY['text'], 'setof record');
 SELECT has_function('switchboard', 'rate_check', ARRAY['text', 'double precision', 'integer', 'integer']);
 SELECT function_returns('switchboard', 'rate_check', ARRAY['text', 'double precision', 'integer', 'integer'], 'setof record');
 SELECT has_function('switchboard', 'notify_user', ARRAY['uuid', 'text', 'jsonb']);
 SELECT function_returns('switchboard', 'notify_user', ARRAY['uuid', 'text', 'jsonb'], 'bigint');
 SELECT has_function('switchboard', 'notify_room', ARRAY['text', 'text', 'jsonb']);
 SELECT function_returns('switchboard', 'notify_room', ARRAY['text', 'text', 'jsonb'], 'bigint');
-SELECT has_function('switchboard', 'events_since', ARRAY['uuid', 'bigint', 'text[]', 'integer']);
-SELECT function_returns('switchboard', 'events_since', ARRAY['uuid', 'bigint', 'text[]', 'integer'], 'setof switchboard.events');
+SELECT has_function('switchboard', 'events_since_v2', ARRAY['uuid', 'bigint', 'bigint', 'text[]', 'bigint', 'integer']);
+SELECT function_returns('switchboard', 'events_since_v2', ARRAY['uuid', 'bigint', 'bigint', 'text[]', 'bigint', 'integer'], 'setof record');
 SELECT has_function('switchboard', 'create_user', ARRAY['text', 'text', 'text']);
 SELECT function_returns('switchboard', 'create_user', ARRAY['text', 'text', 'text'], 'uuid');
 SELECT has_function('switchboard', 'run_job_sql', ARRAY['text']);
@@ -55,6 +55,21 @@ SELECT function_returns('switchboard', 'status', ARRAY[]::text[], 'setof record'
 SELECT is_definer('switchboard', 'run_job_sql', ARRAY['text'], 'run_job_sql is SECURITY DEFINER');
 SELECT function_owner_is('switchboard', 'run_job_sql', ARRAY['text'], 'switchboard_job',
                          'run_job_sql runs as the restricted job role');
+
+-- The 0.1 forms are gone (V0026): no 0.2.0 server calls them, and upgrades go
+-- one release at a time.
+SELECT hasnt_function('switchboard', 'events_since', ARRAY['uuid', 'bigint', 'text[]', 'integer']);
+SELECT hasnt_function('switchboard', 'event_horizon', ARRAY[]::text[]);
+SELECT hasnt_function('switchboard', 'event_head', ARRAY[]::text[]);
+SELECT hasnt_function('switchboard', 'relay_read', ARRAY['bigint', 'bigint[]', 'integer']);
+SELECT hasnt_function('switchboard', '_relay_fetch_event', ARRAY['bigint']);
+SELECT hasnt_function('switchboard', 'issue_ticket', ARRAY['uuid', 'interval']);
+SELECT hasnt_function('switchboard', 'consume_ticket', ARRAY['text']);
+SELECT hasnt_function('switchboard', 'login_lookup', ARRAY['text']);
+SELECT hasnt_function('switchboard', 'auth_snapshot', ARRAY['interval']);
+SELECT hasnt_function('switchboard', 'tool_call_start', ARRAY['uuid', 'text', 'text', 'jsonb', 'interval']);
+SELECT hasnt_function('switchboard', 'tool_call_take', ARRAY['uuid']);
+SELECT hasnt_function('switchboard', 'replica_heartbeat', ARRAY['text', 'jsonb']);
 
 -- COMMENTs: every function a user calls (no leading underscore) says what it does.
 SELECT is_empty($$
@@ -76,7 +91,7 @@ SELECT function_privs_are('switchboard', 'create_task', ARRAY['text', 'text', 't
                           'switchboard_app', ARRAY['EXECUTE']);
 SELECT function_privs_are('switchboard', 'notify_user', ARRAY['uuid', 'text', 'jsonb'],
                           'switchboard_app', ARRAY['EXECUTE']);
-SELECT function_privs_are('switchboard', 'consume_ticket', ARRAY['text'], 'switchboard_app', ARRAY['EXECUTE']);
+SELECT function_privs_are('switchboard', 'consume_ticket_v2', ARRAY['text'], 'switchboard_app', ARRAY['EXECUTE']);
 SELECT function_privs_are('switchboard', 'rate_check', ARRAY['text', 'double precision', 'integer', 'integer'],
                           'switchboard_app', ARRAY['EXECUTE']);
 SELECT function_privs_are('switchboard', 'run_job_sql', ARRAY['text'], 'switchboard_app', ARRAY['EXECUTE']);

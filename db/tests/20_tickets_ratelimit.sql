@@ -11,17 +11,19 @@ CREATE EXTENSION IF NOT EXISTS pgtap;
 SELECT plan(17);
 
 SELECT switchboard.create_user('pgtap.' || txid_current(), '$argon2id$v=19$m=65536,t=3,p=4$c2FsdA$aGFzaA') AS uid \gset
-SELECT switchboard.issue_ticket(:'uid') AS ticket \gset
+SELECT switchboard.issue_ticket_v2(:'uid', NULL) AS ticket \gset
 SELECT matches(:'ticket'::text, '^[0-9a-f]{32}$', 'a ticket is 128 bits of hex');
 SELECT is((SELECT count(*) FROM switchboard.tickets WHERE hash = sha256(decode(:'ticket', 'hex'))), 1::bigint,
           'only the SHA-256 of the ticket is stored');
-SELECT is(switchboard.consume_ticket(:'ticket'), :'uid'::uuid, 'the first use returns the user');
-SELECT is(switchboard.consume_ticket(:'ticket'), NULL, 'the second use returns NULL: single use');
-SELECT is(switchboard.consume_ticket(upper(switchboard.issue_ticket(:'uid'))), :'uid'::uuid,
-          'a ticket is case-insensitive hex');
-SELECT is(switchboard.consume_ticket('not-a-ticket'), NULL, 'a malformed ticket is NULL, not an error');
-SELECT throws_ok($$SELECT switchboard.issue_ticket('00000000-0000-0000-0000-000000000000')$$, 'P0002');
-SELECT throws_ok(format('SELECT switchboard.issue_ticket(%L, %L)', :'uid', '2 hours'), '22023');
+SELECT is((SELECT user_id FROM switchboard.consume_ticket_v2(:'ticket')), :'uid'::uuid, 'the first use returns the user');
+SELECT is_empty(format('SELECT * FROM switchboard.consume_ticket_v2(%L)', :'ticket'),
+                'the second use returns no row: single use');
+SELECT is((SELECT user_id FROM switchboard.consume_ticket_v2(upper(switchboard.issue_ticket_v2(:'uid', NULL)))),
+          :'uid'::uuid, 'a ticket is case-insensitive hex');
+SELECT is_empty($$SELECT * FROM switchboard.consume_ticket_v2('not-a-ticket')$$,
+                'a malformed ticket is no row, not an error');
+SELECT throws_ok($$SELECT switchboard.issue_ticket_v2('00000000-0000-0000-0000-000000000000', NULL)$$, 'P0002');
+SELECT throws_ok(format('SELECT switchboard.issue_ticket_v2(%L, NULL, %L)', :'uid', '2 hours'), '22023');
 
 -- GCRA: now() is fixed inside a transaction, so every call below happens at
 -- the same instant: exactly `burst` requests pass, then retry_after is exact.

@@ -1,6 +1,6 @@
--- pgTAP: what V0002..V0007 added -- the trust boundary (relay_read,
--- event_head, user_states, revoked_among, token_epoch; the event_order lock
--- table it added is dropped by V0014), tool calls, the handler registry (known_handlers, the
+-- pgTAP: what V0002..V0007 added -- the trust boundary (the relay's read,
+-- now relay_read_v3, user_states, revoked_among, token_epoch; the event_order
+-- lock table it added is dropped by V0014), tool calls, the handler registry (known_handlers, the
 -- handlers view, live_window), failover awareness (db_instance), bad task
 -- rows (tasks.last_error, status()'s tasks_broken) and metrics_snapshot.
 -- Everything happens inside one transaction that is rolled back: no row
@@ -15,17 +15,17 @@
 \pset pager off
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
-SELECT plan(100);
+SELECT plan(95);
 
 -- Signatures, return types and privileges of the functions added since V0001.
-SELECT has_function('switchboard', 'relay_read', ARRAY['bigint', 'bigint[]', 'integer']);
-SELECT function_returns('switchboard', 'relay_read', ARRAY['bigint', 'bigint[]', 'integer'], 'setof record');
-SELECT function_privs_are('switchboard', 'relay_read', ARRAY['bigint', 'bigint[]', 'integer'], 'switchboard_app', ARRAY['EXECUTE']);
-SELECT function_privs_are('switchboard', 'relay_read', ARRAY['bigint', 'bigint[]', 'integer'], 'switchboard_job', ARRAY[]::text[]);
-SELECT has_function('switchboard', 'event_head', ARRAY[]::text[]);
-SELECT function_returns('switchboard', 'event_head', ARRAY[]::text[], 'bigint');
-SELECT function_privs_are('switchboard', 'event_head', ARRAY[]::text[], 'switchboard_app', ARRAY['EXECUTE']);
-SELECT function_privs_are('switchboard', 'event_head', ARRAY[]::text[], 'switchboard_job', ARRAY[]::text[]);
+SELECT has_function('switchboard', 'relay_read_v3', ARRAY['bigint', 'bigint', 'bigint[]', 'integer']);
+SELECT function_returns('switchboard', 'relay_read_v3', ARRAY['bigint', 'bigint', 'bigint[]', 'integer'], 'setof record');
+SELECT function_privs_are('switchboard', 'relay_read_v3', ARRAY['bigint', 'bigint', 'bigint[]', 'integer'], 'switchboard_app', ARRAY['EXECUTE']);
+SELECT function_privs_are('switchboard', 'relay_read_v3', ARRAY['bigint', 'bigint', 'bigint[]', 'integer'], 'switchboard_job', ARRAY[]::text[]);
+SELECT has_function('switchboard', 'event_window', ARRAY[]::text[]);
+SELECT function_returns('switchboard', 'event_window', ARRAY[]::text[], 'setof record');
+SELECT function_privs_are('switchboard', 'event_window', ARRAY[]::text[], 'switchboard_app', ARRAY['EXECUTE']);
+SELECT function_privs_are('switchboard', 'event_window', ARRAY[]::text[], 'switchboard_job', ARRAY[]::text[]);
 SELECT has_function('switchboard', 'user_states', ARRAY['uuid[]']);
 SELECT function_returns('switchboard', 'user_states', ARRAY['uuid[]'], 'setof record');
 SELECT function_privs_are('switchboard', 'user_states', ARRAY['uuid[]'], 'switchboard_app', ARRAY['EXECUTE']);
@@ -72,7 +72,7 @@ SELECT function_privs_are('switchboard', 'metrics_snapshot', ARRAY[]::text[], 's
 SELECT function_privs_are('switchboard', 'metrics_snapshot', ARRAY[]::text[], 'switchboard_job', ARRAY[]::text[]);
 SELECT is_empty($$
     SELECT s FROM unnest(ARRAY[
-        'switchboard.relay_read(bigint, bigint[], integer)', 'switchboard.event_head()',
+        'switchboard.relay_read_v3(bigint, bigint, bigint[], integer)', 'switchboard.event_window()',
         'switchboard.user_states(uuid[])', 'switchboard.revoked_among(text[])',
         'switchboard.is_room_member(text, uuid)', 'switchboard.tool_call_send(uuid, text, text, jsonb, interval)',
         'switchboard.tool_call_collect(uuid, boolean)', 'switchboard.login_lookup_v2(text)',
@@ -120,16 +120,6 @@ SELECT throws_ok($$SELECT switchboard.notify_room('bad room!', 'e')$$, '22023', 
                  'a bad room name is 22023 naming it');
 SELECT throws_ok($$SELECT switchboard.notify_room(NULL, 'e')$$, '22023', NULL, 'a NULL room is 22023');
 
--- event_head / relay_read: the relay's cursor.
-SELECT is(switchboard.event_head(), :e1::bigint, 'event_head is the newest event id');
-SELECT results_eq(format('SELECT id, ephemeral, room, event, payload FROM switchboard.relay_read(%s)', :e1 - 1),
-                  format('VALUES (%s::bigint, false, %L, %L, %L::jsonb)', :e1, 'pgtap-nobody-' || txid_current(),
-                         'to-nobody', '{"n": 1}'),
-                  'relay_read after the cursor returns the stored event');
-SELECT is_empty(format('SELECT id FROM switchboard.relay_read(%s)', :e1), 'nothing after the head');
-SELECT throws_ok('SELECT * FROM switchboard.relay_read(-1)', '22023', NULL, 'a negative cursor is 22023');
-SELECT throws_ok('SELECT * FROM switchboard.relay_read(0, ''{}'', 0)', '22023', NULL, 'max_rows 0 is 22023');
-
 -- Rooms, users, token_epoch.
 SELECT switchboard.create_user('pgtap.u' || txid_current(), '$2b$12$abcdefghijklmnopqrstuv') AS u \gset
 SELECT switchboard.create_user('pgtap.v' || txid_current(), '$2b$12$abcdefghijklmnopqrstuv') AS v \gset
@@ -160,7 +150,7 @@ SELECT results_eq(format('SELECT jti FROM switchboard.revoked_among(ARRAY[%L, %L
 
 -- Replicas: live_window, the handler registry, tool calls.
 SELECT switchboard.replica_heartbeat('pgtap-r' || txid_current(), '{}', ARRAY['pgtap.handler'], '20 seconds', '9.9.9-pgtap') AS h1 \gset
-SELECT switchboard.replica_heartbeat('pgtap-s' || txid_current(), '{}') AS h2 \gset
+SELECT switchboard.replica_heartbeat('pgtap-s' || txid_current(), '{}', ARRAY[]::text[], '5 seconds', NULL) AS h2 \gset
 SELECT results_eq(format('SELECT live_window FROM switchboard.replicas WHERE id IN (%L, %L) ORDER BY id',
                          'pgtap-r' || txid_current(), 'pgtap-s' || txid_current()),
                   $$VALUES (interval '60 seconds'), (interval '30 seconds')$$,

@@ -4,8 +4,8 @@ BEGIN;
 DO $verify$
 BEGIN
     -- exactly the functions the files define: no left-over overload of an older release
-    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 154) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected exactly 154 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
+    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 143) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected exactly 143 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.cron_next(text, timestamptz, text)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.cron_next(text, timestamptz, text)' USING ERRCODE = 'P0004';
@@ -337,24 +337,6 @@ BEGIN
     IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._random_128()'))) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._random_128()' USING ERRCODE = 'P0004';
     END IF;
-    IF (to_regprocedure('switchboard.issue_ticket(uuid, interval)') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected function switchboard.issue_ticket(uuid, interval)' USING ERRCODE = 'P0004';
-    END IF;
-    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.issue_ticket(uuid, interval)'))) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.issue_ticket(uuid, interval)' USING ERRCODE = 'P0004';
-    END IF;
-    IF (has_function_privilege('switchboard_app', 'switchboard.issue_ticket(uuid, interval)', 'EXECUTE')) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.issue_ticket(uuid, interval)' USING ERRCODE = 'P0004';
-    END IF;
-    IF (to_regprocedure('switchboard.consume_ticket(text)') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected function switchboard.consume_ticket(text)' USING ERRCODE = 'P0004';
-    END IF;
-    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.consume_ticket(text)'))) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.consume_ticket(text)' USING ERRCODE = 'P0004';
-    END IF;
-    IF (has_function_privilege('switchboard_app', 'switchboard.consume_ticket(text)', 'EXECUTE')) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.consume_ticket(text)' USING ERRCODE = 'P0004';
-    END IF;
     IF (to_regprocedure('switchboard.reap_tickets()') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.reap_tickets()' USING ERRCODE = 'P0004';
     END IF;
@@ -448,51 +430,6 @@ BEGIN
     IF (has_function_privilege('switchboard_app', 'switchboard.notify_room(text, text, jsonb)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.notify_room(text, text, jsonb)' USING ERRCODE = 'P0004';
     END IF;
-    IF (to_regprocedure('switchboard.events_since(uuid, bigint, text[], integer)') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected function switchboard.events_since(uuid, bigint, text[], integer)' USING ERRCODE = 'P0004';
-    END IF;
-    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.events_since(uuid, bigint, text[], integer)'))) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.events_since(uuid, bigint, text[], integer)' USING ERRCODE = 'P0004';
-    END IF;
-    IF (has_function_privilege('switchboard_app', 'switchboard.events_since(uuid, bigint, text[], integer)', 'EXECUTE')) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.events_since(uuid, bigint, text[], integer)' USING ERRCODE = 'P0004';
-    END IF;
-    IF (to_regprocedure('switchboard.event_horizon()') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected function switchboard.event_horizon()' USING ERRCODE = 'P0004';
-    END IF;
-    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.event_horizon()'))) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.event_horizon()' USING ERRCODE = 'P0004';
-    END IF;
-    IF (has_function_privilege('switchboard_app', 'switchboard.event_horizon()', 'EXECUTE')) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.event_horizon()' USING ERRCODE = 'P0004';
-    END IF;
-    IF (to_regprocedure('switchboard._relay_fetch_event(bigint)') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected function switchboard._relay_fetch_event(bigint)' USING ERRCODE = 'P0004';
-    END IF;
-    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._relay_fetch_event(bigint)'))) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._relay_fetch_event(bigint)' USING ERRCODE = 'P0004';
-    END IF;
-    IF (has_function_privilege('switchboard_app', 'switchboard._relay_fetch_event(bigint)', 'EXECUTE')) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard._relay_fetch_event(bigint)' USING ERRCODE = 'P0004';
-    END IF;
-    IF (to_regprocedure('switchboard.relay_read(bigint, bigint[], integer)') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected function switchboard.relay_read(bigint, bigint[], integer)' USING ERRCODE = 'P0004';
-    END IF;
-    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.relay_read(bigint, bigint[], integer)'))) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.relay_read(bigint, bigint[], integer)' USING ERRCODE = 'P0004';
-    END IF;
-    IF (has_function_privilege('switchboard_app', 'switchboard.relay_read(bigint, bigint[], integer)', 'EXECUTE')) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.relay_read(bigint, bigint[], integer)' USING ERRCODE = 'P0004';
-    END IF;
-    IF (to_regprocedure('switchboard.event_head()') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected function switchboard.event_head()' USING ERRCODE = 'P0004';
-    END IF;
-    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.event_head()'))) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.event_head()' USING ERRCODE = 'P0004';
-    END IF;
-    IF (has_function_privilege('switchboard_app', 'switchboard.event_head()', 'EXECUTE')) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.event_head()' USING ERRCODE = 'P0004';
-    END IF;
     IF (to_regprocedure('switchboard._events_unticked(pg_snapshot)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard._events_unticked(pg_snapshot)' USING ERRCODE = 'P0004';
     END IF;
@@ -573,6 +510,12 @@ BEGIN
     END IF;
     IF (has_function_privilege('switchboard_app', 'switchboard.event_batch(bigint)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.event_batch(bigint)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard._reap_tick()') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard._reap_tick()' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._reap_tick()'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._reap_tick()' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.reap_events(interval)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.reap_events(interval)' USING ERRCODE = 'P0004';
@@ -820,15 +763,6 @@ BEGIN
     IF (has_function_privilege('switchboard_app', 'switchboard.find_user(text)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.find_user(text)' USING ERRCODE = 'P0004';
     END IF;
-    IF (to_regprocedure('switchboard.login_lookup(text)') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected function switchboard.login_lookup(text)' USING ERRCODE = 'P0004';
-    END IF;
-    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.login_lookup(text)'))) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.login_lookup(text)' USING ERRCODE = 'P0004';
-    END IF;
-    IF (has_function_privilege('switchboard_app', 'switchboard.login_lookup(text)', 'EXECUTE')) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.login_lookup(text)' USING ERRCODE = 'P0004';
-    END IF;
     IF (to_regprocedure('switchboard.login_lookup_v2(text)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.login_lookup_v2(text)' USING ERRCODE = 'P0004';
     END IF;
@@ -888,15 +822,6 @@ BEGIN
     END IF;
     IF (has_function_privilege('switchboard_app', 'switchboard.revoke_token(text, uuid, timestamptz)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.revoke_token(text, uuid, timestamptz)' USING ERRCODE = 'P0004';
-    END IF;
-    IF (to_regprocedure('switchboard.auth_snapshot(interval)') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected function switchboard.auth_snapshot(interval)' USING ERRCODE = 'P0004';
-    END IF;
-    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.auth_snapshot(interval)'))) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.auth_snapshot(interval)' USING ERRCODE = 'P0004';
-    END IF;
-    IF (has_function_privilege('switchboard_app', 'switchboard.auth_snapshot(interval)', 'EXECUTE')) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.auth_snapshot(interval)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.auth_snapshot_v2(interval)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.auth_snapshot_v2(interval)' USING ERRCODE = 'P0004';
@@ -1090,15 +1015,6 @@ BEGIN
     IF (has_function_privilege('switchboard_app', 'switchboard.replica_heartbeat(text, jsonb, text[], interval, text)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.replica_heartbeat(text, jsonb, text[], interval, text)' USING ERRCODE = 'P0004';
     END IF;
-    IF (to_regprocedure('switchboard.replica_heartbeat(text, jsonb)') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected function switchboard.replica_heartbeat(text, jsonb)' USING ERRCODE = 'P0004';
-    END IF;
-    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.replica_heartbeat(text, jsonb)'))) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.replica_heartbeat(text, jsonb)' USING ERRCODE = 'P0004';
-    END IF;
-    IF (has_function_privilege('switchboard_app', 'switchboard.replica_heartbeat(text, jsonb)', 'EXECUTE')) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.replica_heartbeat(text, jsonb)' USING ERRCODE = 'P0004';
-    END IF;
     IF (to_regprocedure('switchboard.replica_stop(text)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.replica_stop(text)' USING ERRCODE = 'P0004';
     END IF;
@@ -1153,15 +1069,6 @@ BEGIN
     IF (has_function_privilege('switchboard_app', 'switchboard.known_handlers(text)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.known_handlers(text)' USING ERRCODE = 'P0004';
     END IF;
-    IF (to_regprocedure('switchboard.tool_call_start(uuid, text, text, jsonb, interval)') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected function switchboard.tool_call_start(uuid, text, text, jsonb, interval)' USING ERRCODE = 'P0004';
-    END IF;
-    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.tool_call_start(uuid, text, text, jsonb, interval)'))) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.tool_call_start(uuid, text, text, jsonb, interval)' USING ERRCODE = 'P0004';
-    END IF;
-    IF (has_function_privilege('switchboard_app', 'switchboard.tool_call_start(uuid, text, text, jsonb, interval)', 'EXECUTE')) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.tool_call_start(uuid, text, text, jsonb, interval)' USING ERRCODE = 'P0004';
-    END IF;
     IF (to_regprocedure('switchboard.tool_call_answer(uuid, uuid, jsonb)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.tool_call_answer(uuid, uuid, jsonb)' USING ERRCODE = 'P0004';
     END IF;
@@ -1170,15 +1077,6 @@ BEGIN
     END IF;
     IF (has_function_privilege('switchboard_app', 'switchboard.tool_call_answer(uuid, uuid, jsonb)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.tool_call_answer(uuid, uuid, jsonb)' USING ERRCODE = 'P0004';
-    END IF;
-    IF (to_regprocedure('switchboard.tool_call_take(uuid)') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected function switchboard.tool_call_take(uuid)' USING ERRCODE = 'P0004';
-    END IF;
-    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.tool_call_take(uuid)'))) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.tool_call_take(uuid)' USING ERRCODE = 'P0004';
-    END IF;
-    IF (has_function_privilege('switchboard_app', 'switchboard.tool_call_take(uuid)', 'EXECUTE')) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.tool_call_take(uuid)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.presence_sync(text, uuid[], integer[])') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.presence_sync(text, uuid[], integer[])' USING ERRCODE = 'P0004';
@@ -1351,12 +1249,6 @@ BEGIN
     IF (obj_description(to_regprocedure('switchboard.notify_admins(text, jsonb)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.notify_admins(text, jsonb)' USING ERRCODE = 'P0004';
     END IF;
-    IF (obj_description(to_regprocedure('switchboard.issue_ticket(uuid, interval)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.issue_ticket(uuid, interval)' USING ERRCODE = 'P0004';
-    END IF;
-    IF (obj_description(to_regprocedure('switchboard.consume_ticket(text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.consume_ticket(text)' USING ERRCODE = 'P0004';
-    END IF;
     IF (obj_description(to_regprocedure('switchboard.reap_tickets()'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.reap_tickets()' USING ERRCODE = 'P0004';
     END IF;
@@ -1377,21 +1269,6 @@ BEGIN
     END IF;
     IF (obj_description(to_regprocedure('switchboard.notify_room(text, text, jsonb)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.notify_room(text, text, jsonb)' USING ERRCODE = 'P0004';
-    END IF;
-    IF (obj_description(to_regprocedure('switchboard.events_since(uuid, bigint, text[], integer)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.events_since(uuid, bigint, text[], integer)' USING ERRCODE = 'P0004';
-    END IF;
-    IF (obj_description(to_regprocedure('switchboard.event_horizon()'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.event_horizon()' USING ERRCODE = 'P0004';
-    END IF;
-    IF (obj_description(to_regprocedure('switchboard._relay_fetch_event(bigint)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard._relay_fetch_event(bigint)' USING ERRCODE = 'P0004';
-    END IF;
-    IF (obj_description(to_regprocedure('switchboard.relay_read(bigint, bigint[], integer)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.relay_read(bigint, bigint[], integer)' USING ERRCODE = 'P0004';
-    END IF;
-    IF (obj_description(to_regprocedure('switchboard.event_head()'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.event_head()' USING ERRCODE = 'P0004';
     END IF;
     IF (obj_description(to_regprocedure('switchboard.event_tick()'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.event_tick()' USING ERRCODE = 'P0004';
@@ -1477,9 +1354,6 @@ BEGIN
     IF (obj_description(to_regprocedure('switchboard.find_user(text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.find_user(text)' USING ERRCODE = 'P0004';
     END IF;
-    IF (obj_description(to_regprocedure('switchboard.login_lookup(text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.login_lookup(text)' USING ERRCODE = 'P0004';
-    END IF;
     IF (obj_description(to_regprocedure('switchboard.login_lookup_v2(text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.login_lookup_v2(text)' USING ERRCODE = 'P0004';
     END IF;
@@ -1497,9 +1371,6 @@ BEGIN
     END IF;
     IF (obj_description(to_regprocedure('switchboard.revoke_token(text, uuid, timestamptz)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.revoke_token(text, uuid, timestamptz)' USING ERRCODE = 'P0004';
-    END IF;
-    IF (obj_description(to_regprocedure('switchboard.auth_snapshot(interval)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.auth_snapshot(interval)' USING ERRCODE = 'P0004';
     END IF;
     IF (obj_description(to_regprocedure('switchboard.auth_snapshot_v2(interval)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.auth_snapshot_v2(interval)' USING ERRCODE = 'P0004';
@@ -1555,9 +1426,6 @@ BEGIN
     IF (obj_description(to_regprocedure('switchboard.replica_heartbeat(text, jsonb, text[], interval, text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.replica_heartbeat(text, jsonb, text[], interval, text)' USING ERRCODE = 'P0004';
     END IF;
-    IF (obj_description(to_regprocedure('switchboard.replica_heartbeat(text, jsonb)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.replica_heartbeat(text, jsonb)' USING ERRCODE = 'P0004';
-    END IF;
     IF (obj_description(to_regprocedure('switchboard.replica_stop(text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.replica_stop(text)' USING ERRCODE = 'P0004';
     END IF;
@@ -1576,14 +1444,8 @@ BEGIN
     IF (obj_description(to_regprocedure('switchboard.known_handlers(text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.known_handlers(text)' USING ERRCODE = 'P0004';
     END IF;
-    IF (obj_description(to_regprocedure('switchboard.tool_call_start(uuid, text, text, jsonb, interval)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.tool_call_start(uuid, text, text, jsonb, interval)' USING ERRCODE = 'P0004';
-    END IF;
     IF (obj_description(to_regprocedure('switchboard.tool_call_answer(uuid, uuid, jsonb)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.tool_call_answer(uuid, uuid, jsonb)' USING ERRCODE = 'P0004';
-    END IF;
-    IF (obj_description(to_regprocedure('switchboard.tool_call_take(uuid)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.tool_call_take(uuid)' USING ERRCODE = 'P0004';
     END IF;
     IF (obj_description(to_regprocedure('switchboard.presence_sync(text, uuid[], integer[])'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.presence_sync(text, uuid[], integer[])' USING ERRCODE = 'P0004';

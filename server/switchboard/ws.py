@@ -40,7 +40,7 @@ LOG = logging.getLogger("switchboard.ws")
 # A room's naming rule lives in SQL (add_room_member); a name that breaks it can
 # never be a member, so is_room_member() refuses it. Here only a bound on what an
 # untrusted client may make us send to the database.
-TICKET_RE = re.compile(r"[0-9A-Fa-f]{1,64}")   # issue_ticket's 32 hex digits; more is never a ticket
+TICKET_RE = re.compile(r"[0-9A-Fa-f]{1,64}")   # issue_ticket_v2's 32 hex digits; more is never a ticket
 HANDSHAKE_ROOMS_MAX = 50
 
 

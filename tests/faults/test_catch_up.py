@@ -98,7 +98,7 @@ def test_catch_up_after_listen_outage_streams_in_order_and_rechecks_membership(
             # (retention counts from the tick that made an event visible).
             c.execute("SELECT switchboard.event_tick()")
             c.execute("SELECT switchboard.reap_events('0 seconds')")
-            horizon = c.execute("SELECT switchboard.event_horizon()").fetchone()[0]
+            horizon = c.execute("SELECT reaped_through FROM switchboard.event_window()").fetchone()[0]
         assert horizon >= lost[-1]
         kept = _publish(db, "SELECT switchboard.notify_user(%s, 'n', '{}') FROM generate_series(1, 3)", (ann,))
         px.clear()
