@@ -232,7 +232,7 @@ class Relay:
             if not (h.ephemeral or Announcements.pending(h)):
                 wait = last + self._read_gap() - loop.time()
                 if wait > 0:
-                    await asyncio.sleep(wait)     # notices meanwhile land in the same Hints
+                    await self._pause(wait, last)     # notices meanwhile land in the same Hints
             hints = self.dispatch.take()
             if hints.events or hints.tick:
                 last = loop.time()
@@ -243,6 +243,24 @@ class Relay:
                 # is sent: under a steady rate the wake is already set again, and the next
                 # query's backend would take this process's CPU first (BENCHMARKS.md "l18").
                 await asyncio.sleep(0)
+
+    async def _pause(self, wait: float, last: float) -> None:
+        """Sleep ``wait`` s before the next read. A live message that raises the barrier
+        meanwhile (a large event, a forged or replayed message) cuts the live path's long
+        gap down to relay_read_gap: every live frame after it waits for that read."""
+        gap = self.cfg.relay_read_gap
+        hurry = self.dispatch.hurry
+        hurry.clear()
+        if wait <= gap:
+            await asyncio.sleep(wait)
+            return
+        try:
+            await asyncio.wait_for(hurry.wait(), wait)
+        except TimeoutError:
+            return
+        rest = last + gap - asyncio.get_running_loop().time()
+        if rest > 0:
+            await asyncio.sleep(rest)
 
     def _read_gap(self) -> float:
         """relay_read_gap; LIVE_READ_GAP while the live path carries every event (nothing

@@ -42,6 +42,7 @@ class Dispatcher:
         self.on_run_wake = on_run_wake
         self.hints = Hints()
         self.wake = asyncio.Event()
+        self.hurry = asyncio.Event()     # a live message raised the barrier (Relay._pause)
         self.last_tick_heard = 0.0
         self._reject_log = RejectLog(LOG)
 
@@ -140,6 +141,8 @@ class Dispatcher:
         h.events = h.tick = True
         self.wake.set()
         v = self.live.verify(channel, payload)
+        if self.live.barrier == self.live.heard:
+            self.hurry.set()              # this message raised the barrier: read soon
         if v.refused is not None:
             if v.refused != "off":
                 self.metrics.inc("switchboard_notify_rejected_total", reason=v.refused)
