@@ -967,7 +967,7 @@ REVOKE ALL ON FUNCTION switchboard._live_pads(bytea) FROM PUBLIC;
 --
 -- send_id_hints (NULL: unchanged): whether publishers keep sending the {"id": N} hint on
 -- switchboard_events while the path is on. Keep it on (the default) while a previous
--- release's replicas run: they do not LISTEN on switchboard_live and wake on the hint.
+-- release's replicas run: they do not LISTEN on the live channel and wake on the hint.
 -- Off once every replica runs this release: one NOTIFY per transaction fewer, heard by
 -- every replica (README "The live path").
 DROP FUNCTION IF EXISTS switchboard.event_live_path(boolean, integer, boolean);  -- before id_hints (unreleased)

@@ -138,7 +138,7 @@ def _control_notice(msg: dict[str, Any]) -> Notice:
 
 
 class LiveEvent(NamedTuple):
-    """A stored event as its publisher signed it on switchboard_live (50_events.sql).
+    """A stored event as its publisher signed it on the live channel (50_events.sql).
     (A NamedTuple for the same reason as Notice: one per live message per replica.)"""
 
     id: int

@@ -1,7 +1,7 @@
 """The live path's merge of live frames and reads: pure state, no I/O.
 
 A publisher that commits also sends a signed copy of its event on
-switchboard_live (V0020). The relay may put that copy on a socket at once --
+the live channel (V0020; named after the key since V0025). The relay may put that copy on a socket at once --
 before any read -- only when nothing the socket should get first can still
 come from a read. ``LiveMerge`` owns every rule of that decision; the relay
 feeds it what it heard and what it read, and it offers frames to sockets
@@ -196,7 +196,7 @@ class LiveMerge:
     def holding(self) -> int:
         return len(self._holding)
 
-    # -- a message on switchboard_live -----------------------------------------------------
+    # -- a message on a live channel -------------------------------------------------------
     def verify(self, channel: str, payload: str) -> Verdict:
         """Count a message heard on live ``channel`` and decide what it is. Anything but a
         verified, fresh event not read yet raises the barrier (the read decides, never
