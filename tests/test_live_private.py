@@ -254,9 +254,11 @@ def test_a_bad_mac_flood_on_the_real_channel_costs_no_key_reads(server_factory, 
 @pytest.mark.parametrize("id_hints", [True, False], ids=["id-hints", "live-messages-only"])
 def test_a_key_rotation_while_events_flow_loses_nothing_and_goes_live_again(server_factory, db: str,  # type: ignore[no-untyped-def]
                                                                            id_hints: bool) -> None:
-    """Three rotations while one publisher sends 300 events: the client gets each once, in
-    commit order; afterwards an event reaches it while no relay can read it (the ticker
-    row held), so it went live under the newest key, on the newest channel."""
+    """Three rotations while one publisher sends 300 events, and the relay's LISTEN
+    connection killed between two of them (it LISTENs on the live channel again when it
+    reconnects): the client gets each event once, in commit order; afterwards an event
+    reaches it while no relay can read it (the ticker row held), so it went live under
+    the newest key, on the newest channel."""
     uid = make_user(db, "ann")
     _live(db, True, id_hints=id_hints)
     s = server_factory(name="rotate")
@@ -279,10 +281,14 @@ def test_a_key_rotation_while_events_flow_loses_nothing_and_goes_live_again(serv
     publisher = threading.Thread(target=publish, daemon=True)
     publisher.start()
     channels = [_channel(db)]
-    for _ in range(3):
+    for r in range(3):
         time.sleep(0.7)
         _live(db, True, id_hints=id_hints, rotate=True)
         channels.append(_channel(db))
+        if r == 1:
+            with psycopg.connect(db, autocommit=True) as c:
+                assert c.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                 "WHERE application_name = 'switchboard-listen'").fetchone()[0] == 1
     done.wait(60)
     publisher.join(10)
     assert not errors, errors
@@ -312,4 +318,5 @@ def test_a_key_rotation_while_events_flow_loses_nothing_and_goes_live_again(serv
         held.rollback()
         held.close()
     assert _metric(s, "switchboard_live_frames_total") > live0
+    assert _metric(s, "switchboard_listen_reconnects_total") == 2
     ws.close()
