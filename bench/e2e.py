@@ -445,8 +445,8 @@ def _spec(urls: list[str], hello: bool = True, deflate: bool = True) -> str:
 
 
 def _publish_warm(url: str, user_id: str) -> None:
-    """A few events after the live path was switched on: each relay re-reads the key
-    when a message does not verify with the one it holds (none, until now)."""
+    """A few events after the live path was switched on: each relay has read the key and
+    LISTENs on its channel (event_live_path's {"live": 1} hint) before the measurement."""
     with psycopg.connect(url, autocommit=True) as c:
         for _ in range(3):
             c.execute("SELECT switchboard.notify_user(%s, 'warm', '{}')", (user_id,))

@@ -131,7 +131,9 @@ def main() -> int:
         listener = psycopg.connect(url, autocommit=True)
         listener.execute("LISTEN switchboard_events")
         listener.execute("LISTEN bench_events")
-        listener.execute("LISTEN switchboard_live")
+        # The live path's channel is named after its key (V0025); the key stays the same here.
+        live_channel = listener.execute("SELECT channel FROM switchboard.event_live").fetchone()[0]
+        listener.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(live_channel)))
         print(f"{'clients':>7} " + " ".join(f"{v:>14}" for v in VARIANTS) + "   (transactions/s; server CPU us/txn)")
         for n in clients:
             row = {}

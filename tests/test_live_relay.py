@@ -29,6 +29,13 @@ def _live(db: str, on: bool, id_hints: bool = True) -> None:
         c.execute("SELECT switchboard.event_live_path(%s, send_id_hints => %s)", (on, id_hints))
 
 
+def _channel(db: str) -> str:
+    """The live channel's name (V0025: secret like the key; read here as the owner, as if
+    it had leaked)."""
+    with psycopg.connect(db, autocommit=True) as c:
+        return str(c.execute("SELECT channel FROM switchboard.event_live").fetchone()[0])
+
+
 class TickerHeld:
     """Hold the ticker row: no tick is recorded, so no relay reads a new event."""
 
@@ -130,9 +137,10 @@ def test_a_signed_event_is_delivered_before_any_read_and_confirmed_by_the_read(s
 
 
 def test_forged_live_messages_are_never_delivered(server_factory, db: str) -> None:  # type: ignore[no-untyped-def]
-    """A role that can connect (here: one that may not even read the key) NOTIFYs
-    well-formed live messages: a wrong MAC, a MAC under a guessed key, a barrier storm,
-    garbage. None is delivered; each is counted; genuine events still arrive, once."""
+    """A role that can connect (here: one that may not even read the key) and knows the
+    live channel's name NOTIFYs well-formed live messages on it: a wrong MAC, a MAC under
+    a guessed key, a barrier storm, garbage. None is delivered; each is counted; genuine
+    events still arrive, once."""
     uid = make_user(db, "ann")
     _live(db, True)
     with psycopg.connect(db, autocommit=True) as c:
@@ -152,9 +160,10 @@ def test_forged_live_messages_are_never_delivered(server_factory, db: str) -> No
         "x" * 7000, '{"b":"1"}', "{}", "",
     ]
     mallory = psycopg.conninfo.make_conninfo(db, user="mallory", password="m")
+    channel = _channel(db)
     with psycopg.connect(mallory, autocommit=True) as m:
         for p in forged:
-            m.execute("SELECT pg_notify('switchboard_live', %s)", (p,))
+            m.execute("SELECT pg_notify(%s, %s)", (channel, p))
     real = _publish(db, uid, "real", {"ok": True})
     f = ws.recv_until(lambda f: f.get("id") is not None)
     assert f["id"] == real and f["payload"] == {"ok": True}
@@ -222,7 +231,8 @@ def test_a_genuine_message_replayed_later_is_not_delivered_again(server_factory,
     _live(db, True)
     with psycopg.connect(db, autocommit=True) as c:
         c.execute("CREATE ROLE eve LOGIN PASSWORD 'e'")
-    lst = listener(db, "switchboard_live")
+    channel = _channel(db)
+    lst = listener(db, channel)
     s = server_factory(name="replay1")
     tok = s.login("ann")
     ws = s.ws(tok)
@@ -236,7 +246,7 @@ def test_a_genuine_message_replayed_later_is_not_delivered_again(server_factory,
     eve = psycopg.conninfo.make_conninfo(db, user="eve", password="e")
     time.sleep(0.5)                       # read by now: the relay knows the id
     with psycopg.connect(eve, autocommit=True) as e:
-        e.execute("SELECT pg_notify('switchboard_live', %s)", (recorded[0],))
+        e.execute("SELECT pg_notify(%s, %s)", (channel, recorded[0]))
     assert [f for f in ws.drain(quiet=1.0) if f.get("id") == orig] == []
     ws.close()
     # A replica started after the event knows nothing of it: the stamp predates its
@@ -244,7 +254,7 @@ def test_a_genuine_message_replayed_later_is_not_delivered_again(server_factory,
     s2 = server_factory(name="replay2")
     ws2 = s2.ws(s2.login("ann"))
     with psycopg.connect(eve, autocommit=True) as e:
-        e.execute("SELECT pg_notify('switchboard_live', %s)", (recorded[0],))
+        e.execute("SELECT pg_notify(%s, %s)", (channel, recorded[0]))
     assert [f for f in ws2.drain(quiet=1.5) if f.get("id") == orig] == []
     after = _publish(db, uid, "after")
     assert ws2.recv_until(lambda f: f.get("id") is not None)["id"] == after

@@ -83,8 +83,9 @@ $$;
 REVOKE ALL ON FUNCTION switchboard._check_event(text, jsonb, integer) FROM PUBLIC;
 
 -- The verified live path (V0020, off by default; event_live_path()): besides the
--- hint, each event goes out whole on channel switchboard_live, signed, so a
--- relay can deliver it without reading it first:
+-- hint, each event goes out whole on the key's channel (event_live.channel, V0025:
+-- switchboard_live_<32 hex digits>, secret like the key), signed, so a relay can
+-- deliver it without reading it first:
 --   <HMAC-SHA256 of the rest, 64 hex digits>{"id":N,"u":"<user>"|null,"r":"<room>"|null,"e":"<event>","t":<ms>,"p":<payload>}
 -- An event whose message exceeds event_live.max_bytes sends {"b":N} instead
 -- ("an event you must read before any later live one"). Relays check the MAC
@@ -117,6 +118,7 @@ DECLARE
     v_max integer;
     v_ipad bytea;
     v_opad bytea;
+    v_channel text;
     v_msg text;
     v_hints boolean;
     v_live boolean;
@@ -140,9 +142,10 @@ BEGIN
     END IF;
     v_live := v_hints IS NOT NULL;
     IF v_live THEN
-        -- The opt-in path reads the key's pads and the limit, and the switches again
-        -- with them (one row, one snapshot: a switch flipped since is seen whole).
-        SELECT l.max_bytes, l.ipad, l.opad, l.id_hints INTO v_max, v_ipad, v_opad, v_hints
+        -- The opt-in path reads the key's pads, its channel and the limit, and the
+        -- switches again with them (one row, one snapshot: a switch flipped or a key
+        -- rotated since is seen whole).
+        SELECT l.max_bytes, l.ipad, l.opad, l.id_hints, l.channel INTO v_max, v_ipad, v_opad, v_hints, v_channel
           FROM switchboard.event_live l WHERE l.singleton AND l.enabled;
         v_live := FOUND;
     END IF;
@@ -168,10 +171,10 @@ BEGIN
               || ',"t":' || (extract(epoch FROM v_now) * 1000)::bigint
               || ',"p":' || _publish.payload::text || '}';
         IF octet_length(v_msg) <= v_max THEN
-            PERFORM pg_notify('switchboard_live',
+            PERFORM pg_notify(v_channel,
                 encode(sha256(v_opad || sha256(v_ipad || convert_to(v_msg, 'UTF8'))), 'hex') || v_msg);
         ELSE
-            PERFORM pg_notify('switchboard_live', '{"b":' || v_id || '}');
+            PERFORM pg_notify(v_channel, '{"b":' || v_id || '}');
         END IF;
     END IF;
     RETURN v_id;
@@ -866,9 +869,16 @@ REVOKE ALL ON FUNCTION switchboard._live_pads(bytea) FROM PUBLIC;
 -- The DBA's switch for the live path. Not granted to anybody: the owner (or a
 -- superuser) decides whether event contents may travel on the bus.
 --
+-- The channel is named after the key (event_live.channel, a generated column), so a
+-- rotation also moves the channel: one whose name leaked is dropped by the relays at
+-- the next rotation but one (they keep the previous channel for messages in flight;
+-- README "The live path"). Every call tells the relays on switchboard_events
+-- ({"live":1}): each re-reads the key and LISTENs on the new channel. A forged hint
+-- costs a relay one key read per read cycle at most (coalesced), never per message.
+--
 -- send_id_hints (NULL: unchanged): whether publishers keep sending the {"id": N} hint on
 -- switchboard_events while the path is on. Keep it on (the default) while a previous
--- release's replicas run: they do not LISTEN on switchboard_live and wake on the hint.
+-- release's replicas run: they do not LISTEN on the live channel and wake on the hint.
 -- Off once every replica runs this release: one NOTIFY per transaction fewer, heard by
 -- every replica (README "The live path").
 DROP FUNCTION IF EXISTS switchboard.event_live_path(boolean, integer, boolean);  -- before id_hints (unreleased)
@@ -906,27 +916,58 @@ BEGIN
            key_created_at = CASE WHEN rotate_key THEN now() ELSE l.key_created_at END,
            id_hints = coalesce(event_live_path.send_id_hints, l.id_hints)
      WHERE l.singleton;
-    -- A relay re-reads the key after a reconnect, at each idle check, and when a message
-    -- does not verify; a message signed with a key it does not hold yet is read like any
+    -- A relay re-reads the key after a reconnect, on this hint and at each idle check
+    -- (never because a message does not verify: anybody who knows the channel can send
+    -- those). An event sent on a channel it does not LISTEN on yet is read like any
     -- event, never lost.
+    PERFORM pg_notify('switchboard_events', '{"live":1}');
     RETURN QUERY SELECT l.enabled, l.max_bytes, l.key_created_at, l.id_hints
                    FROM switchboard.event_live l WHERE l.singleton;
 END
 $$;
 COMMENT ON FUNCTION switchboard.event_live_path(boolean, integer, boolean, boolean) IS
-    'Switch the verified live path on or off (off by default): publishers also NOTIFY each event (up to max_bytes) signed with HMAC-SHA256 on channel switchboard_live, and relays deliver it without reading first. Event contents then travel on the bus, readable by any role that can LISTEN. rotate_key draws a new key. send_id_hints false stops the {"id": N} hints on switchboard_events while the path is on (only once no previous-release replica runs).';
+    'Switch the verified live path on or off (off by default): publishers also NOTIFY each event (up to max_bytes) signed with HMAC-SHA256 on the key''s channel (event_live.channel: switchboard_live_ and 32 hex digits, as secret as the key), and relays deliver it without reading first. Any role that can name the channel can LISTEN to event contents: the owner, switchboard_app (relay_live_key()), superusers. rotate_key draws a new key and with it a new channel. Every call NOTIFYs {"live":1} on switchboard_events so relays re-read the key. send_id_hints false stops the {"id": N} hints on switchboard_events while the path is on (only once no previous-release replica runs).';
 REVOKE ALL ON FUNCTION switchboard.event_live_path(boolean, integer, boolean, boolean) FROM PUBLIC;
 
-CREATE OR REPLACE FUNCTION switchboard.relay_live_key()
-RETURNS bytea
+-- Returns the channel with the key, in one snapshot: a relay never LISTENs on one
+-- key's channel while verifying with another.
+CREATE OR REPLACE FUNCTION switchboard.relay_live_key(OUT key bytea, OUT channel text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RETURN (SELECT l.key FROM switchboard.event_live l WHERE l.singleton AND l.enabled);
+    SELECT l.key, l.channel INTO key, channel FROM switchboard.event_live l WHERE l.singleton AND l.enabled;
 END
 $$;
 COMMENT ON FUNCTION switchboard.relay_live_key() IS
-    'Internal (relay): the key that signs live messages on switchboard_live, or NULL while the live path is off.';
+    'Internal (relay): the key that signs live messages and the channel they are sent on (switchboard_live_ and 32 hex digits), both NULL while the live path is off. Keep both secret: whoever can name the channel can LISTEN to every event.';
 REVOKE ALL ON FUNCTION switchboard.relay_live_key() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.relay_live_key() TO switchboard_app;
+
+-- LISTEN (or UNLISTEN) on a live channel from inside a function. LISTEN needs no
+-- privilege, so this is no SECURITY DEFINER: it exists so the channel's name travels
+-- as a bound parameter and never appears in the session's query text, which
+-- pg_stat_activity shows to pg_read_all_stats (and pg_stat_statements, with
+-- pg_stat_statements.track = all, would record the nested LISTEN: README "The live
+-- path"). Takes effect when the calling transaction commits, like LISTEN.
+CREATE OR REPLACE FUNCTION switchboard.relay_live_listen(channel text, listening boolean DEFAULT true)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF channel IS NULL OR channel !~ '^switchboard_live_[0-9a-f]{32}$' THEN
+        RAISE EXCEPTION 'invalid live channel "%"', left(channel, 100) USING ERRCODE = '22023',
+            HINT = 'A live channel is switchboard_live_ and 32 lowercase hex digits, as relay_live_key() returns it.';
+    END IF;
+    IF listening IS NULL THEN
+        RAISE EXCEPTION 'listening must be true or false, not NULL' USING ERRCODE = '22004',
+            HINT = 'true LISTENs on the channel, false UNLISTENs.';
+    END IF;
+    EXECUTE format(CASE WHEN listening THEN 'LISTEN %I' ELSE 'UNLISTEN %I' END, channel);
+END
+$$;
+COMMENT ON FUNCTION switchboard.relay_live_listen(text, boolean) IS
+    'Internal (relay): LISTEN on a live channel (listening false: UNLISTEN), at the calling transaction''s commit. The name is an argument so it stays out of the session''s query text (pg_stat_activity). SQLSTATE 22023 for anything but switchboard_live_ and 32 hex digits.';
+REVOKE ALL ON FUNCTION switchboard.relay_live_listen(text, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.relay_live_listen(text, boolean) TO switchboard_app;

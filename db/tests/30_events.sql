@@ -16,7 +16,7 @@
 \pset pager off
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
-SELECT plan(71);
+SELECT plan(78);
 
 SELECT switchboard.create_user('pgtap.a' || txid_current(), '$2b$12$abcdefghijklmnopqrstuv') AS a \gset
 SELECT switchboard.create_user('pgtap.b' || txid_current(), '$2b$12$abcdefghijklmnopqrstuv') AS b \gset
@@ -137,11 +137,29 @@ SELECT function_privs_are('switchboard', 'relay_ephemeral_missed', ARRAY['interv
 -- The verified live path (V0020): off by default; the owner switches it; the pads are
 -- RFC 2104's; the app role reads the key, nobody else; enabling by hand needs the pads.
 SELECT is((SELECT enabled FROM switchboard.event_live), false, 'event_live: off by default');
-SELECT is(switchboard.relay_live_key(), NULL, 'relay_live_key: NULL while the live path is off');
+SELECT is((SELECT (key, channel) IS NULL FROM switchboard.relay_live_key()), true,
+          'relay_live_key: key and channel NULL while the live path is off');
 SELECT throws_ok('UPDATE switchboard.event_live SET enabled = true', '23514', NULL,
                  'event_live: enabling by hand without the HMAC pads is refused');
 SELECT is((SELECT enabled FROM switchboard.event_live_path(true, 500)), true, 'event_live_path: on');
-SELECT is(octet_length(switchboard.relay_live_key()), 32, 'relay_live_key: the 32-byte key once on');
+SELECT is((SELECT octet_length(key) FROM switchboard.relay_live_key()), 32, 'relay_live_key: the 32-byte key once on');
+-- V0025: the channel is named after the key, and moves with it.
+SELECT is((SELECT channel FROM switchboard.relay_live_key()),
+          (SELECT 'switchboard_live_' || left(encode(sha256('switchboard-live-channel:'::bytea || key), 'hex'), 32)
+             FROM switchboard.event_live),
+          'relay_live_key: the channel is switchboard_live_ and 32 hex digits of sha256 of the key');
+CREATE TEMP TABLE live_before AS SELECT channel FROM switchboard.event_live;
+SELECT is((SELECT key_created_at IS NOT NULL FROM switchboard.event_live_path(true, rotate_key => true)), true,
+          'event_live_path: rotate_key');
+SELECT isnt((SELECT channel FROM switchboard.event_live), (SELECT channel FROM live_before),
+            'event_live: a new key, a new channel');
+SELECT throws_ok('UPDATE switchboard.event_live SET channel = ''switchboard_live''', '428C9', NULL,
+                 'event_live: the channel cannot be set by hand (generated from the key)');
+SELECT throws_ok('SELECT switchboard.relay_live_listen(''switchboard_events'')', '22023', NULL,
+                 'relay_live_listen: live channel names only');
+SELECT lives_ok('SELECT switchboard.relay_live_listen((SELECT channel FROM switchboard.event_live))',
+                'relay_live_listen: LISTENs on a live channel');
+SELECT function_privs_are('switchboard', 'relay_live_listen', ARRAY['text', 'boolean'], 'switchboard_app', ARRAY['EXECUTE']);
 SELECT is((SELECT ipad = (switchboard._live_pads(key)).ipad AND opad = (switchboard._live_pads(key)).opad
              AND get_byte(ipad, 63) = 54 AND get_byte(opad, 63) = 92 FROM switchboard.event_live), true,
           'event_live: the key zero-padded to 64 bytes, XOR 0x36 / 0x5c');

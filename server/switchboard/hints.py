@@ -22,11 +22,15 @@ from . import bounded
 from .bounded import BadInput
 
 CHANNELS = ("switchboard_events", "switchboard_control", "switchboard_runs")
-LIVE_CHANNEL = "switchboard_live"   # the verified live path (V0020): parse_live, not parse
+# The verified live path (V0020): parse_live, not parse. Its channel is named after the
+# key (V0025: LIVE_PREFIX and 32 hex digits, relay_live_key()) and is as secret as the
+# key; LIVE_CHANNEL is the name it goes by in metrics and logs.
+LIVE_CHANNEL = "switchboard_live"
+LIVE_PREFIX = "switchboard_live_"
 
 
 class Notice(NamedTuple):
-    """One parsed notification. ``kind`` is one of: run, event, eph, tick, user,
+    """One parsed notification. ``kind`` is one of: run, event, eph, tick, live, user,
     revoke, member, tool_result, session; the other fields are set as the kind needs.
     A NamedTuple, not a frozen dataclass: every replica builds one per notification,
     and a frozen dataclass's __init__ (object.__setattr__ per field) cost 3 us of
@@ -71,8 +75,10 @@ def _text(value: object, name: str, limit: int) -> str:
     return value
 
 
-_EVENTS_HINT = re.compile(r'\{"(id|eph|tick)":([1-9][0-9]{0,19})\}\Z')
-_EVENTS_KIND = {"id": "event", "eph": "eph", "tick": "tick"}
+_EVENTS_HINT = re.compile(r'\{"(id|eph|tick|live)":([1-9][0-9]{0,19})\}\Z')
+# {"live": 1}: event_live_path() was called (the live path switched, or its key and
+# channel rotated): re-read the key.
+_EVENTS_KIND = {"id": "event", "eph": "eph", "tick": "tick", "live": "live"}
 
 
 def parse(channel: str, payload: str) -> Notice:
@@ -108,7 +114,7 @@ def _events_notice(msg: dict[str, Any]) -> Notice:
         kind = _EVENTS_KIND.get(key)
         if kind is not None:
             return Notice(kind, id=_int(msg, key))
-    raise BadInput("bad_field", "an events hint is {\"id\": N}, {\"eph\": N} or {\"tick\": N}")
+    raise BadInput("bad_field", "an events hint is {\"id\": N}, {\"eph\": N}, {\"tick\": N} or {\"live\": N}")
 
 
 # switchboard_control: each kind's notice, from the fields that kind carries.
@@ -132,7 +138,7 @@ def _control_notice(msg: dict[str, Any]) -> Notice:
 
 
 class LiveEvent(NamedTuple):
-    """A stored event as its publisher signed it on switchboard_live (50_events.sql).
+    """A stored event as its publisher signed it on the live channel (50_events.sql).
     (A NamedTuple for the same reason as Notice: one per live message per replica.)"""
 
     id: int
@@ -191,7 +197,7 @@ class Hints:
     def __init__(self) -> None:
         self.events = False
         self.tick = False               # a publisher committed: make sure a tick covers it
-        self.window = False             # re-read event_window() (publishers_notify)
+        self.window = False             # re-read event_window() (publishers_notify) and the live key
         self.ephemeral: set[int] = set()
         self.users: set[uuid.UUID] = set()
         self.revoked: set[str] = set()

@@ -52,6 +52,9 @@ _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "switchboard_live_frames_total": (
         "Event frames sent from a verified live message before the relay read the event (live path, V0020)", ()),
     "switchboard_relay_reads_total": ("Event reads of the relay (at most one per SWITCHBOARD_RELAY_READ_GAP)", ()),
+    "switchboard_live_key_reads_total": (
+        "Reads of the live path's key by the relay (each (re)connect, each idle check, each announced key "
+        "change: at most one per read; never per live message)", ()),
     "switchboard_relay_gaps_total": (
         "Times the relay found events after its position reaped before it read them (every local socket "
         "got resume_gap)", ()),

@@ -11,7 +11,12 @@ Every commit also sends its live message to the relay, in commit order, like
 NOTIFY (heard at once or later). A random schedule interleaves inserts, commits,
 reads, joins of a second socket, events too large to go live (barriers), bursts
 without reads that fill a socket's cursor (refusals, held frames), late hearing,
-and commits heard while a read's rows are on the way (after its snapshot).
+commits heard while a read's rows are on the way (after its snapshot), and key
+rotations (V0025: each key has its own channel; a message is heard only on a
+channel the relay LISTENs on when the message is delivered; a publisher signs
+with the key of its own snapshot, so messages under the previous key arrive
+after the rotation's hint; messages sent on the new channel before the relay
+LISTENs on it are either lost or delivered late, as PostgreSQL may do).
 Checked per socket, at the end:
 every event it should get, exactly once; nothing that committed before another
 event's transaction began arrives after it; and its final cursor covers every
@@ -43,6 +48,7 @@ from switchboard.relay.stream import EventStream
 from switchboard.sockets import Client, Registry
 
 KEY = bytes(range(32))
+CHANNEL = "switchboard_live_" + "0" * 32
 ALICE = uuid.UUID(int=1)
 ROOM = "lobby"
 
@@ -57,7 +63,10 @@ class World:
         self.unticked: list[dict[str, Any]] = []
         self.ticked: list[dict[str, Any]] = []   # with "tick", in (tick, id) order
         self.tick = 0
-        self.pending: list[str] = []          # live messages sent, not yet heard (NOTIFY lag)
+        self.pending: list[tuple[str, str]] = []   # (channel, message) sent, not yet heard (NOTIFY lag)
+        self.keys: list[tuple[str, bytes]] = [(CHANNEL, KEY)]   # every key so far, the current last
+        self.listening = {CHANNEL}            # the relay's live channels (LISTEN)
+        self.drop_early = False               # a LISTEN loses what was sent on its channel before it
         self.during_read = 0                  # commits (heard at once) after the next read's tick
         self.parts: Parts | None = None
         self.reaped_tick = 0                  # ticks at or below were reaped (event_window().first_tick)
@@ -70,7 +79,8 @@ class World:
     def insert(self, to_room: bool, big: bool) -> None:
         self.clock += 1
         self.open.append({"id": self.next_id, "room": ROOM if to_room else None,
-                          "user_id": None if to_room else ALICE, "big": big, "start": self.clock})
+                          "user_id": None if to_room else ALICE, "big": big, "start": self.clock,
+                          "key": len(self.keys) - 1})     # the key of the publisher's snapshot
         self.next_id += 1
 
     def commit(self, k: int) -> None:
@@ -81,15 +91,32 @@ class World:
         e["commit"] = self.clock
         self.unticked.append(e)
         self.committed.append(e)
-        self.pending.append(self.message(e))
+        self.pending.append((self.keys[e["key"]][0], self.message(e)))
 
     def hear(self, n: int) -> None:
         """The LISTEN connection delivers the next n messages, in commit order: a read may
-        have seen their events already (the relay must then skip them)."""
+        have seen their events already (the relay must then skip them). A message on a
+        channel the relay does not LISTEN on (any more) is not delivered."""
         assert self.parts is not None
-        for m in self.pending[:n]:
-            self.parts.dispatch("switchboard_live", m)
+        for ch, m in self.pending[:n]:
+            if ch == "switchboard_events" or ch in self.listening:
+                self.parts.dispatch(ch, m)
         del self.pending[:n]
+
+    def rotate(self, drop_early: bool) -> None:
+        """event_live_path(true, rotate_key => true): a new key and channel, and its hint."""
+        n = len(self.keys)
+        self.keys.append(("switchboard_live_%032x" % n, hashlib.sha256(bytes([n])).digest()))
+        self.pending.append(("switchboard_events", '{"live":1}'))
+        self.drop_early = drop_early
+
+    def listen(self, channel: str) -> None:
+        self.listening.add(channel)
+        if self.drop_early:
+            self.pending = [(c, m) for c, m in self.pending if c != channel]
+
+    def unlisten(self, channel: str) -> None:
+        self.listening.discard(channel)
 
     def reap(self) -> None:
         """reap_events(): every tick so far goes, with its events."""
@@ -99,14 +126,14 @@ class World:
             self.ticked = [e for e in self.ticked if e["tick"] > self.tick]
             self.reaped_tick = self.tick
 
-    @staticmethod
-    def message(e: dict[str, Any]) -> str:
+    def message(self, e: dict[str, Any]) -> str:
+        e["signer"] = self.keys[e["key"]][1]
         if e["big"]:
             return '{"b":%d}' % e["id"]
         body = json.dumps({"id": e["id"], "u": None if e["user_id"] is None else str(e["user_id"]),
                            "r": e["room"], "e": "x", "t": int(time.time() * 1000) + 60_000,
                            "p": {"id": e["id"]}}, separators=(",", ":"))
-        return hmac.new(KEY, body.encode(), hashlib.sha256).hexdigest() + body
+        return hmac.new(e["signer"], body.encode(), hashlib.sha256).hexdigest() + body
 
     def _row(self, e: dict[str, Any]) -> dict[str, Any]:
         return {"tick": e["tick"], "id": e["id"], "ephemeral": False, "user_id": e["user_id"],
@@ -152,11 +179,25 @@ class Parts:
                                   on_behind=lambda c: None)
         self.stream.start_at((0, 0))
         self.dispatch = Dispatcher(self.live, self.stream, registry, metrics, "r1", on_run_wake=lambda: None)
-        self.live.reconnected(KEY, 0)
+        self.live.reconnected(KEY, CHANNEL, 0)
+        self.world = world
         world.parts = self
 
+    def rekey(self) -> None:
+        """relay/core.py's _live_rekey: LISTEN on the new key's channel first, then the
+        barrier; UNLISTEN what the merge let go."""
+        channel, key = self.world.keys[-1]
+        if channel == self.live.channel:
+            return
+        self.world.listen(channel)
+        for old in self.live.rotated(key, channel):
+            self.world.unlisten(old)
+
     async def read(self) -> None:
-        self.dispatch.take()
+        if self.dispatch.take().window:
+            self.rekey()
+        for old in self.live.expired_channels():
+            self.world.unlisten(old)
         res = await self.stream.read(None, True, [], True, self._between)
         if res.covers >= 0:
             self.live.read_covers(res.covers)
@@ -174,6 +215,7 @@ OPS = st.lists(st.one_of(
     st.tuples(st.just("hear"), st.integers(1, 200), st.just(0)),        # NOTIFY delivery lags
     st.tuples(st.just("racing"), st.integers(1, 80), st.just(0)),       # commits during the next read
     st.tuples(st.just("join"), st.just(False), st.just(0)),             # the second socket joins the room
+    st.tuples(st.just("rotate"), st.booleans(), st.just(0)),            # a new key (early messages lost?)
 ), min_size=5, max_size=60)
 
 
@@ -209,6 +251,8 @@ def test_live_frames_and_reads_merge_exactly_once_in_commit_order(ops: list[tupl
                 world.hear(x)
             elif op == "racing":
                 world.during_read = x
+            elif op == "rotate":
+                world.rotate(bool(x))
             elif op == "join" and b not in joined_at:
                 registry.join(b, ROOM)
                 joined_at[b] = world.clock
@@ -274,7 +318,7 @@ class MergeMachine(RuleBasedStateMachine):
         self.parts.live = live = LiveMerge(clock=self.clock)
         self.registry.place, self.registry.forget = live.place, live.forget
         self.parts.stream.live = self.parts.dispatch.live = live
-        live.reconnected(KEY, 0)
+        live.reconnected(KEY, CHANNEL, 0)
         self.a = Client(ALICE, "alice", "member", 100000, (0, 0), lambda c: None)
         self.b = Client(uuid.UUID(int=2), "bob", "member", 100000, (0, 0), lambda c: None)
         self.registry.add(self.a)
@@ -309,6 +353,10 @@ class MergeMachine(RuleBasedStateMachine):
     def read(self) -> None:
         self._read()
 
+    @rule(drop_early=st.booleans())
+    def rotate(self, drop_early: bool) -> None:
+        self.world.rotate(drop_early)
+
     @rule()
     def tick_and_reap(self) -> None:
         """A tick lands (another replica ticked), then reap_events() takes it before this
@@ -325,6 +373,11 @@ class MergeMachine(RuleBasedStateMachine):
     @rule(s=st.floats(0, 40))
     def time_passes(self, s: float) -> None:
         self.clock.t += s
+
+    @invariant()
+    def at_most_two_live_channels(self) -> None:
+        assert len(self.world.listening) <= 2, self.world.listening
+        assert set(self.parts.live.channels()) <= self.world.listening
 
     @invariant()
     def bounded_and_nothing_held_for_the_closed(self) -> None:

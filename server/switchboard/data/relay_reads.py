@@ -21,14 +21,23 @@ class RelayReads:
     what a replica holds (user states, revocations, room memberships)."""
 
     @staticmethod
-    async def relay_live_key(conn: psycopg.AsyncConnection[Any]) -> tuple[bytes | None, int]:
-        """The live path's HMAC key (V0020; None while the path is off) and the database
-        clock in epoch milliseconds (the clock live messages are stamped with)."""
-        cur = await conn.execute("SELECT switchboard.relay_live_key() AS key, "
-                                 "(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms")
+    async def relay_live_key(conn: psycopg.AsyncConnection[Any]) -> tuple[bytes | None, str | None, int]:
+        """The live path's HMAC key and its channel (V0025; both None while the path is
+        off), and the database clock in epoch milliseconds (the clock live messages are
+        stamped with)."""
+        cur = await conn.execute("SELECT k.key, k.channel, "
+                                 "(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms "
+                                 "FROM switchboard.relay_live_key() k")
         row = await cur.fetchone()
         assert row is not None
-        return (None if row["key"] is None else bytes(row["key"])), int(row["now_ms"])
+        key, channel = row["key"], row["channel"]
+        return (None if key is None else bytes(key)), (None if key is None else str(channel)), int(row["now_ms"])
+
+    @staticmethod
+    async def relay_live_listen(conn: psycopg.AsyncConnection[Any], channel: str, listening: bool) -> None:
+        """LISTEN (or UNLISTEN) on a live channel, on the LISTEN connection ``conn``. The
+        name is a bound parameter: it never appears in pg_stat_activity's query text."""
+        await conn.execute("SELECT switchboard.relay_live_listen(%s, %s)", (channel, listening))
 
     @staticmethod
     async def relay_ephemeral_missed(conn: psycopg.AsyncConnection[Any], lookback: float,

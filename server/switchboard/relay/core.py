@@ -27,12 +27,16 @@ a hint, never a fact (docs/security.md); the position only moves to rows read.
 Channels (documented for programs in other languages):
   switchboard_events  {"id": N} (a transaction that published committed; N its first event)
                       | {"tick": k} (tick k recorded) | {"eph": N} (ephemeral event N)
+                      | {"live": 1} (the live path switched or its key rotated)
   switchboard_control {"kind": "user", "user_id"} | {"kind": "revoke", "jti"}
                       | {"kind": "member", "room", "user_id"}
                       | {"kind": "tool_result", "call_id", "replica_id"}
                       | {"kind": "session", "session_id"}
   switchboard_runs    "" (a run was queued: claim now)
-  switchboard_live    <mac>{event} | {"b": N} (the verified live path, V0020)
+  switchboard_live_<32 hex digits>
+                      <mac>{event} | {"b": N} (the verified live path, V0020; the channel is
+                      named after the key, V0025, and LISTENed on through
+                      relay_live_listen() so its name stays out of pg_stat_activity)
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from ..auth import AuthState
 from ..config import Config
 from ..cursor import END, Position
 from ..db import Database
-from ..hints import CHANNELS, LIVE_CHANNEL, Hints
+from ..hints import CHANNELS, Hints
 from ..metrics import Metrics
 from ..resume import resume
 from ..sockets import Client, Registry
@@ -103,7 +107,7 @@ class Relay:
         self.announce = Announcements(db, auth, registry, self.close_client,
                                       on_tool_result=on_tool_result, on_sessions=on_sessions)
         self.listener = NotifyListener(config.listen_database_url or config.database_url,
-                                       CHANNELS + (LIVE_CHANNEL,), config.listen_check_interval, metrics,
+                                       CHANNELS, config.listen_check_interval, metrics,
                                        dispatch=self.dispatch, on_session=self._on_session,
                                        on_idle=lambda: self.dispatch.want_read(window=True))
         self.on_run_wake = on_run_wake
@@ -174,7 +178,11 @@ class Relay:
         # Nothing live until a read covers what committed while deaf; live messages stamped
         # before this (re)connect are history (a genuine one replayed later verifies too).
         # (Nothing is dispatched during this method: the listener hears only afterwards.)
-        self.live.reconnected(*await self.db.relay_live_key(rconn))
+        key, channel, since = await self._live_key(rconn)
+        if channel is not None:
+            await self.listener.on_listen_connection(
+                lambda conn: self.db.relay_live_listen(conn, channel, True))
+        self.live.reconnected(key, channel, since)
         if first:
             # Deliver from the newest tick on (sockets resume with events_since_v2).
             self.stream.start_at((int(win["last_tick"]), END))
@@ -224,7 +232,7 @@ class Relay:
             if not (h.ephemeral or Announcements.pending(h)):
                 wait = last + self._read_gap() - loop.time()
                 if wait > 0:
-                    await asyncio.sleep(wait)     # notices meanwhile land in the same Hints
+                    await self._pause(wait, last)     # notices meanwhile land in the same Hints
             hints = self.dispatch.take()
             if hints.events or hints.tick:
                 last = loop.time()
@@ -235,6 +243,24 @@ class Relay:
                 # is sent: under a steady rate the wake is already set again, and the next
                 # query's backend would take this process's CPU first (BENCHMARKS.md "l18").
                 await asyncio.sleep(0)
+
+    async def _pause(self, wait: float, last: float) -> None:
+        """Sleep ``wait`` s before the next read. A live message that raises the barrier
+        meanwhile (a large event, a forged or replayed message) cuts the live path's long
+        gap down to relay_read_gap: every live frame after it waits for that read."""
+        gap = self.cfg.relay_read_gap
+        hurry = self.dispatch.hurry
+        hurry.clear()
+        if wait <= gap:
+            await asyncio.sleep(wait)
+            return
+        try:
+            await asyncio.wait_for(hurry.wait(), wait)
+        except TimeoutError:
+            return
+        rest = last + gap - asyncio.get_running_loop().time()
+        if rest > 0:
+            await asyncio.sleep(rest)
 
     def _read_gap(self) -> float:
         """relay_read_gap; LIVE_READ_GAP while the live path carries every event (nothing
@@ -247,7 +273,9 @@ class Relay:
         assert rconn is not None
         if h.window:
             self.publishers_notify = bool((await self.db.event_window_on(rconn))["publishers_notify"])
-            self.live.key = (await self.db.relay_live_key(rconn))[0]
+            await self._live_rekey(rconn)
+        for channel in self.live.expired_channels():
+            await self._unlisten(channel)
         # Auth first: a disable, a revocation or a session end never waits behind delivery.
         await self.announce.apply(rconn, h)
         res = await self.stream.read(rconn, h.tick, sorted(h.ephemeral), h.events or bool(h.ephemeral),
@@ -263,6 +291,29 @@ class Relay:
             self._busy = 0
         if res.covers >= 0:
             self.live.read_covers(res.covers)
+
+    # -- the live path's key and channel ----------------------------------------------------------
+    async def _live_key(self, rconn: psycopg.AsyncConnection[Any]) -> tuple[bytes | None, str | None, int]:
+        self.metrics.inc("switchboard_live_key_reads_total")
+        return await self.db.relay_live_key(rconn)
+
+    async def _live_rekey(self, rconn: psycopg.AsyncConnection[Any]) -> None:
+        """Re-read the key; if it changed (a rotation, the path switched), LISTEN on the new
+        key's channel FIRST, then raise the barrier (LiveMerge.rotated): events sent on it
+        before the LISTEN took effect were never heard, and the read after the barrier
+        covers them, so nothing heard later goes live ahead of them. The previous
+        channel stays LISTENed for messages in flight; older ones are UNLISTENed."""
+        key, channel, _ = await self._live_key(rconn)
+        if channel == self.live.channel:
+            return
+        if channel is not None:
+            await self.listener.on_listen_connection(lambda conn: self.db.relay_live_listen(conn, channel, True))
+        for old in self.live.rotated(key, channel):
+            await self._unlisten(old)
+        self.dispatch.want_read()
+
+    async def _unlisten(self, channel: str) -> None:
+        await self.listener.on_listen_connection(lambda conn: self.db.relay_live_listen(conn, channel, False))
 
     async def _between_pages(self, rconn: psycopg.AsyncConnection[Any]) -> None:
         if Announcements.pending(self.dispatch.hints):

@@ -5,6 +5,12 @@ acts on a payload: it collects ``Hints`` (hints.py) and wakes the reader. A
 live-channel message goes to the live merge, which may put a verified event on
 a socket at once. A refused payload is counted in
 switchboard_notify_rejected_total{reason} and logged at most once a minute.
+
+Bounded work per message: a live message that does not verify costs one HMAC
+over at most 8000 bytes and raises a barrier; it never makes the relay re-read
+the key (anybody who knows the channel can send one). The key is re-read after
+a LISTEN reconnect, on the {"live"} hint that event_live_path() sends (coalesced:
+at most once per read) and at the idle checks.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from collections.abc import Callable
 
 from .. import latency_trace
 from ..bounded import BadInput
-from ..hints import LIVE_CHANNEL, REJECT_REASONS, Hints, Notice, RejectLog, parse
+from ..hints import LIVE_CHANNEL, LIVE_PREFIX, REJECT_REASONS, Hints, Notice, RejectLog, parse
 from ..metrics import Metrics
 from ..sockets import Registry
 from .live import LiveMerge
@@ -36,6 +42,7 @@ class Dispatcher:
         self.on_run_wake = on_run_wake
         self.hints = Hints()
         self.wake = asyncio.Event()
+        self.hurry = asyncio.Event()     # a live message raised the barrier (Relay._pause)
         self.last_tick_heard = 0.0
         self._reject_log = RejectLog(LOG)
 
@@ -53,10 +60,12 @@ class Dispatcher:
         self.wake.set()
 
     def __call__(self, channel: str, payload: str) -> None:
-        self.metrics.inc("switchboard_notifications_total", channel=channel)
-        if channel == LIVE_CHANNEL:
-            self._live(payload)
+        if channel.startswith(LIVE_PREFIX):
+            # Counted under the path's public name: the channel's own is as secret as the key.
+            self.metrics.inc("switchboard_notifications_total", channel=LIVE_CHANNEL)
+            self._live(channel, payload)
             return
+        self.metrics.inc("switchboard_notifications_total", channel=channel)
         try:
             n = parse(channel, payload)
         except BadInput as exc:
@@ -96,6 +105,11 @@ class Dispatcher:
             if n.id is not None and n.id <= self.stream.position[0]:
                 return False  # already read through that tick
             h.events = True
+        elif kind == "live":
+            # The live path switched or its key rotated: re-read the key (and LISTEN on its
+            # channel), then read what was sent on a channel this relay did not hear yet.
+            # A flag, so a flood of forged hints costs one key read per read, not per hint.
+            h.window = h.events = h.tick = True
         elif kind == "tool_result":
             if n.replica_id != self.replica_id:
                 return False  # another replica's waiter (or noise)
@@ -118,19 +132,21 @@ class Dispatcher:
             return False
         return True
 
-    def _live(self, payload: str) -> None:
-        """A message on switchboard_live: the read that confirms it (and delivers it if it
-        cannot go live) is asked for in any case; the merge decides the rest."""
+    def _live(self, channel: str, payload: str) -> None:
+        """A message on a live channel: the read that confirms it (and delivers it if it
+        cannot go live) is asked for in any case; the merge decides the rest. A refused
+        message raises the barrier and is counted; it never makes the relay re-read the
+        key (key changes are announced: the {"live"} hint)."""
         h = self.hints
         h.events = h.tick = True
         self.wake.set()
-        v = self.live.verify(payload)
+        v = self.live.verify(channel, payload)
+        if self.live.barrier == self.live.heard:
+            self.hurry.set()              # this message raised the barrier: read soon
         if v.refused is not None:
             if v.refused != "off":
                 self.metrics.inc("switchboard_notify_rejected_total", reason=v.refused)
                 self._reject_log(LIVE_CHANNEL, BadInput(v.refused, "live message refused"), payload)
-            if v.refused in ("off", "bad_mac"):
-                h.window = True           # switched on, or a rotated key: re-read the key
             return
         ev = v.event
         if ev is None:

@@ -7,6 +7,9 @@ notification goes to ``dispatch(channel, payload)`` (parse, bound, never act);
 ``on_session(reader)`` runs first thing after every (re)connect and returns the
 task that works on the reader connection for the session (the relay's read
 loop); ``on_idle()`` after every liveness check that found the line quiet.
+``on_listen_connection(job)`` runs a statement on the LISTEN connection (the
+relay LISTENs on the live path's channel, which it learns only with the key):
+at once during ``on_session``, between two waits while hearing.
 
 Hearing: the LISTEN socket stays registered with the event loop for the whole
 session and each readable event drains libpq's queue (consume_input,
@@ -38,6 +41,7 @@ LOG = logging.getLogger("switchboard.relay")
 
 Dispatch = Callable[[str, str], None]
 OnSession = Callable[[psycopg.AsyncConnection[Any]], Awaitable["asyncio.Task[None]"]]
+Job = Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]
 
 
 async def bounded_wait(coro: Any, timeout: float, what: str) -> Any:
@@ -92,6 +96,9 @@ class NotifyListener:
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._hearing: int | None = None    # the LISTEN socket's fd while the loop watches it
         self._stop = asyncio.Event()
+        self._in_hear = False                # hear() owns the LISTEN connection
+        self._jobs: list[tuple[Job, asyncio.Future[None]]] = []
+        self._job_signal: asyncio.Future[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def run(self) -> None:
@@ -161,6 +168,7 @@ class NotifyListener:
             timeout=10)
 
     async def _session(self) -> None:
+        self._in_hear = False
         conn = self._conn = await self._connect(self.names[0])
         self.reader = await self._connect(self.names[1])
         for ch in self.channels:
@@ -178,6 +186,26 @@ class NotifyListener:
             # the clean-up below: it may wait on a dead network.
             self._mark_down()
             await abandon(worker, self.reader)
+
+    async def on_listen_connection(self, job: Job) -> None:
+        """Run ``job(conn)`` on this session's LISTEN connection and wait for it. During
+        ``on_session`` (before hearing starts) it runs at once; while hearing, the hear
+        loop runs it between two waits, with the socket handed back to psycopg as for a
+        liveness check (what arrives meanwhile is dispatched in order). Bounded like a
+        liveness check; a failure ends the session (raised here too, or the waiting
+        task is cancelled with the session)."""
+        conn = self._conn
+        if conn is None:
+            raise RuntimeError("the LISTEN connection is down")
+        if not self._in_hear:
+            await bounded_wait(job(conn), max(self.check_interval, 1.0), "LISTEN statement")
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._jobs.append((job, done))
+        signal = self._job_signal
+        if signal is not None and not signal.done():
+            signal.set_result(None)
+        await done
 
     # -- hearing -------------------------------------------------------------------------------
     async def hear(self, conn: psycopg.AsyncConnection[Any], worker: asyncio.Task[None]) -> None:
@@ -211,30 +239,51 @@ class NotifyListener:
             heard += 1
             dispatch(n.channel, n.payload)
 
-        # Heard while LISTEN ran and the relay caught up, dispatched only now: after
-        # on_session's barrier (nothing of it goes live before the catch-up read).
-        async for n in conn.notifies(timeout=0):
-            heard += 1
-            dispatch(n.channel, n.payload)
-        conn.add_notify_handler(during_check)
-        self._watch(fd, readable)
-        readable()      # anything libpq holds already: epoll only reports new bytes
+        self._in_hear = True     # from here on, statements on conn go through _serve
         try:
-            while not self._stop.is_set():
-                before = heard
-                await asyncio.wait({worker, failed}, timeout=self.check_interval,
-                                   return_when=asyncio.FIRST_COMPLETED)
-                self._raise_if_done(failed, worker)
-                if heard == before:
-                    await self._prove_alive(conn, fd, readable)
+            # Heard while LISTEN ran and the relay caught up, dispatched only now: after
+            # on_session's barrier (nothing of it goes live before the catch-up read).
+            async for n in conn.notifies(timeout=0):
+                heard += 1
+                dispatch(n.channel, n.payload)
+            conn.add_notify_handler(during_check)
+            self._watch(fd, readable)
+            readable()      # anything libpq holds already: epoll only reports new bytes
+            await self._serve(conn, fd, readable, worker, failed, lambda: heard)
         finally:
-            if self._hearing == fd:
-                loop.remove_reader(fd)
-                self._hearing = None
-            if not failed.done():
-                failed.cancel()
-            elif not failed.cancelled():
-                failed.exception()     # retrieved: raised above, or superseded by another error
+            self._end_hearing(fd, failed)
+
+    async def _serve(self, conn: psycopg.AsyncConnection[Any], fd: int, readable: Callable[[], None],
+                     worker: asyncio.Task[None], failed: asyncio.Future[None], heard: Callable[[], int]) -> None:
+        """Wait for the worker or the connection to fail, a statement to run on the
+        connection (on_listen_connection), or ``check_interval`` of quiet (a liveness check)."""
+        loop = asyncio.get_running_loop()
+        while not self._stop.is_set():
+            before = heard()
+            signal = self._job_signal = loop.create_future()
+            if self._jobs:
+                signal.set_result(None)
+            await asyncio.wait({worker, failed, signal}, timeout=self.check_interval,
+                               return_when=asyncio.FIRST_COMPLETED)
+            self._raise_if_done(failed, worker)
+            if self._jobs:
+                await self._run_jobs(conn, fd, readable)
+            elif heard() == before:
+                await self._prove_alive(conn, fd, readable)
+
+    def _end_hearing(self, fd: int, failed: asyncio.Future[None]) -> None:
+        self._in_hear = False
+        self._job_signal = None
+        for _, done in self._jobs:
+            done.cancel()      # the session ended: the task waiting for it ends with it
+        self._jobs.clear()
+        if self._hearing == fd:
+            asyncio.get_running_loop().remove_reader(fd)
+            self._hearing = None
+        if not failed.done():
+            failed.cancel()
+        elif not failed.cancelled():
+            failed.exception()     # retrieved: raised above, or superseded by another error
 
     def _watch(self, fd: int, readable: Callable[[], None]) -> None:
         asyncio.get_running_loop().add_reader(fd, readable)
@@ -247,6 +296,25 @@ class NotifyListener:
         if worker.done():
             worker.result()  # the worker's connection failed: reconnect both
             raise RuntimeError("relay reader stopped")
+
+    async def _run_jobs(self, conn: psycopg.AsyncConnection[Any], fd: int,
+                        readable: Callable[[], None]) -> None:
+        """The statements asked for with on_listen_connection, in order, with the socket
+        handed to psycopg meanwhile (as in _prove_alive)."""
+        asyncio.get_running_loop().remove_reader(fd)
+        self._hearing = None
+        while self._jobs:
+            job, done = self._jobs.pop(0)
+            if done.done():
+                continue
+            try:
+                await bounded_wait(job(conn), max(self.check_interval, 1.0), "LISTEN statement")
+            except BaseException:
+                done.cancel()
+                raise
+            done.set_result(None)
+        self._watch(fd, readable)
+        readable()
 
     async def _prove_alive(self, conn: psycopg.AsyncConnection[Any], fd: int,
                            readable: Callable[[], None]) -> None:

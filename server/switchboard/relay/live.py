@@ -1,7 +1,7 @@
 """The live path's merge of live frames and reads: pure state, no I/O.
 
 A publisher that commits also sends a signed copy of its event on
-switchboard_live (V0020). The relay may put that copy on a socket at once --
+the live channel (V0020; named after the key since V0025). The relay may put that copy on a socket at once --
 before any read -- only when nothing the socket should get first can still
 come from a read. ``LiveMerge`` owns every rule of that decision; the relay
 feeds it what it heard and what it read, and it offers frames to sockets
@@ -13,13 +13,18 @@ been read:
 - ``covered``: the hearing count up to which a completed read covered
   everything;
 - ``barrier``: the count of the last event that could not go live (too large,
-  a MAC that does not verify, a LISTEN reconnect, an id that may have been read
-  already, a message stamped before this connection: a replayed genuine one);
-  nothing goes live until a read covers it;
+  a MAC that does not verify, a LISTEN reconnect, a new key and channel, an id
+  that may have been read already, a message stamped before this connection: a
+  replayed genuine one); nothing goes live until a read covers it;
 - a socket's ``LiveState.gate`` (set when it is registered or joins a room:
   events from before reach it only by the read), and the frames it holds
   meanwhile, flushed in order once a read covers them.
 An event read already (``recent``) is skipped: the read delivered it.
+
+Keys: the channel is named after the key (V0025), so each channel has one key.
+The merge holds the current one and, after a rotation, the previous one for
+messages still in flight (at most two; the previous for at most PREVIOUS_TTL
+seconds). A message on any other channel cannot be verified and is a barrier.
 
 Bounded and self-healing (no state outlives its cause):
 - ``recent`` keeps the last RECENT_MAX ids read;
@@ -61,11 +66,15 @@ class LiveMerge:
     RECENT_MAX = 20000
     UNCONFIRMED_MAX = 10000
     UNCONFIRMED_TTL = 30.0      # s an id sent live may wait for the read that confirms it
+    PREVIOUS_TTL = 60.0         # s the previous key's channel is heard after a rotation
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, ttl: float = UNCONFIRMED_TTL,
                  on_sent: Callable[[], None] = lambda: None,
                  on_dropped: Callable[[], None] = lambda: None) -> None:
-        self.key: bytes | None = None
+        self.key: bytes | None = None       # the current key (None: the path is off)
+        self.channel: str | None = None     # ... and the channel it signs on
+        self._keys: dict[str, bytes] = {}   # channel -> key: the current and the previous
+        self._previous_since = 0.0          # when the previous key stopped being current
         self.heard = 0          # messages heard on the live channel (plus reconnect barriers)
         self.covered = 0        # every message heard up to this count has been read
         self.barrier = 0        # a message heard at this count must be read before anything live
@@ -87,13 +96,49 @@ class LiveMerge:
         """A socket was registered or joined a room: events heard before reach it by the read."""
         c.live.gate = max(c.live.gate, self.heard)
 
-    def reconnected(self, key: bytes | None, live_since: int) -> None:
-        """The LISTEN connection is (re)established: live messages sent while deaf are
-        gone, so nothing goes live until a read covers everything committed before now;
-        and messages stamped before ``live_since`` are history (a replayed genuine one)."""
+    def reconnected(self, key: bytes | None, channel: str | None, live_since: int) -> None:
+        """The LISTEN connection is (re)established, and LISTENs on ``channel``: live
+        messages sent while deaf are gone, so nothing goes live until a read covers
+        everything committed before now; and messages stamped before ``live_since`` are
+        history (a replayed genuine one)."""
         self.heard += 1
         self.barrier = self.heard
-        self.key, self.live_since = key, live_since
+        self.key, self.channel, self.live_since = key, channel, live_since
+        self._keys = {} if key is None or channel is None else {channel: key}
+
+    def rotated(self, key: bytes | None, channel: str | None) -> list[str]:
+        """The path has a new key (None: it was switched off) and the relay LISTENs on its
+        ``channel`` now. Events sent on it before that LISTEN were never heard, so nothing
+        goes live until a read covers everything committed before now (a barrier, as at a
+        reconnect). The previous key stays for messages still in flight on its channel.
+        Returns the channels no longer heard: the relay UNLISTENs them."""
+        self.heard += 1
+        self.barrier = self.heard
+        keep: dict[str, bytes] = {}
+        if key is not None and channel is not None:
+            keep[channel] = key
+            if self.channel is not None and self.channel != channel and self.channel in self._keys:
+                keep[self.channel] = self._keys[self.channel]
+                self._previous_since = self._clock()
+        dropped = [c for c in self._keys if c not in keep]
+        self._keys = keep
+        self.key, self.channel = key, channel
+        return dropped
+
+    def expired_channels(self) -> list[str]:
+        """The previous key's channel once it has been heard PREVIOUS_TTL seconds after the
+        rotation (forgotten now; the relay UNLISTENs it). A message still in flight on it
+        after that is read like any event."""
+        if len(self._keys) < 2 or self._clock() - self._previous_since < self.PREVIOUS_TTL:
+            return []
+        old = [c for c in self._keys if c != self.channel]
+        for c in old:
+            del self._keys[c]
+        return old
+
+    def channels(self) -> list[str]:
+        """The live channels whose messages verify: the current one first."""
+        return sorted(self._keys, key=lambda c: c != self.channel)
 
     def bump(self) -> int:
         """Count a message heard on the live channel; its count."""
@@ -151,12 +196,14 @@ class LiveMerge:
     def holding(self) -> int:
         return len(self._holding)
 
-    # -- a message on switchboard_live -----------------------------------------------------
-    def verify(self, payload: str) -> Verdict:
-        """Count the message and decide what it is. Anything but a verified, fresh event
-        not read yet raises the barrier (the read decides, never the message)."""
+    # -- a message on a live channel -------------------------------------------------------
+    def verify(self, channel: str, payload: str) -> Verdict:
+        """Count a message heard on live ``channel`` and decide what it is. Anything but a
+        verified, fresh event not read yet raises the barrier (the read decides, never
+        the message). "off": no key for that channel (the path is off, the channel was
+        just dropped, or it is not LISTENed on as a live channel yet)."""
         seq = self.bump()
-        key = self.key
+        key = self._keys.get(channel)
         if key is None:
             self.barrier = seq
             return Verdict(None, "off")
