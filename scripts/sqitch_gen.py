@@ -42,7 +42,7 @@ DB = ROOT / "db"
 SCHEMA = "switchboard"
 # The cluster-wide roles the migrations create. The one place the generator and
 # the tests (tests/test_sqitch.py, tests/test_pgtap.py) take them from.
-ROLES = ("switchboard_app", "switchboard_job")
+ROLES = ("switchboard_app", "switchboard_job", "switchboard_publisher", "switchboard_reader", "switchboard_operator")
 # pgmigrate's own bookkeeping inside the schema (left out of every comparison).
 PGMIGRATE_BOOKKEEPING = ("schema_version", "schema_version_type")
 LOCK_KEY = "hashtext('switchboard.migrate')"  # the same advisory lock as pgmigrate.yml

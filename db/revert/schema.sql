@@ -15,7 +15,7 @@ DECLARE
     r text;
     users text;
 BEGIN
-    FOREACH r IN ARRAY ARRAY['switchboard_app', 'switchboard_job'] LOOP
+    FOREACH r IN ARRAY ARRAY['switchboard_app', 'switchboard_job', 'switchboard_publisher', 'switchboard_reader', 'switchboard_operator'] LOOP
         CONTINUE WHEN NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = r);
         BEGIN
             EXECUTE format('DROP ROLE %I', r);

@@ -1180,6 +1180,57 @@ BEGIN
     IF (has_function_privilege('switchboard_app', 'switchboard.terminate_sql_job(integer)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.terminate_sql_job(integer)' USING ERRCODE = 'P0004';
     END IF;
+    IF (has_function_privilege('switchboard_publisher', 'switchboard.notify_user(uuid, text, jsonb)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_publisher may execute switchboard.notify_user(uuid, text, jsonb)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_publisher', 'switchboard.notify_room(text, text, jsonb)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_publisher may execute switchboard.notify_room(text, text, jsonb)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_publisher', 'switchboard.enqueue(text, jsonb, timestamptz, text, integer)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_publisher may execute switchboard.enqueue(text, jsonb, timestamptz, text, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_publisher', 'switchboard.stream_open(uuid, text, jsonb, text, interval, interval)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_publisher may execute switchboard.stream_open(uuid, text, jsonb, text, interval, interval)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_publisher', 'switchboard.stream_append(uuid, text[])', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_publisher may execute switchboard.stream_append(uuid, text[])' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_publisher', 'switchboard.stream_renew(uuid[])', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_publisher may execute switchboard.stream_renew(uuid[])' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_publisher', 'switchboard.stream_close(uuid, text, jsonb)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_publisher may execute switchboard.stream_close(uuid, text, jsonb)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_reader', 'switchboard.status()', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_reader may execute switchboard.status()' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_reader', 'switchboard.metrics_snapshot()', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_reader may execute switchboard.metrics_snapshot()' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_reader', 'switchboard.list_runs(text, text, text, timestamptz, integer, bigint)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_reader may execute switchboard.list_runs(text, text, text, timestamptz, integer, bigint)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_reader', 'switchboard.known_handlers(text)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_reader may execute switchboard.known_handlers(text)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_reader', 'switchboard.event_window()', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_reader may execute switchboard.event_window()' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_operator', 'switchboard.retry_run(bigint)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_operator may execute switchboard.retry_run(bigint)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_operator', 'switchboard.cancel_run(bigint)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_operator may execute switchboard.cancel_run(bigint)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_operator', 'switchboard.pause_handler(text)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_operator may execute switchboard.pause_handler(text)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_operator', 'switchboard.resume_handler(text)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_operator may execute switchboard.resume_handler(text)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_operator', 'switchboard.stream_stop(uuid, uuid)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_operator may execute switchboard.stream_stop(uuid, uuid)' USING ERRCODE = 'P0004';
+    END IF;
     IF (obj_description(to_regprocedure('switchboard.cron_next(text, timestamptz, text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.cron_next(text, timestamptz, text)' USING ERRCODE = 'P0004';
     END IF;
