@@ -219,3 +219,82 @@ def test_pause_vs_claims_in_flight(app_url: str) -> None:
         assert rest == queued
     print(f"pause vs claims: {len(claimed)} claimed before, {len(straddling)} claims in flight at the pause, "
           f"{len(after)} claims after it took none; {queued} held and claimed after resume")
+
+
+def _fail_all(c: psycopg.Connection, worker: str, n: int) -> list[int]:
+    ids = _claim_all(c, worker, n)
+    for rid in ids:
+        assert c.execute("SELECT switchboard.finish_run(%s, %s, false, NULL, 'boom')", (rid, worker)).fetchone()[0]
+    return ids
+
+
+def test_bulk_retry_races_retry_each_failed_run_exactly_once(app_url: str) -> None:
+    """Eight operators retry "every failed bulk.job" at once, in pages of 7: each failed
+    run gets exactly one retry; runs of one queueing lock get one between them; a run
+    retried before is skipped (its retry is the newest attempt)."""
+    _setup(app_url)
+    with psycopg.connect(app_url, autocommit=True) as c:
+        c.execute("SELECT switchboard.enqueue('bulk.job', jsonb_build_object('n', g), now(), NULL, 1) "
+                  "FROM generate_series(1, 120) g")
+        c.execute("SELECT switchboard.enqueue('bulk.job', '{}', now(), 'lock-' || g, 1) FROM generate_series(1, 5) g")
+        failed = _fail_all(c, "w-bulk", 125)
+        # Two failed runs that share a queueing lock (the first failed before the second was queued).
+        c.execute("SELECT switchboard.enqueue('bulk.job', '{}', now(), 'lock-1', 1)")
+        failed += _fail_all(c, "w-bulk", 1)
+        # Another handler's failures are not touched.
+        c.execute("SELECT switchboard.enqueue('other.job', '{}', now(), NULL, 1)")
+        other = _fail_all(c, "w-bulk", 1)[0]
+        # One already retried by hand: its retry (queued) is the newest attempt.
+        by_hand = c.execute("SELECT id FROM switchboard.retry_run(%s)", (failed[0],)).fetchone()[0]
+
+    def op(i: int, barrier: threading.Barrier) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        with psycopg.connect(app_url, autocommit=True) as c:
+            barrier.wait()
+            while True:
+                page = c.execute("SELECT run_id, retry_id FROM switchboard.retry_runs('failed', 'bulk.job', NULL, NULL, 7)"
+                                 ).fetchall()
+                out += page
+                if len(page) < 7:
+                    return out
+
+    results = race(8, op)
+    made = [pair for r in results for pair in r]
+    originals = [rid for rid, _ in made]
+    assert len(originals) == len(set(originals)), "a run was retried twice"
+    with psycopg.connect(app_url) as c:
+        per_run = dict(c.execute("SELECT retry_of, count(*) FROM switchboard.task_runs WHERE retry_of IS NOT NULL "
+                                 "GROUP BY retry_of").fetchall())
+        active_locks = c.execute("SELECT queueing_lock, count(*) FROM switchboard.task_runs WHERE status IN "
+                                 "('queued','running') AND queueing_lock IS NOT NULL GROUP BY 1 HAVING count(*) > 1"
+                                 ).fetchall()
+    assert max(per_run.values()) == 1 and active_locks == []
+    assert failed[0] not in originals and per_run[failed[0]] == 1 and by_hand not in originals
+    assert other not in originals and other not in per_run
+    # 125 + 1 failed: the hand-retried one skipped, lock-1 once (one of its two failures).
+    assert len(set(originals)) == 126 - 1 - 1
+    with psycopg.connect(app_url, autocommit=True) as c:
+        assert c.execute("SELECT count(*) FROM switchboard.retry_runs('failed', 'bulk.job')").fetchone() == (0,)
+
+
+def test_bulk_cancel_and_its_refusals(app_url: str) -> None:
+    _setup(app_url)
+    with psycopg.connect(app_url, autocommit=True) as c:
+        c.execute("SELECT switchboard.enqueue('bulk.c', '{}', now() + interval '1 hour') FROM generate_series(1, 30)")
+        c.execute("SELECT switchboard.enqueue('bulk.keep', '{}', now() + interval '1 hour')")
+        first = [r[0] for r in c.execute("SELECT * FROM switchboard.cancel_runs('queued', 'bulk.c', NULL, NULL, 20)")]
+        rest = [r[0] for r in c.execute("SELECT * FROM switchboard.cancel_runs('queued', 'bulk.c')")]
+        assert len(first) == 20 and len(rest) == 10 and first == sorted(first) and max(first) < min(rest)
+        rows = c.execute("SELECT handler, status, count(*) FROM switchboard.task_runs WHERE handler LIKE 'bulk.%%' "
+                         "AND handler <> 'bulk.job' GROUP BY 1, 2 ORDER BY 1").fetchall()
+        assert rows == [("bulk.c", "cancelled", 30), ("bulk.keep", "queued", 1)]
+        for sql, code, says in (
+                ("SELECT switchboard.cancel_runs('failed')", "22023", "queued or running"),
+                ("SELECT switchboard.retry_runs('queued')", "22023", "failed, abandoned, cancelled or succeeded"),
+                ("SELECT switchboard.retry_runs(NULL)", "22023", "Retry runs that finished"),
+                ("SELECT switchboard.retry_runs('failed', 'bad name!')", "22023", "A handler is a name"),
+                ("SELECT switchboard.cancel_runs('queued', NULL, NULL, NULL, 0)", "22023", "1 to 10000"),
+                ("SELECT switchboard.retry_runs('failed', NULL, 'no-such-task')", "P0002", "Name a task")):
+            with pytest.raises(psycopg.Error) as ei:
+                c.execute(sql)
+            assert ei.value.sqlstate == code and says in (ei.value.diag.message_hint or ""), (sql, ei.value)

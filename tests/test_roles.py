@@ -36,6 +36,8 @@ READER = {
 OPERATOR = READER | {
     "switchboard.retry_run(bigint)", "switchboard.cancel_run(bigint)", "switchboard.pause_handler(text)",
     "switchboard.resume_handler(text)", "switchboard.stream_stop(uuid,uuid)",
+    "switchboard.retry_runs(text,text,text,timestamp with time zone,integer)",
+    "switchboard.cancel_runs(text,text,text,timestamp with time zone,integer)",
 }
 READER_RELATIONS = {("runs", "SELECT"), ("handlers", "SELECT"), ("replicas", "SELECT")}
 _n = itertools.count()

@@ -232,6 +232,157 @@ COMMENT ON FUNCTION switchboard.retry_run(bigint) IS
 REVOKE ALL ON FUNCTION switchboard.retry_run(bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.retry_run(bigint) TO switchboard_app;
 
+-- Bulk operations by filter (V0029): what an operator does after an outage ("retry
+-- every failed run of mail.send from the last two hours") without a loop of calls.
+-- One statement each, bounded by max_rows (call again while it returns max_rows);
+-- the filters are list_runs' (status, handler, task name or id, created since).
+CREATE OR REPLACE FUNCTION switchboard._run_filter_task(task text)
+RETURNS uuid
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_id uuid;
+BEGIN
+    IF task IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT t.id INTO v_id FROM switchboard.tasks t WHERE t.name = task OR t.id::text = lower(task) LIMIT 1;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'task "%" does not exist', task USING ERRCODE = 'P0002',
+            HINT = 'Name a task by its name or id: SELECT id, name FROM switchboard.tasks;';
+    END IF;
+    RETURN v_id;
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._run_filter_task(text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION switchboard._check_bulk(handler text, max_rows integer)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF handler IS NOT NULL THEN
+        PERFORM switchboard._check_handler(handler);
+    END IF;
+    IF max_rows IS NULL OR max_rows NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'invalid max_rows %', max_rows USING ERRCODE = '22023',
+            HINT = 'A bulk call acts on 1 to 10000 runs; call again while it returns max_rows rows.';
+    END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._check_bulk(text, integer) FROM PUBLIC;
+
+-- retry_runs: a new queued attempt (as retry_run makes) of each matching finished
+-- run that has no retry yet, oldest first. Runs whose task / queueing lock already
+-- has a queued or running run are skipped by the unique indexes (ON CONFLICT), as
+-- is the second of two matching runs of one task: nothing is retried twice.
+CREATE OR REPLACE FUNCTION switchboard.retry_runs(status text, handler text DEFAULT NULL, task text DEFAULT NULL,
+                                                  since timestamptz DEFAULT NULL, max_rows integer DEFAULT 1000)
+RETURNS TABLE (run_id bigint, retry_id bigint)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_status text := retry_runs.status;
+    v_handler text := retry_runs.handler;
+    v_since timestamptz := retry_runs.since;
+    v_task uuid;
+    v_n integer;
+BEGIN
+    IF v_status IS NULL OR v_status NOT IN ('failed', 'abandoned', 'cancelled', 'succeeded') THEN
+        RAISE EXCEPTION 'invalid status "%" for a retry', v_status USING ERRCODE = '22023',
+            HINT = 'Retry runs that finished: failed, abandoned, cancelled or succeeded.';
+    END IF;
+    PERFORM switchboard._check_bulk(v_handler, max_rows);
+    v_task := switchboard._run_filter_task(retry_runs.task);
+    RETURN QUERY
+    WITH picked AS (
+        SELECT r.* FROM switchboard.task_runs r
+         WHERE r.status = v_status
+           AND (v_handler IS NULL OR r.handler = v_handler)
+           AND (v_task IS NULL OR r.task_id = v_task)
+           AND (v_since IS NULL OR r.created_at >= v_since)
+           AND NOT EXISTS (SELECT 1 FROM switchboard.task_runs x WHERE x.retry_of = r.id)
+         ORDER BY r.id
+         LIMIT max_rows
+    ), made AS (
+        INSERT INTO switchboard.task_runs
+            (task_id, handler, args, status, trigger, attempt, max_attempts, queueing_lock,
+             run_at, scheduled_for, retry_of)
+        SELECT p.task_id, p.handler, p.args, 'queued', 'manual_retry', p.attempt + 1,
+               greatest(p.max_attempts, p.attempt + 1), p.queueing_lock, now(), p.scheduled_for, p.id
+          FROM picked p ORDER BY p.id
+        ON CONFLICT DO NOTHING
+        RETURNING task_runs.retry_of, task_runs.id
+    )
+    SELECT m.retry_of, m.id FROM made m ORDER BY m.retry_of;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    IF v_n > 0 THEN
+        PERFORM switchboard._wake_workers();
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION switchboard.retry_runs(text, text, text, timestamptz, integer) IS
+    'Retry the matching finished runs (status failed, abandoned, cancelled or succeeded; optional handler, task name or id, created since), oldest first, at most max_rows (1..10000) in one statement: one new queued attempt each, as retry_run makes. A run retried before is skipped (retry its retry); one whose task or queueing lock has a queued or running run is skipped. Returns (run_id, retry_id) per retry; call again while it returns max_rows rows. 22023 on a bad status, handler or max_rows; P0002 on an unknown task.';
+REVOKE ALL ON FUNCTION switchboard.retry_runs(text, text, text, timestamptz, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.retry_runs(text, text, text, timestamptz, integer) TO switchboard_app;
+
+-- cancel_runs: cancel_run for each matching queued (or running) run, oldest first.
+CREATE OR REPLACE FUNCTION switchboard.cancel_runs(status text, handler text DEFAULT NULL, task text DEFAULT NULL,
+                                                   since timestamptz DEFAULT NULL, max_rows integer DEFAULT 1000)
+RETURNS SETOF bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_status text := cancel_runs.status;
+    v_handler text := cancel_runs.handler;
+    v_since timestamptz := cancel_runs.since;
+    v_task uuid;
+    v_who text := switchboard._actor();
+    v_n integer;
+BEGIN
+    IF v_status IS NULL OR v_status NOT IN ('queued', 'running') THEN
+        RAISE EXCEPTION 'invalid status "%" for a cancel', v_status USING ERRCODE = '22023',
+            HINT = 'Cancel runs that have not finished: queued or running.';
+    END IF;
+    PERFORM switchboard._check_bulk(v_handler, max_rows);
+    v_task := switchboard._run_filter_task(cancel_runs.task);
+    -- The pick is a MATERIALIZED CTE, evaluated exactly once. Written as
+    -- WHERE id IN (SELECT ... LIMIT max_rows FOR UPDATE) it cancelled more than max_rows
+    -- runs in tests/test_operate_sql.py (a subquery the planner may execute again).
+    RETURN QUERY
+    WITH picked AS MATERIALIZED (
+        SELECT c.id FROM switchboard.task_runs c
+         WHERE c.status = v_status
+           AND (v_handler IS NULL OR c.handler = v_handler)
+           AND (v_task IS NULL OR c.task_id = v_task)
+           AND (v_since IS NULL OR c.created_at >= v_since)
+         ORDER BY c.id LIMIT max_rows FOR UPDATE
+    )
+    UPDATE switchboard.task_runs r
+       SET status = 'cancelled', finished_at = now(), lease_expires_at = NULL,
+           error = CASE WHEN r.status = 'running'
+                        THEN 'cancelled by ' || v_who || ' while running on ' || coalesce(r.worker, '?')
+                        ELSE 'cancelled by ' || v_who || ' before it started' END
+      FROM picked p
+     WHERE r.id = p.id AND r.status = v_status
+    RETURNING r.id;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    IF v_n > 0 THEN
+        PERFORM switchboard._wake_workers();
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION switchboard.cancel_runs(text, text, text, timestamptz, integer) IS
+    'Cancel the matching runs of one status (queued or running; optional handler, task name or id, created since), oldest first, at most max_rows (1..10000) in one statement, as cancel_run does each: running handlers are told and stopped by their replicas. Returns the cancelled ids; call again while it returns max_rows. 22023 on a bad status, handler or max_rows; P0002 on an unknown task.';
+REVOKE ALL ON FUNCTION switchboard.cancel_runs(text, text, text, timestamptz, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.cancel_runs(text, text, text, timestamptz, integer) TO switchboard_app;
+
 -- lost_runs: which of the runs a worker believes it is running it no longer
 -- owns (cancelled, rescued, deleted). One probe of the primary key per id; a
 -- replica asks it when it hears switchboard_runs while it has runs going.

@@ -10,8 +10,9 @@
 --   switchboard_reader     dashboards: status(), metrics_snapshot(), the runs,
 --                          handlers and replicas views, list_runs(), known_handlers(),
 --                          event_window(). No event, ticket, session or user data.
---   switchboard_operator   people who act on jobs: retry_run, cancel_run,
---                          pause_handler, resume_handler, stream_stop; a member of
+--   switchboard_operator   people who act on jobs: retry_run, cancel_run (and
+--                          retry_runs, cancel_runs by filter), pause_handler,
+--                          resume_handler, stream_stop; a member of
 --                          switchboard_reader (it sees what it acts on).
 --
 -- NOLOGIN: grant a role to a login role (GRANT switchboard_publisher TO myapp).
@@ -65,3 +66,5 @@ GRANT EXECUTE ON FUNCTION switchboard.cancel_run(bigint) TO switchboard_operator
 GRANT EXECUTE ON FUNCTION switchboard.pause_handler(text) TO switchboard_operator;
 GRANT EXECUTE ON FUNCTION switchboard.resume_handler(text) TO switchboard_operator;
 GRANT EXECUTE ON FUNCTION switchboard.stream_stop(uuid, uuid) TO switchboard_operator;
+GRANT EXECUTE ON FUNCTION switchboard.retry_runs(text, text, text, timestamptz, integer) TO switchboard_operator;
+GRANT EXECUTE ON FUNCTION switchboard.cancel_runs(text, text, text, timestamptz, integer) TO switchboard_operator;

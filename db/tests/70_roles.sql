@@ -9,7 +9,7 @@
 \pset pager off
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
-SELECT plan(39);
+SELECT plan(41);
 
 SELECT has_role(r) FROM unnest(ARRAY['switchboard_publisher', 'switchboard_reader', 'switchboard_operator']) r;
 SELECT ok(NOT rolcanlogin AND NOT rolsuper AND NOT rolcreaterole AND NOT rolcreatedb,
@@ -52,7 +52,9 @@ SELECT table_privs_are('switchboard', 'users', 'switchboard_reader', ARRAY[]::te
 SELECT function_privs_are('switchboard', f, a, 'switchboard_operator', ARRAY['EXECUTE'])
   FROM (VALUES ('retry_run', ARRAY['bigint']), ('cancel_run', ARRAY['bigint']),
                ('pause_handler', ARRAY['text']), ('resume_handler', ARRAY['text']),
-               ('stream_stop', ARRAY['uuid', 'uuid'])) v(f, a);
+               ('stream_stop', ARRAY['uuid', 'uuid']),
+               ('retry_runs', ARRAY['text', 'text', 'text', 'timestamp with time zone', 'integer']),
+               ('cancel_runs', ARRAY['text', 'text', 'text', 'timestamp with time zone', 'integer'])) v(f, a);
 SELECT function_privs_are('switchboard', 'enqueue', ARRAY['text', 'jsonb', 'timestamp with time zone', 'text', 'integer'],
                           'switchboard_operator', ARRAY[]::text[], 'switchboard_operator may not enqueue');
 

@@ -4,8 +4,8 @@ BEGIN;
 DO $verify$
 BEGIN
     -- exactly the functions the files define: no left-over overload of an older release
-    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 144) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected exactly 144 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
+    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 148) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected exactly 148 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.cron_next(text, timestamptz, text)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.cron_next(text, timestamptz, text)' USING ERRCODE = 'P0004';
@@ -288,6 +288,36 @@ BEGIN
     END IF;
     IF (has_function_privilege('switchboard_app', 'switchboard.retry_run(bigint)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.retry_run(bigint)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard._run_filter_task(text)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard._run_filter_task(text)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._run_filter_task(text)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._run_filter_task(text)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard._check_bulk(text, integer)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard._check_bulk(text, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._check_bulk(text, integer)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._check_bulk(text, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard.retry_runs(text, text, text, timestamptz, integer)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.retry_runs(text, text, text, timestamptz, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.retry_runs(text, text, text, timestamptz, integer)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.retry_runs(text, text, text, timestamptz, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard.retry_runs(text, text, text, timestamptz, integer)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.retry_runs(text, text, text, timestamptz, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard.cancel_runs(text, text, text, timestamptz, integer)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.cancel_runs(text, text, text, timestamptz, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.cancel_runs(text, text, text, timestamptz, integer)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.cancel_runs(text, text, text, timestamptz, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard.cancel_runs(text, text, text, timestamptz, integer)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.cancel_runs(text, text, text, timestamptz, integer)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.lost_runs(text, bigint[])') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.lost_runs(text, bigint[])' USING ERRCODE = 'P0004';
@@ -1231,6 +1261,12 @@ BEGIN
     IF (has_function_privilege('switchboard_operator', 'switchboard.stream_stop(uuid, uuid)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_operator may execute switchboard.stream_stop(uuid, uuid)' USING ERRCODE = 'P0004';
     END IF;
+    IF (has_function_privilege('switchboard_operator', 'switchboard.retry_runs(text, text, text, timestamptz, integer)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_operator may execute switchboard.retry_runs(text, text, text, timestamptz, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_operator', 'switchboard.cancel_runs(text, text, text, timestamptz, integer)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_operator may execute switchboard.cancel_runs(text, text, text, timestamptz, integer)' USING ERRCODE = 'P0004';
+    END IF;
     IF (obj_description(to_regprocedure('switchboard.cron_next(text, timestamptz, text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.cron_next(text, timestamptz, text)' USING ERRCODE = 'P0004';
     END IF;
@@ -1296,6 +1332,12 @@ BEGIN
     END IF;
     IF (obj_description(to_regprocedure('switchboard.retry_run(bigint)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.retry_run(bigint)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (obj_description(to_regprocedure('switchboard.retry_runs(text, text, text, timestamptz, integer)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.retry_runs(text, text, text, timestamptz, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (obj_description(to_regprocedure('switchboard.cancel_runs(text, text, text, timestamptz, integer)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.cancel_runs(text, text, text, timestamptz, integer)' USING ERRCODE = 'P0004';
     END IF;
     IF (obj_description(to_regprocedure('switchboard.lost_runs(text, bigint[])'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.lost_runs(text, bigint[])' USING ERRCODE = 'P0004';
