@@ -235,3 +235,44 @@ def test_a_cooperative_handler_hears_the_cancel_from_another_replica(  # type: i
     print("cooperative handler told of a cancel made on another replica after (ms):",
           ", ".join(f"{f * 1000:.0f}" for f in figures))
     assert max(figures) < 10.0
+
+
+def test_bulk_retry_and_cancel_over_http(db: str, server_factory) -> None:  # type: ignore[no-untyped-def]
+    _quiet_maintenance(db)
+    make_user(db, "admin", role="admin")
+    make_user(db, "mia")
+    s = server_factory(env={"SWITCHBOARD_SCHEDULER": "off"})
+    h, member = auth(s.login("admin")), auth(s.login("mia"))
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("SELECT switchboard.enqueue('mail.send', '{}', now(), NULL, 1) FROM generate_series(1, 5)")
+        ids = [r[0] for r in c.execute("SELECT id FROM switchboard.claim_due_tasks('w', '1 minute', 5)")]
+        for rid in ids:
+            c.execute("SELECT switchboard.finish_run(%s, 'w', false, NULL, 'smtp down')", (rid,))
+        c.execute("SELECT switchboard.enqueue('mail.later', '{}', now() + interval '1 hour') FROM generate_series(1, 3)")
+    r = httpx.post(s.base + "/runs/retry", headers=h, json={"status": "failed", "handler": "mail.send", "max_rows": 3})
+    assert r.status_code == 200, r.text
+    first = r.json()
+    assert first["count"] == 3 and first["more"] is True
+    assert [x["run_id"] for x in first["retries"]] == sorted(ids)[:3]
+    r = httpx.post(s.base + "/runs/retry", headers=h, json={"status": "failed", "handler": "mail.send"})
+    assert r.json()["count"] == 2 and r.json()["more"] is False
+    assert httpx.post(s.base + "/runs/retry", headers=h, json={"status": "failed"}).json()["count"] == 0
+    r = httpx.post(s.base + "/runs/cancel", headers=h, json={"status": "queued", "handler": "mail.later"})
+    assert r.status_code == 200 and r.json()["count"] == 3, r.text
+    with psycopg.connect(db) as c:
+        errs = {row[0] for row in c.execute("SELECT error FROM switchboard.task_runs WHERE handler = 'mail.later'")}
+    assert errs and all(e.startswith("cancelled by admin (") and e.endswith("before it started") for e in errs), errs
+    # Refusals: the right status and a problem body, nothing changed.
+    for body, code in (({"status": "queued"}, 422),                        # retry needs a finished status
+                       ({"status": "failed", "max_rows": 0}, 422),
+                       ({"status": "failed", "handler": "bad name!"}, 422),
+                       ({"status": "failed", "task": "no-such-task"}, 404),
+                       ({"status": "failed", "since": "yesterday"}, 422),
+                       ({"status": "failed", "extra": 1}, 422),
+                       ({}, 422)):
+        r = httpx.post(s.base + "/runs/retry", headers=h, json=body)
+        assert r.status_code == code and r.headers["content-type"].startswith("application/problem+json"), (body, r.text)
+    assert httpx.post(s.base + "/runs/cancel", headers=h, json={"status": "failed"}).status_code == 422
+    assert httpx.post(s.base + "/runs/retry", headers=member, json={"status": "failed"}).status_code == 403
+    with psycopg.connect(db) as c:
+        assert c.execute("SELECT count(*) FROM switchboard.task_runs WHERE status = 'queued'").fetchone() == (5,)

@@ -131,6 +131,8 @@ def create_app(config: Config) -> SwitchboardApp:
     app.add_route(f"/runs/{run_id}", operate.Run(db, au))
     app.add_route(f"/runs/{run_id}/retry", operate.RunRetry(db, au))
     app.add_route(f"/runs/{run_id}/cancel", operate.RunCancel(db, au))
+    app.add_route("/runs/retry", operate.RunsRetry(db, au, cfg.max_body_bytes))
+    app.add_route("/runs/cancel", operate.RunsCancel(db, au, cfg.max_body_bytes))
     app.add_route("/handlers", operate.Handlers(db, au))
     app.add_route("/handlers/{name}/pause", operate.HandlerAction(db, au, pause=True))
     app.add_route("/handlers/{name}/resume", operate.HandlerAction(db, au, pause=False))

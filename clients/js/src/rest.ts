@@ -374,6 +374,46 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/runs/retry": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Retry the matching finished runs, oldest first, at most max_rows (admin)
+         * @description retry_runs(): each chain's newest attempt, once; runs whose task or queueing lock is busy are skipped. status: failed, abandoned, cancelled or succeeded.
+         */
+        post: operations["retryRuns"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/runs/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Cancel the matching queued (or running) runs, oldest first, at most max_rows (admin)
+         * @description cancel_runs(): running handlers are told and stopped by their replicas. status: queued or running.
+         */
+        post: operations["cancelRuns"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/handlers": {
         parameters: {
             query?: never;
@@ -1574,6 +1614,109 @@ export interface operations {
             403: components["responses"]["Problem"];
             404: components["responses"]["Problem"];
             409: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    retryRuns: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    /** @enum {string} */
+                    status: "queued" | "running" | "succeeded" | "failed" | "abandoned" | "cancelled";
+                    handler?: string | null;
+                    /** @description task name or id */
+                    task?: string | null;
+                    /**
+                     * Format: date-time
+                     * @description created at or after
+                     */
+                    since?: string | null;
+                    /** @default 1000 */
+                    max_rows?: number;
+                };
+            };
+        };
+        responses: {
+            /** @description the retries made */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        count: number;
+                        retries: {
+                            run_id: number;
+                            retry_id: number;
+                        }[];
+                        /** @description the page was full: call again */
+                        more: boolean;
+                    };
+                };
+            };
+            400: components["responses"]["Problem"];
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            404: components["responses"]["Problem"];
+            413: components["responses"]["Problem"];
+            415: components["responses"]["Problem"];
+            422: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    cancelRuns: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    /** @enum {string} */
+                    status: "queued" | "running" | "succeeded" | "failed" | "abandoned" | "cancelled";
+                    handler?: string | null;
+                    /** @description task name or id */
+                    task?: string | null;
+                    /**
+                     * Format: date-time
+                     * @description created at or after
+                     */
+                    since?: string | null;
+                    /** @default 1000 */
+                    max_rows?: number;
+                };
+            };
+        };
+        responses: {
+            /** @description the runs cancelled */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        count: number;
+                        cancelled: number[];
+                        /** @description the page was full: call again */
+                        more: boolean;
+                    };
+                };
+            };
+            400: components["responses"]["Problem"];
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            404: components["responses"]["Problem"];
+            413: components["responses"]["Problem"];
+            415: components["responses"]["Problem"];
+            422: components["responses"]["Problem"];
             503: components["responses"]["Problem"];
         };
     };

@@ -59,6 +59,24 @@ class OperateQueries(PoolBase):
             return run
         return await self._transaction(op)
 
+    async def retry_runs(self, status: str, handler: str | None, task: str | None, since: Any,
+                         max_rows: int) -> list[Row]:
+        """retry_runs(): (run_id, retry_id) per retry made. No run.updated per run (a bulk
+        call may make thousands): the console's run feed reads the changes."""
+        return await self.fetchall("SELECT run_id, retry_id FROM switchboard.retry_runs(%s, %s, %s, %s, %s)",
+                                   (status, handler, task, since, max_rows))
+
+    async def cancel_runs(self, status: str, handler: str | None, task: str | None, since: Any, max_rows: int,
+                          actor: str | None = None) -> list[int]:
+        """cancel_runs(): the ids cancelled; ``actor`` goes into each run's error text."""
+        async def op(conn: psycopg.AsyncConnection[Row]) -> list[int]:
+            if actor:
+                await conn.execute("SELECT set_config('switchboard.actor', %s, true)", (actor,))
+            cur = await conn.execute("SELECT id FROM switchboard.cancel_runs(%s, %s, %s, %s, %s) AS id",
+                                     (status, handler, task, since, max_rows))
+            return [r["id"] for r in await cur.fetchall()]
+        return await self._transaction(op)
+
     @staticmethod
     async def _announce_run(conn: psycopg.AsyncConnection[Row], run_id: int) -> None:
         """run.updated to every admin, last in the operator's transaction (notify_* hold the

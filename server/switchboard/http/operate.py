@@ -1,4 +1,4 @@
-"""/runs, /runs/{id}, /runs/{id}/retry|cancel, /handlers, /handlers/{name}/pause|resume, /status.
+"""/runs, /runs/{id}, /runs/{id}/retry|cancel, /runs/retry|cancel (by filter), /handlers, /handlers/{name}/pause|resume, /status.
 
 The operator's API (admin only; members get 403): the same SQL functions a DBA
 calls from psql (list_runs, retry_run, cancel_run, pause_handler,
@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import falcon
+import falcon.asgi
 import psycopg
 
 from ..auth import AuthState
@@ -25,7 +26,7 @@ from ..bounded import BadInput, bigint
 from ..db import Database
 from ..relay import Relay
 from ..replica import ReplicaState
-from .common import jsonable_row, require_admin
+from .common import check_fields, field_str, jsonable_row, read_json, require_admin, unprocessable
 
 MAX_PAGE = 500
 CURSOR_RE = re.compile(r"v1\.([0-9]{1,19})")
@@ -135,6 +136,63 @@ class RunCancel:
                 description=f"run {run_id} is {status}; only a queued or running run can be cancelled")
         assert run is not None  # re-read in cancel_run's transaction, after it succeeded
         resp.media = {"run": jsonable_row(run)}
+
+
+BULK_FIELDS = {"status", "handler", "task", "since", "max_rows"}
+
+
+async def _bulk_filter(req: falcon.asgi.Request, max_body: int) -> dict[str, Any]:
+    """The body of POST /runs/retry and /runs/cancel: list_runs' filters (status
+    required), max_rows 1..10000 (default 1000). The SQL function checks the values."""
+    body = await read_json(req, max_body)
+    check_fields(body, BULK_FIELDS)
+    f: dict[str, Any] = {"status": field_str(body, "status", max_len=20),
+                         "handler": field_str(body, "handler", required=False, nullable=True, max_len=128),
+                         "task": field_str(body, "task", required=False, nullable=True, max_len=200)}
+    since = field_str(body, "since", required=False, nullable=True, max_len=64)
+    try:
+        f["since"] = _since(since)
+    except falcon.HTTPBadRequest:
+        raise unprocessable("'since' must be an ISO 8601 time, e.g. 2026-01-31T12:00:00Z") from None
+    n = body.get("max_rows", 1000)
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 10000:
+        raise unprocessable("'max_rows' must be an integer from 1 to 10000")
+    f["max_rows"] = n
+    return f
+
+
+class RunsRetry:
+    """POST /runs/retry {"status": "failed", "handler"?, "task"?, "since"?, "max_rows"?}:
+    retry_runs(). 200 {"count", "retries": [{"run_id", "retry_id"}], "more"}; ``more``
+    when the page was full (call again)."""
+
+    def __init__(self, db: Database, auth: AuthState, max_body: int) -> None:
+        self.db = db
+        self.auth = auth
+        self.max_body = max_body
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.Response) -> None:
+        require_admin(self.auth, req)
+        f = await _bulk_filter(req, self.max_body)
+        rows = await self.db.retry_runs(f["status"], f["handler"], f["task"], f["since"], f["max_rows"])
+        resp.media = {"count": len(rows), "retries": [dict(r) for r in rows], "more": len(rows) == f["max_rows"]}
+
+
+class RunsCancel:
+    """POST /runs/cancel {"status": "queued" | "running", ...}: cancel_runs().
+    200 {"count", "cancelled": [ids], "more"}."""
+
+    def __init__(self, db: Database, auth: AuthState, max_body: int) -> None:
+        self.db = db
+        self.auth = auth
+        self.max_body = max_body
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.Response) -> None:
+        who = require_admin(self.auth, req)
+        f = await _bulk_filter(req, self.max_body)
+        ids = await self.db.cancel_runs(f["status"], f["handler"], f["task"], f["since"], f["max_rows"],
+                                        actor=who.username)
+        resp.media = {"count": len(ids), "cancelled": ids, "more": len(ids) == f["max_rows"]}
 
 
 def _handler(row: dict[str, Any] | None, name: str) -> dict[str, Any]:

@@ -38,6 +38,12 @@ def paths_operate() -> dict[str, Any]:
     def q(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
         return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
 
+    bulk_body = {"type": "object", "required": ["status"], "additionalProperties": False, "properties": {
+        "status": {"type": "string", "enum": RUN_STATUSES},
+        "handler": {"type": ["string", "null"], "maxLength": 128},
+        "task": {"type": ["string", "null"], "maxLength": 200, "description": "task name or id"},
+        "since": {"type": ["string", "null"], "format": "date-time", "description": "created at or after"},
+        "max_rows": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 1000}}}
     handler_action = {"200": {"description": "the handler now", **js({
         "type": "object", "required": ["handler", "changed"],
         "properties": {"handler": handler, "changed": {"type": "boolean"}}})}}
@@ -65,6 +71,26 @@ def paths_operate() -> dict[str, Any]:
             "Cancel a queued or running run; a running handler is stopped (admin)",
             {"200": {"description": "the cancelled run", **one_run}}, (401, 403, 404, 409, 503),
             params=run_path)},
+        "/runs/retry": {"post": op("retryRuns", "operate",
+            "Retry the matching finished runs, oldest first, at most max_rows (admin)",
+            {"200": {"description": "the retries made", **js({
+                "type": "object", "required": ["count", "retries", "more"], "properties": {
+                    "count": {"type": "integer"},
+                    "retries": {"type": "array", "items": {"type": "object", "required": ["run_id", "retry_id"],
+                                "properties": {"run_id": {"type": "integer"}, "retry_id": {"type": "integer"}}}},
+                    "more": {"type": "boolean", "description": "the page was full: call again"}}})}},
+            (400, 401, 403, 404, 413, 415, 422, 503), body=bulk_body,
+            description="retry_runs(): each chain's newest attempt, once; runs whose task or queueing lock "
+                        "is busy are skipped. status: failed, abandoned, cancelled or succeeded.")},
+        "/runs/cancel": {"post": op("cancelRuns", "operate",
+            "Cancel the matching queued (or running) runs, oldest first, at most max_rows (admin)",
+            {"200": {"description": "the runs cancelled", **js({
+                "type": "object", "required": ["count", "cancelled", "more"], "properties": {
+                    "count": {"type": "integer"}, "cancelled": {"type": "array", "items": {"type": "integer"}},
+                    "more": {"type": "boolean", "description": "the page was full: call again"}}})}},
+            (400, 401, 403, 404, 413, 415, 422, 503), body=bulk_body,
+            description="cancel_runs(): running handlers are told and stopped by their replicas. "
+                        "status: queued or running.")},
         "/handlers": {"get": op("listHandlers", "operate", "Task handlers: served, paused, wanted (admin)", {"200": {
             "description": "handlers", **js({"type": "object", "required": ["handlers"], "properties": {
                 "handlers": {"type": "array", "items": handler}}})}}, (401, 403, 503))},
