@@ -149,3 +149,28 @@ def test_enqueue_from_the_command_line(db: str, app_url: str) -> None:
         assert c.execute("SELECT count(*) FROM switchboard.task_runs WHERE trigger = 'enqueue'").fetchone()[0] == 2
     # A handler about to be deployed: queued on request.
     assert cli(app_url, "enqueue", "report.build", "--unserved-ok").stdout.startswith("run ")
+
+
+def test_runs_retry_and_cancel_by_filter(db: str, app_url: str) -> None:
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("""SELECT switchboard.update_task(id, '{"is_active": false}')
+                       FROM switchboard.tasks WHERE name = 'switchboard.maintenance'""")
+        c.execute("SELECT switchboard.enqueue('mail.send', '{}', now(), NULL, 1) FROM generate_series(1, 12)")
+        for (rid,) in c.execute("SELECT id FROM switchboard.claim_due_tasks('w', '1 minute', 12)").fetchall():
+            c.execute("SELECT switchboard.finish_run(%s, 'w', false, NULL, 'smtp down')", (rid,))
+        c.execute("SELECT switchboard.enqueue('mail.later', '{}', now() + interval '1 hour') FROM generate_series(1, 4)")
+    # Pages of 5 until one does nothing: all 12, once each.
+    assert cli(app_url, "runs", "retry", "--status", "failed", "--handler", "mail.send", "--since", "1h",
+               "--max", "5").stdout.strip() == "12 runs retried"
+    assert cli(app_url, "runs", "retry", "--status", "failed", "--handler", "mail.send").stdout.strip() == "0 runs retried"
+    assert cli(app_url, "runs", "cancel", "--status", "queued", "--handler", "mail.later").stdout.strip() == "4 runs cancelled"
+    with psycopg.connect(db) as c:
+        assert c.execute("SELECT count(*) FROM switchboard.task_runs WHERE retry_of IS NOT NULL").fetchone() == (12,)
+        assert c.execute("SELECT count(*) FROM switchboard.task_runs WHERE handler = 'mail.later' "
+                         "AND status = 'cancelled' AND error LIKE 'cancelled by cli:%'").fetchone() == (4,)
+    for argv, says in ((["runs", "retry"], "give a run id, or --status"),
+                       (["runs", "retry", "1", "--status", "failed"], "not both"),
+                       (["runs", "retry", "--status", "queued"], "failed, abandoned, cancelled or succeeded"),
+                       (["runs", "cancel", "--status", "queued", "--max", "0"], "1 to 10000")):
+        p = cli(app_url, *argv, check=False)
+        assert p.returncode in (1, 2) and says in p.stderr and "Traceback" not in p.stderr, (argv, p.stderr)

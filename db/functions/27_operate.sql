@@ -234,7 +234,7 @@ GRANT EXECUTE ON FUNCTION switchboard.retry_run(bigint) TO switchboard_app;
 
 -- Bulk operations by filter (V0029): what an operator does after an outage ("retry
 -- every failed run of mail.send from the last two hours") without a loop of calls.
--- One statement each, bounded by max_rows (call again while it returns max_rows);
+-- One statement each, bounded by max_rows (call again until a call returns no row);
 -- the filters are list_runs' (status, handler, task name or id, created since).
 CREATE OR REPLACE FUNCTION switchboard._run_filter_task(task text)
 RETURNS uuid
@@ -268,7 +268,7 @@ BEGIN
     END IF;
     IF max_rows IS NULL OR max_rows NOT BETWEEN 1 AND 10000 THEN
         RAISE EXCEPTION 'invalid max_rows %', max_rows USING ERRCODE = '22023',
-            HINT = 'A bulk call acts on 1 to 10000 runs; call again while it returns max_rows rows.';
+            HINT = 'A bulk call acts on 1 to 10000 runs; call again until a call returns no row.';
     END IF;
 END
 $$;
@@ -306,6 +306,14 @@ BEGIN
            AND (v_task IS NULL OR r.task_id = v_task)
            AND (v_since IS NULL OR r.created_at >= v_since)
            AND NOT EXISTS (SELECT 1 FROM switchboard.task_runs x WHERE x.retry_of = r.id)
+           -- a busy task or queueing lock is not picked (it would only conflict and take
+           -- a place in the page); two picked runs of one task or lock: the first wins
+           AND NOT (r.task_id IS NOT NULL AND EXISTS (
+                    SELECT 1 FROM switchboard.task_runs a
+                     WHERE a.task_id = r.task_id AND a.status IN ('queued', 'running')))
+           AND NOT (r.queueing_lock IS NOT NULL AND EXISTS (
+                    SELECT 1 FROM switchboard.task_runs a
+                     WHERE a.queueing_lock = r.queueing_lock AND a.status IN ('queued', 'running')))
          ORDER BY r.id
          LIMIT max_rows
     ), made AS (
@@ -326,7 +334,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.retry_runs(text, text, text, timestamptz, integer) IS
-    'Retry the matching finished runs (status failed, abandoned, cancelled or succeeded; optional handler, task name or id, created since), oldest first, at most max_rows (1..10000) in one statement: one new queued attempt each, as retry_run makes. A run retried before is skipped (retry its retry); one whose task or queueing lock has a queued or running run is skipped. Returns (run_id, retry_id) per retry; call again while it returns max_rows rows. 22023 on a bad status, handler or max_rows; P0002 on an unknown task.';
+    'Retry the matching finished runs (status failed, abandoned, cancelled or succeeded; optional handler, task name or id, created since), oldest first, at most max_rows (1..10000) in one statement: one new queued attempt each, as retry_run makes. A run retried before is skipped (retry its retry); one whose task or queueing lock has a queued or running run is skipped. Returns (run_id, retry_id) per retry; call again until a call returns no row (a page may come back short when two of its runs share a task or lock). 22023 on a bad status, handler or max_rows; P0002 on an unknown task.';
 REVOKE ALL ON FUNCTION switchboard.retry_runs(text, text, text, timestamptz, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.retry_runs(text, text, text, timestamptz, integer) TO switchboard_app;
 
@@ -379,7 +387,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.cancel_runs(text, text, text, timestamptz, integer) IS
-    'Cancel the matching runs of one status (queued or running; optional handler, task name or id, created since), oldest first, at most max_rows (1..10000) in one statement, as cancel_run does each: running handlers are told and stopped by their replicas. Returns the cancelled ids; call again while it returns max_rows. 22023 on a bad status, handler or max_rows; P0002 on an unknown task.';
+    'Cancel the matching runs of one status (queued or running; optional handler, task name or id, created since), oldest first, at most max_rows (1..10000) in one statement, as cancel_run does each: running handlers are told and stopped by their replicas. Returns the cancelled ids; call again until a call returns no row. 22023 on a bad status, handler or max_rows; P0002 on an unknown task.';
 REVOKE ALL ON FUNCTION switchboard.cancel_runs(text, text, text, timestamptz, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.cancel_runs(text, text, text, timestamptz, integer) TO switchboard_app;
 

@@ -1655,7 +1655,7 @@ export interface operations {
                             run_id: number;
                             retry_id: number;
                         }[];
-                        /** @description the page was full: call again */
+                        /** @description this call did something: call again until it is false */
                         more: boolean;
                     };
                 };
@@ -1705,7 +1705,7 @@ export interface operations {
                     "application/json": {
                         count: number;
                         cancelled: number[];
-                        /** @description the page was full: call again */
+                        /** @description this call did something: call again until it is false */
                         more: boolean;
                     };
                 };

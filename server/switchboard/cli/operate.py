@@ -161,6 +161,11 @@ def cmd_runs(args: argparse.Namespace) -> int:
                 _die(f"run {args.id} does not exist", 1)
             _print_json(r) if args.json else _print_run(r)
             return 0
+        if args.runs_cmd in ("retry", "cancel") and (args.id is None) == (args.status is None):
+            _die(f"runs {args.runs_cmd}: give a run id, or --status (with --handler, --task, --since) "
+                 "for every run that matches, not both")
+        if args.runs_cmd in ("retry", "cancel") and args.id is None:
+            return await _bulk(db, args)
         if args.runs_cmd == "retry":
             r = await db.retry_run(args.id)
             print(f"run {r['id']} queued: attempt {r['attempt']}, a retry of run {args.id}")
@@ -176,6 +181,28 @@ def cmd_runs(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     return _run_db(op)
+
+
+async def _bulk(db: Any, args: argparse.Namespace) -> int:
+    """runs retry|cancel --status ...: retry_runs / cancel_runs, page after page until a
+    page does nothing (each page is one bounded statement of --max runs)."""
+    from datetime import datetime, timedelta, timezone
+
+    since = _since(args.since)
+    if isinstance(since, timedelta):
+        since = datetime.now(timezone.utc) - since
+    total = 0
+    while True:
+        if args.runs_cmd == "retry":
+            page = len(await db.retry_runs(args.status, args.handler, args.task, since, args.max))
+        else:
+            page = len(await db.cancel_runs(args.status, args.handler, args.task, since, args.max,
+                                            actor=_os_user()))
+        total += page
+        if page == 0:
+            break
+    print(f"{total} run{'s' if total != 1 else ''} " + ("retried" if args.runs_cmd == "retry" else "cancelled"))
+    return 0
 
 
 def _os_user() -> str:

@@ -92,10 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
     rs = rsub.add_parser("show", help="one run, every field")
     rs.add_argument("id", type=int)
     rs.add_argument("--json", action="store_true")
-    for name, help_ in (("retry", "queue a new attempt of a finished run"),
-                        ("cancel", "cancel a queued or running run (a running handler is stopped)")):
+    for name, help_ in (("retry", "queue a new attempt of a finished run, or of every run a filter matches"),
+                        ("cancel", "cancel a queued or running run (a running handler is stopped), or every "
+                                   "run a filter matches")):
         rx = rsub.add_parser(name, help=help_)
-        rx.add_argument("id", type=int)
+        rx.add_argument("id", type=int, nargs="?", help="one run; or filter with --status and the rest")
+        rx.add_argument("--status", help="retry: failed, abandoned, cancelled, succeeded; cancel: queued, running")
+        rx.add_argument("--handler")
+        rx.add_argument("--task", help="task name or id")
+        rx.add_argument("--since", help="created since: ISO timestamp, or an age: 30m, 2h, 7d")
+        rx.add_argument("--max", type=int, default=1000, help="at most this many runs per call (1..10000)")
     r.set_defaults(func=cmd_runs)
 
     h = sub.add_parser("handlers", help="list, pause and resume task handlers")

@@ -164,7 +164,7 @@ async def _bulk_filter(req: falcon.asgi.Request, max_body: int) -> dict[str, Any
 class RunsRetry:
     """POST /runs/retry {"status": "failed", "handler"?, "task"?, "since"?, "max_rows"?}:
     retry_runs(). 200 {"count", "retries": [{"run_id", "retry_id"}], "more"}; ``more``
-    when the page was full (call again)."""
+    while a call does something: call again until it is false (count 0)."""
 
     def __init__(self, db: Database, auth: AuthState, max_body: int) -> None:
         self.db = db
@@ -175,7 +175,7 @@ class RunsRetry:
         require_admin(self.auth, req)
         f = await _bulk_filter(req, self.max_body)
         rows = await self.db.retry_runs(f["status"], f["handler"], f["task"], f["since"], f["max_rows"])
-        resp.media = {"count": len(rows), "retries": [dict(r) for r in rows], "more": len(rows) == f["max_rows"]}
+        resp.media = {"count": len(rows), "retries": [dict(r) for r in rows], "more": bool(rows)}
 
 
 class RunsCancel:
@@ -192,7 +192,7 @@ class RunsCancel:
         f = await _bulk_filter(req, self.max_body)
         ids = await self.db.cancel_runs(f["status"], f["handler"], f["task"], f["since"], f["max_rows"],
                                         actor=who.username)
-        resp.media = {"count": len(ids), "cancelled": ids, "more": len(ids) == f["max_rows"]}
+        resp.media = {"count": len(ids), "cancelled": ids, "more": bool(ids)}
 
 
 def _handler(row: dict[str, Any] | None, name: str) -> dict[str, Any]:

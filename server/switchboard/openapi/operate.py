@@ -78,7 +78,7 @@ def paths_operate() -> dict[str, Any]:
                     "count": {"type": "integer"},
                     "retries": {"type": "array", "items": {"type": "object", "required": ["run_id", "retry_id"],
                                 "properties": {"run_id": {"type": "integer"}, "retry_id": {"type": "integer"}}}},
-                    "more": {"type": "boolean", "description": "the page was full: call again"}}})}},
+                    "more": {"type": "boolean", "description": "this call did something: call again until it is false"}}})}},
             (400, 401, 403, 404, 413, 415, 422, 503), body=bulk_body,
             description="retry_runs(): each chain's newest attempt, once; runs whose task or queueing lock "
                         "is busy are skipped. status: failed, abandoned, cancelled or succeeded.")},
@@ -87,7 +87,7 @@ def paths_operate() -> dict[str, Any]:
             {"200": {"description": "the runs cancelled", **js({
                 "type": "object", "required": ["count", "cancelled", "more"], "properties": {
                     "count": {"type": "integer"}, "cancelled": {"type": "array", "items": {"type": "integer"}},
-                    "more": {"type": "boolean", "description": "the page was full: call again"}}})}},
+                    "more": {"type": "boolean", "description": "this call did something: call again until it is false"}}})}},
             (400, 401, 403, 404, 413, 415, 422, 503), body=bulk_body,
             description="cancel_runs(): running handlers are told and stopped by their replicas. "
                         "status: queued or running.")},
