@@ -291,6 +291,16 @@ def test_console_views_and_run_actions_on_real_data(page: Any, server_factory: A
         expect(page.locator('#runs tbody tr[data-status="cancelled"]')).to_have_count(2)
         expect(running_row).to_be_visible()
         expect(other_row).to_be_visible()
+        # Retry every cancelled run at once (POST /runs/retry with the filter), confirmed.
+        bulk = page.locator("#runs-bulk")
+        expect(bulk).to_have_text("Retry all matching")
+        page.once("dialog", lambda d: d.accept())
+        bulk.click()
+        # Of the two cancelled runs, one is the other's retry: only the newest attempt goes.
+        expect(page.locator("#toast")).to_contain_text("1 run retried", timeout=WAIT)
+        retried = {str(r["retry_of"]) for r in api(r2, admin, "GET", "/runs?limit=100").json()["runs"]
+                   if r.get("trigger") == "manual_retry"}
+        assert str(other_id) in retried, retried
 
         # -- live ---------------------------------------------------------------------------
         page.locator("#tab-runs").focus()
