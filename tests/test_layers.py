@@ -159,7 +159,7 @@ def test_the_handler_context_exposes_no_internals() -> None:
     public = {n for n in dir(HandlerContext) if not n.startswith("_")}
     assert public == {"run_id", "attempt", "max_attempts", "args", "task_id", "handler", "trigger",
                       "scheduled_for", "logger", "lease_lost", "cancelled", "deadline", "seconds_left",
-                      "wait_lease_lost", "notify_user", "notify_room", "enqueue", "stream"}
+                      "wait_lease_lost", "notify_user", "notify_room", "enqueue", "stream", "sync"}
 
 
 def test_load_handlers_merges_builtins_entry_points_and_modules(tmp_path: Path,
@@ -194,13 +194,14 @@ LAYERS = [
     {"switchboard.http", "switchboard.ws", "switchboard.ws_actions", "switchboard.errors", "switchboard.openapi"},
     {"switchboard.relay", "switchboard.resume", "switchboard.scheduler", "switchboard.heartbeat",
      "switchboard.catalog", "switchboard.tools", "switchboard.ratelimit", "switchboard.builtin_handlers",
-     "switchboard.failover", "switchboard.sessions", "switchboard.runfeed", "switchboard.streams.runtime"},
+     "switchboard.failover", "switchboard.sessions", "switchboard.runfeed", "switchboard.streams.runtime",
+     "switchboard.testing"},
     {"switchboard.handlers"},
     {"switchboard", "switchboard.db", "switchboard.data", "switchboard.auth", "switchboard.metrics",
      "switchboard.replica", "switchboard.sockets", "switchboard.hints", "switchboard.bounded", "switchboard.cursor",
      "switchboard.config", "switchboard.migrate", "switchboard.pgtest",
      "switchboard.domain_errors", "switchboard.rows", "switchboard.latency_trace", "switchboard.memory",
-     "switchboard.streams"},
+     "switchboard.streams", "switchboard.api", "switchboard.origins"},
 ]
 HTTP_ROW = 3  # http/, ws, errors, openapi: the only modules that speak HTTP
 

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Literal, TypedDict
 
+from .origins import normalize_origin
+
 
 class ConfigError(ValueError):
     """A setting is missing or malformed; the message names it."""
@@ -48,8 +50,6 @@ def _list(name: str, default: str = "") -> list[str]:
 def _origins(values: list[str]) -> list[str]:
     """SWITCHBOARD_ALLOWED_ORIGINS, each entry normalised as browsers send an Origin
     (compared exactly: scheme, host and port), or ``*``."""
-    from .http.cors import normalize_origin
-
     out = []
     for v in values:
         o = "*" if v == "*" else normalize_origin(v)

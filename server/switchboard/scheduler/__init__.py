@@ -54,6 +54,16 @@ __all__ = ["CANCEL_GRACE", "FENCE_CHECK_MIN_INTERVAL", "LeaseKeeper", "RunSlot",
 LOG = logging.getLogger("switchboard.scheduler")
 
 
+def count_successes(metrics: Metrics, batch: list[tuple[int, Any, asyncio.Future[bool], str]]) -> None:
+    """Successes counted once per handler per batch, not per run: a labelled
+    prometheus-client call is a few microseconds, a visible share of a no-op job."""
+    per_handler: dict[str, int] = {}
+    for b in batch:
+        per_handler[b[3]] = per_handler.get(b[3], 0) + 1
+    for label, n in per_handler.items():
+        metrics.inc("switchboard_runs_finished_total", n, outcome="ok", handler=label)
+
+
 class Scheduler:
     def __init__(self, db: Database, metrics: Metrics, config: Config, handlers: HandlerRegistry,
                  replica: ReplicaState, producer: Producer | None = None) -> None:
@@ -269,15 +279,6 @@ class Scheduler:
         finally:
             self._flush_task = None
 
-    def _count_ok(self, batch: list[tuple[int, Any, asyncio.Future[bool], str]]) -> None:
-        """Successes counted once per handler per batch, not per run: a labelled
-        prometheus-client call is a few microseconds, a visible share of a no-op job."""
-        per_handler: dict[str, int] = {}
-        for b in batch:
-            per_handler[b[3]] = per_handler.get(b[3], 0) + 1
-        for label, n in per_handler.items():
-            self.metrics.inc("switchboard_runs_finished_total", n, outcome="ok", handler=label)
-
     async def _flush_batch(self, batch: list[tuple[int, Any, asyncio.Future[bool], str]]) -> None:
         ids = [b[0] for b in batch]
         want = self._refill_slots(ids)
@@ -297,7 +298,7 @@ class Scheduler:
             return
         finally:
             self._reserved -= want
-        self._count_ok(batch)
+        count_successes(self.metrics, batch)
         if runs:
             if self._stopping or self.replica.draining:
                 # stop() began while the call was in flight: never start them; hand them
