@@ -184,8 +184,8 @@ class Parts:
         world.parts = self
 
     def rekey(self) -> None:
-        """relay/core.py's _live_rekey: LISTEN on the new key's channel first, then the
-        barrier; UNLISTEN what the merge let go."""
+        """relay/channel.py's LiveChannel.rekey: LISTEN on the new key's channel first,
+        then the barrier; UNLISTEN what the merge let go."""
         channel, key = self.world.keys[-1]
         if channel == self.live.channel:
             return
