@@ -8,7 +8,8 @@ Postgres NOTIFYs at COMMIT; every replica hears it on its own LISTEN connection
 - ``Dispatcher`` (dispatch.py): parses every notification into hints for the
   next read (never acts on a payload), hands live messages to the merge;
 - ``LiveMerge`` (live.py): the live path's ordering rules, no I/O;
-- ``LiveChannel`` (channel.py): the live path's key and the channels LISTENed on;
+- ``LiveChannel`` (channel.py): the live path's key, the channel LISTENed on,
+  and the database's word on when the merge has settled after a new key;
 - ``EventStream`` (stream.py): the position, paged reads, delivery that never
   waits on a socket, the retention check (resume_gap);
 - ``Announcements`` (announce.py): auth and membership changes, read back and
@@ -178,9 +179,10 @@ class Relay:
             raise RuntimeError(f"auth reload failed: {exc}") from exc
         win = await self.db.event_window_on(rconn)
         self.publishers_notify = bool(win["publishers_notify"])
-        # Nothing live until a read covers what committed while deaf; live messages stamped
-        # before this (re)connect are history (a genuine one replayed later verifies too).
-        # (Nothing is dispatched during this method: the listener hears only afterwards.)
+        # Nothing live until a read covers what committed while deaf (and the merge has
+        # settled); live messages stamped before this (re)connect are history (a genuine
+        # one replayed later verifies too). (Nothing is dispatched during this method:
+        # the listener hears only afterwards.)
         await self.live_channel.connected(rconn)
         if first:
             # Deliver from the newest tick on (sockets resume with events_since_v2).
@@ -274,7 +276,8 @@ class Relay:
             self.publishers_notify = bool((await self.db.event_window_on(rconn))["publishers_notify"])
             if await self.live_channel.rekey(rconn):
                 self.dispatch.want_read()
-        await self.live_channel.expire()
+        if await self.live_channel.settle(rconn):
+            self.dispatch.want_read()     # a read with a tick covers the merge's last barrier
         # Auth first: a disable, a revocation or a session end never waits behind delivery.
         await self.announce.apply(rconn, h)
         res = await self.stream.read(rconn, h.tick, sorted(h.ephemeral), h.events or bool(h.ephemeral),
