@@ -21,17 +21,29 @@ class RelayReads:
     what a replica holds (user states, revocations, room memberships)."""
 
     @staticmethod
-    async def relay_live_key(conn: psycopg.AsyncConnection[Any]) -> tuple[bytes | None, str | None, int]:
+    async def relay_live_key(conn: psycopg.AsyncConnection[Any]) -> tuple[bytes | None, str | None, int, int]:
         """The live path's HMAC key and its channel (V0025; both None while the path is
-        off), and the database clock in epoch milliseconds (the clock live messages are
-        stamped with)."""
+        off), the database clock in epoch milliseconds (the clock live messages are
+        stamped with), and xmax of the snapshot the key was read in (every transaction
+        that read an older key has an xid below it: relay/live.py, settling)."""
         cur = await conn.execute("SELECT k.key, k.channel, "
-                                 "(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms "
+                                 "(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms, "
+                                 "pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax "
                                  "FROM switchboard.relay_live_key() k")
         row = await cur.fetchone()
         assert row is not None
         key, channel = row["key"], row["channel"]
-        return (None if key is None else bytes(key)), (None if key is None else str(channel)), int(row["now_ms"])
+        return ((None if key is None else bytes(key)), (None if key is None else str(channel)),
+                int(row["now_ms"]), int(row["xmax"]))
+
+    @staticmethod
+    async def relay_oldest_xid(conn: psycopg.AsyncConnection[Any]) -> int:
+        """The oldest transaction still open in the cluster (pg_snapshot_xmin() of a
+        snapshot taken now): every xid below it has committed or aborted."""
+        cur = await conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin")
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row["xmin"])
 
     @staticmethod
     async def relay_live_listen(conn: psycopg.AsyncConnection[Any], channel: str, listening: bool) -> None:

@@ -8,6 +8,8 @@ Postgres NOTIFYs at COMMIT; every replica hears it on its own LISTEN connection
 - ``Dispatcher`` (dispatch.py): parses every notification into hints for the
   next read (never acts on a payload), hands live messages to the merge;
 - ``LiveMerge`` (live.py): the live path's ordering rules, no I/O;
+- ``LiveChannel`` (channel.py): the live path's key, the channel LISTENed on,
+  and the database's word on when the merge has settled after a new key;
 - ``EventStream`` (stream.py): the position, paged reads, delivery that never
   waits on a socket, the retention check (resume_gap);
 - ``Announcements`` (announce.py): auth and membership changes, read back and
@@ -61,6 +63,7 @@ from ..metrics import Metrics
 from ..resume import resume
 from ..sockets import Client, Registry
 from .announce import Announcements, OnSessions
+from .channel import LiveChannel
 from .dispatch import Dispatcher
 from .listener import NotifyListener
 from .live import LiveMerge
@@ -110,6 +113,7 @@ class Relay:
                                        CHANNELS, config.listen_check_interval, metrics,
                                        dispatch=self.dispatch, on_session=self._on_session,
                                        on_idle=lambda: self.dispatch.want_read(window=True))
+        self.live_channel = LiveChannel(db, self.listener, self.live, metrics)
         self.on_run_wake = on_run_wake
         self.publishers_notify = True     # event_window().publishers_notify
         self._closed_deaf = False
@@ -175,14 +179,11 @@ class Relay:
             raise RuntimeError(f"auth reload failed: {exc}") from exc
         win = await self.db.event_window_on(rconn)
         self.publishers_notify = bool(win["publishers_notify"])
-        # Nothing live until a read covers what committed while deaf; live messages stamped
-        # before this (re)connect are history (a genuine one replayed later verifies too).
-        # (Nothing is dispatched during this method: the listener hears only afterwards.)
-        key, channel, since = await self._live_key(rconn)
-        if channel is not None:
-            await self.listener.on_listen_connection(
-                lambda conn: self.db.relay_live_listen(conn, channel, True))
-        self.live.reconnected(key, channel, since)
+        # Nothing live until a read covers what committed while deaf (and the merge has
+        # settled); live messages stamped before this (re)connect are history (a genuine
+        # one replayed later verifies too). (Nothing is dispatched during this method:
+        # the listener hears only afterwards.)
+        await self.live_channel.connected(rconn)
         if first:
             # Deliver from the newest tick on (sockets resume with events_since_v2).
             self.stream.start_at((int(win["last_tick"]), END))
@@ -273,9 +274,10 @@ class Relay:
         assert rconn is not None
         if h.window:
             self.publishers_notify = bool((await self.db.event_window_on(rconn))["publishers_notify"])
-            await self._live_rekey(rconn)
-        for channel in self.live.expired_channels():
-            await self._unlisten(channel)
+            if await self.live_channel.rekey(rconn):
+                self.dispatch.want_read()
+        if await self.live_channel.settle(rconn):
+            self.dispatch.want_read()     # a read with a tick covers the merge's last barrier
         # Auth first: a disable, a revocation or a session end never waits behind delivery.
         await self.announce.apply(rconn, h)
         res = await self.stream.read(rconn, h.tick, sorted(h.ephemeral), h.events or bool(h.ephemeral),
@@ -291,29 +293,6 @@ class Relay:
             self._busy = 0
         if res.covers >= 0:
             self.live.read_covers(res.covers)
-
-    # -- the live path's key and channel ----------------------------------------------------------
-    async def _live_key(self, rconn: psycopg.AsyncConnection[Any]) -> tuple[bytes | None, str | None, int]:
-        self.metrics.inc("switchboard_live_key_reads_total")
-        return await self.db.relay_live_key(rconn)
-
-    async def _live_rekey(self, rconn: psycopg.AsyncConnection[Any]) -> None:
-        """Re-read the key; if it changed (a rotation, the path switched), LISTEN on the new
-        key's channel FIRST, then raise the barrier (LiveMerge.rotated): events sent on it
-        before the LISTEN took effect were never heard, and the read after the barrier
-        covers them, so nothing heard later goes live ahead of them. The previous
-        channel stays LISTENed for messages in flight; older ones are UNLISTENed."""
-        key, channel, _ = await self._live_key(rconn)
-        if channel == self.live.channel:
-            return
-        if channel is not None:
-            await self.listener.on_listen_connection(lambda conn: self.db.relay_live_listen(conn, channel, True))
-        for old in self.live.rotated(key, channel):
-            await self._unlisten(old)
-        self.dispatch.want_read()
-
-    async def _unlisten(self, channel: str) -> None:
-        await self.listener.on_listen_connection(lambda conn: self.db.relay_live_listen(conn, channel, False))
 
     async def _between_pages(self, rconn: psycopg.AsyncConnection[Any]) -> None:
         if Announcements.pending(self.dispatch.hints):

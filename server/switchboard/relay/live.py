@@ -16,15 +16,23 @@ been read:
   a MAC that does not verify, a LISTEN reconnect, a new key and channel, an id
   that may have been read already, a message stamped before this connection: a
   replayed genuine one); nothing goes live until a read covers it;
+- ``settling`` (after a new key or a reconnect, below): every message is a barrier;
 - a socket's ``LiveState.gate`` (set when it is registered or joins a room:
   events from before reach it only by the read), and the frames it holds
   meanwhile, flushed in order once a read covers them.
 An event read already (``recent``) is skipped: the read delivered it.
 
-Keys: the channel is named after the key (V0025), so each channel has one key.
-The merge holds the current one and, after a rotation, the previous one for
-messages still in flight (at most two; the previous for at most PREVIOUS_TTL
-seconds). A message on any other channel cannot be verified and is a barrier.
+Keys: the channel is named after the key (V0025), so each channel has one key, and
+the relay LISTENs on the current one only. A publisher reads the key (and so the
+channel) when it publishes and sends its message when it commits, possibly much
+later; and two rotations may come between two key reads of the relay, so a key it
+never knew may have signed messages on a channel it never heard. Such a message is
+lost without a trace, and a barrier raised at the key read does not cover it when
+its transaction commits after the read that covered the barrier. So a new key (a
+rotation, the path switched) and a reconnect start a *settling*: nothing goes live
+until every transaction open at the key read has ended (the database's oldest open
+xid has passed ``xmax`` of the key read's snapshot: ``settle``); then one more
+barrier, and the read after it covers whatever they committed.
 
 Bounded and self-healing (no state outlives its cause):
 - ``recent`` keeps the last RECENT_MAX ids read;
@@ -66,15 +74,13 @@ class LiveMerge:
     RECENT_MAX = 20000
     UNCONFIRMED_MAX = 10000
     UNCONFIRMED_TTL = 30.0      # s an id sent live may wait for the read that confirms it
-    PREVIOUS_TTL = 60.0         # s the previous key's channel is heard after a rotation
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, ttl: float = UNCONFIRMED_TTL,
                  on_sent: Callable[[], None] = lambda: None,
                  on_dropped: Callable[[], None] = lambda: None) -> None:
         self.key: bytes | None = None       # the current key (None: the path is off)
-        self.channel: str | None = None     # ... and the channel it signs on
-        self._keys: dict[str, bytes] = {}   # channel -> key: the current and the previous
-        self._previous_since = 0.0          # when the previous key stopped being current
+        self.channel: str | None = None     # ... and the channel it signs on (LISTENed on)
+        self.settling: int | None = None    # xmax of the key read's snapshot (None: settled)
         self.heard = 0          # messages heard on the live channel (plus reconnect barriers)
         self.covered = 0        # every message heard up to this count has been read
         self.barrier = 0        # a message heard at this count must be read before anything live
@@ -96,49 +102,51 @@ class LiveMerge:
         """A socket was registered or joined a room: events heard before reach it by the read."""
         c.live.gate = max(c.live.gate, self.heard)
 
-    def reconnected(self, key: bytes | None, channel: str | None, live_since: int) -> None:
+    def reconnected(self, key: bytes | None, channel: str | None, live_since: int, xmax: int) -> None:
         """The LISTEN connection is (re)established, and LISTENs on ``channel``: live
         messages sent while deaf are gone, so nothing goes live until a read covers
         everything committed before now; and messages stamped before ``live_since`` are
-        history (a replayed genuine one)."""
-        self.heard += 1
-        self.barrier = self.heard
+        history (a replayed genuine one). The key may have changed (or the path been
+        switched off and on) while deaf: the merge settles (see ``settle``); ``xmax``:
+        pg_snapshot_xmax() of the key read's snapshot."""
+        self._barrier_now()
         self.key, self.channel, self.live_since = key, channel, live_since
-        self._keys = {} if key is None or channel is None else {channel: key}
+        self._settle_after(xmax)
 
-    def rotated(self, key: bytes | None, channel: str | None) -> list[str]:
+    def rotated(self, key: bytes | None, channel: str | None, xmax: int) -> str | None:
         """The path has a new key (None: it was switched off) and the relay LISTENs on its
         ``channel`` now. Events sent on it before that LISTEN were never heard, so nothing
         goes live until a read covers everything committed before now (a barrier, as at a
-        reconnect). The previous key stays for messages still in flight on its channel.
-        Returns the channels no longer heard: the relay UNLISTENs them."""
-        self.heard += 1
-        self.barrier = self.heard
-        keep: dict[str, bytes] = {}
-        if key is not None and channel is not None:
-            keep[channel] = key
-            if self.channel is not None and self.channel != channel and self.channel in self._keys:
-                keep[self.channel] = self._keys[self.channel]
-                self._previous_since = self._clock()
-        dropped = [c for c in self._keys if c not in keep]
-        self._keys = keep
+        reconnect); and transactions still open at the key read may yet send on the
+        previous channel or on a key this relay never knew: the merge settles (see
+        ``settle``). Returns the channel no longer heard (the relay UNLISTENs it), if any."""
+        self._barrier_now()
+        old = self.channel if self.channel != channel else None
         self.key, self.channel = key, channel
-        return dropped
-
-    def expired_channels(self) -> list[str]:
-        """The previous key's channel once it has been heard PREVIOUS_TTL seconds after the
-        rotation (forgotten now; the relay UNLISTENs it). A message still in flight on it
-        after that is read like any event."""
-        if len(self._keys) < 2 or self._clock() - self._previous_since < self.PREVIOUS_TTL:
-            return []
-        old = [c for c in self._keys if c != self.channel]
-        for c in old:
-            del self._keys[c]
+        self._settle_after(xmax)
         return old
 
-    def channels(self) -> list[str]:
-        """The live channels whose messages verify: the current one first."""
-        return sorted(self._keys, key=lambda c: c != self.channel)
+    def settle(self, xmin: int) -> bool:
+        """The database's oldest open transaction is ``xmin`` (pg_snapshot_xmin() of a
+        snapshot taken now). Once it has passed ``settling``, every transaction that could
+        still send on a channel this relay did not hear has ended: what they committed is
+        covered by one more barrier (the next read's tick is after it), and the path goes
+        live again. True when that happened just now."""
+        if self.settling is None or xmin < self.settling:
+            return False
+        self.settling = None
+        self._barrier_now()
+        return True
+
+    def _settle_after(self, xmax: int) -> None:
+        if self.key is None:
+            self.settling = None          # off: nothing goes live anyway
+        else:
+            self.settling = max(xmax, self.settling or 0)
+
+    def _barrier_now(self) -> None:
+        self.heard += 1
+        self.barrier = self.heard
 
     def bump(self) -> int:
         """Count a message heard on the live channel; its count."""
@@ -187,8 +195,10 @@ class LiveMerge:
 
     def calm(self) -> bool:
         """Nothing waits for a read but the confirmation of cursors (the relay may read
-        less often then): the path is on, no barrier is uncovered, no frame is held."""
-        return self.key is not None and self.barrier <= self.covered and not self._holding
+        less often then): the path is on and settled, no barrier is uncovered, no frame
+        is held."""
+        return (self.key is not None and self.settling is None and self.barrier <= self.covered
+                and not self._holding)
 
     def unconfirmed(self) -> int:
         return len(self._unconfirmed)
@@ -200,10 +210,11 @@ class LiveMerge:
     def verify(self, channel: str, payload: str) -> Verdict:
         """Count a message heard on live ``channel`` and decide what it is. Anything but a
         verified, fresh event not read yet raises the barrier (the read decides, never
-        the message). "off": no key for that channel (the path is off, the channel was
-        just dropped, or it is not LISTENed on as a live channel yet)."""
+        the message), and so does every message while the merge settles. "off": no key for
+        that channel (the path is off, the channel was just dropped, or it is not LISTENed
+        on as a live channel yet)."""
         seq = self.bump()
-        key = self._keys.get(channel)
+        key = self.key if channel == self.channel else None
         if key is None:
             self.barrier = seq
             return Verdict(None, "off")
@@ -217,7 +228,7 @@ class LiveMerge:
             return Verdict(None, None)
         if ev.id in self._recent:
             return Verdict(None, None)    # read (and delivered) before this arrived
-        if ev.ts <= self._evicted_ts or ev.ts < self.live_since:
+        if ev.ts <= self._evicted_ts or ev.ts < self.live_since or self.settling is not None:
             self.barrier = seq
             return Verdict(None, None)
         return Verdict(ev, None)
