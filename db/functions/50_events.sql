@@ -871,9 +871,11 @@ REVOKE ALL ON FUNCTION switchboard._live_pads(bytea) FROM PUBLIC;
 --
 -- The channel is named after the key (event_live.channel, a generated column), so a
 -- rotation also moves the channel: one whose name leaked is dropped by the relays at
--- the next rotation but one (they keep the previous channel for messages in flight;
--- README "The live path"). Every call tells the relays on switchboard_events
--- ({"live":1}): each re-reads the key and LISTENs on the new channel. A forged hint
+-- once (they LISTEN on the current channel only; a message signed with the old key
+-- that commits later is lost on the bus, never for delivery: the relay reads
+-- everything until the transactions open at its key read have ended; README "The
+-- live path"). Every call tells the relays on switchboard_events ({"live":1}): each
+-- re-reads the key and LISTENs on the new channel. A forged hint
 -- costs a relay one key read per read cycle at most (coalesced), never per message.
 --
 -- send_id_hints (NULL: unchanged): whether publishers keep sending the {"id": N} hint on
