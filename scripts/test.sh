@@ -141,14 +141,17 @@ else
   # lane costs little and shortens the wall time.
   # - lane 2: the suites that wait on real outside machinery (image builds with
   #   debootstrap/buildah/podman, a Patroni cluster failing over, network
-  #   namespaces with injected faults);
+  #   namespaces with injected faults), and, since it finished minutes before the
+  #   others, the session-hardening, private-live-path and hostile-input suites
+  #   (they wait out grace windows and floods);
   # - lane 3: the longest multi-replica and tool suites (sessions on two
   #   replicas, the JS client's node suites, sqitch, the browser, the event-bus
   #   proof and the live path's relay tests, the wheel install, the HA trio), listed here by name;
   # - lane 1: everything else, so a new test file lands there by default.
   # Each lane starts its own PostgreSQL, ports are always free ones, and names
   # carry the pid, so the lanes share nothing. Lanes 2 and 3 print after lane 1.
-  lane2=(tests/image tests/pgha tests/faults)
+  lane2=(tests/image tests/pgha tests/faults tests/test_sessions_hardening.py tests/test_live_private.py
+         tests/test_hostile_input.py)
   lane3=(tests/test_sessions.py tests/test_js_client.py tests/test_sqitch.py tests/browser
          tests/test_trust_boundary.py tests/test_event_bus_proof.py tests/test_live_relay.py
          tests/test_wheel_install.py tests/test_server_limits.py tests/test_relay_hear.py
