@@ -122,11 +122,15 @@ async def _replay(db: Database, client: Client, after: Position | int, shown: An
         pos = max(pos, (through, END))
         if client.position < pos:
             client.position = pos
-        if not await _flush_buffer(client, pos, stall):
+        if not client.refetch and not await _flush_buffer(client, pos, stall):
             return -1
         if not client.refetch:
             return replayed
-        client.refetch = False              # live events were dropped: read once more
+        # Live events were dropped from the buffer (it filled): what it holds now no longer
+        # follows what was sent, and sending it would move the position past the dropped
+        # ones. Drop its stored events too and read again from the last frame sent.
+        client.refetch = False
+        client.buffer = [b for b in client.buffer if b[0] is None]
         pos = client.position
 
 
@@ -154,8 +158,9 @@ async def _pages(db: Database, client: Client, pos: Position, through: int,
 
 async def _flush_buffer(client: Client, pos: Position, stall: float) -> bool:
     """The buffered live frames, in position order; new arrivals keep going to the
-    buffer until it is empty, so nothing live can overtake them."""
-    while client.buffer:
+    buffer until it is empty, so nothing live can overtake them. Stops before the next
+    frame once the buffer overflowed (client.refetch): the caller reads again."""
+    while client.buffer and not client.refetch:
         client.buffer.sort(key=lambda b: (b[0] is None, b[0] or (0, 0)))
         bpos, f = client.buffer.pop(0)
         if bpos is not None and bpos <= pos:
