@@ -186,11 +186,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 async def _bulk(db: Any, args: argparse.Namespace) -> int:
     """runs retry|cancel --status ...: retry_runs / cancel_runs, page after page until a
     page does nothing (each page is one bounded statement of --max runs)."""
-    from datetime import datetime, timedelta, timezone
-
-    since = _since(args.since)
-    if isinstance(since, timedelta):
-        since = datetime.now(timezone.utc) - since
+    since = _since(args.since)      # an age counts back from the database's clock
     total = 0
     while True:
         if args.runs_cmd == "retry":

@@ -12,6 +12,12 @@ from .columns import HANDLER_COLUMNS, RUN_DETAIL_COLUMNS, RUN_VIEW_COLUMNS
 from .pool import LOG, PoolBase, Row
 
 
+def _since(since: Any) -> tuple[Any, timedelta | None]:
+    """A run filter's ``since``: a datetime, or a timedelta meaning "that long before
+    now()" on the database's clock: (at, ago) for coalesce(at, now() - ago)."""
+    return (None, since) if isinstance(since, timedelta) else (since, None)
+
+
 class OperateQueries(PoolBase):
     """Runs (list, show, cancel, retry), handlers (pause, resume), status, replicas."""
 
@@ -19,12 +25,10 @@ class OperateQueries(PoolBase):
                         since: Any = None, limit: int = 50, before_id: int | None = None) -> list[Row]:
         """``since``: a datetime, or a timedelta meaning "that long before now()" (the
         database's clock, not this process's)."""
-        ago = since if isinstance(since, timedelta) else None
-        at = None if ago is not None else since
         return await self.fetchall(
             f"SELECT {RUN_VIEW_COLUMNS} FROM switchboard.list_runs(%s, %s, %s, "
             "coalesce(%s::timestamptz, now() - %s::interval), %s, %s)",
-            (status, handler, task, at, ago, limit, before_id))
+            (status, handler, task, *_since(since), limit, before_id))
 
     async def get_run(self, run_id: int) -> Row | None:
         return await self.fetchone(f"SELECT {RUN_DETAIL_COLUMNS} FROM switchboard.runs WHERE id = %s", (run_id,))
@@ -61,10 +65,11 @@ class OperateQueries(PoolBase):
 
     async def retry_runs(self, status: str, handler: str | None, task: str | None, since: Any,
                          max_rows: int) -> list[Row]:
-        """retry_runs(): (run_id, retry_id) per retry made. No run.updated per run (a bulk
+        """retry_runs(): (run_id, retry_id) per retry made (``since`` as list_runs takes it). No run.updated per run (a bulk
         call may make thousands): the console's run feed reads the changes."""
-        return await self.fetchall("SELECT run_id, retry_id FROM switchboard.retry_runs(%s, %s, %s, %s, %s)",
-                                   (status, handler, task, since, max_rows))
+        return await self.fetchall(
+            "SELECT run_id, retry_id FROM switchboard.retry_runs(%s, %s, %s, "
+            "coalesce(%s::timestamptz, now() - %s::interval), %s)", (status, handler, task, *_since(since), max_rows))
 
     async def cancel_runs(self, status: str, handler: str | None, task: str | None, since: Any, max_rows: int,
                           actor: str | None = None) -> list[int]:
@@ -72,8 +77,9 @@ class OperateQueries(PoolBase):
         async def op(conn: psycopg.AsyncConnection[Row]) -> list[int]:
             if actor:
                 await conn.execute("SELECT set_config('switchboard.actor', %s, true)", (actor,))
-            cur = await conn.execute("SELECT id FROM switchboard.cancel_runs(%s, %s, %s, %s, %s) AS id",
-                                     (status, handler, task, since, max_rows))
+            cur = await conn.execute("SELECT id FROM switchboard.cancel_runs(%s, %s, %s, "
+                                     "coalesce(%s::timestamptz, now() - %s::interval), %s) AS id",
+                                     (status, handler, task, *_since(since), max_rows))
             return [r["id"] for r in await cur.fetchall()]
         return await self._transaction(op)
 
