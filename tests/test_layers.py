@@ -196,12 +196,13 @@ LAYERS = [
      "switchboard.catalog", "switchboard.tools", "switchboard.ratelimit", "switchboard.builtin_handlers",
      "switchboard.failover", "switchboard.sessions", "switchboard.runfeed", "switchboard.streams.runtime",
      "switchboard.testing"},
-    {"switchboard.handlers"},
+    {"switchboard.handlers", "switchboard.handler_context", "switchboard.registry"},
     {"switchboard", "switchboard.db", "switchboard.data", "switchboard.auth", "switchboard.metrics",
      "switchboard.replica", "switchboard.sockets", "switchboard.hints", "switchboard.bounded", "switchboard.cursor",
      "switchboard.config", "switchboard.migrate", "switchboard.pgtest",
      "switchboard.domain_errors", "switchboard.rows", "switchboard.latency_trace", "switchboard.memory",
-     "switchboard.streams", "switchboard.api", "switchboard.origins"},
+     "switchboard.streams", "switchboard.api", "switchboard.origins", "switchboard.handler_options",
+     "switchboard.jobargs"},
 ]
 HTTP_ROW = 3  # http/, ws, errors, openapi: the only modules that speak HTTP
 

@@ -24,7 +24,7 @@ from switchboard import api
 
 PUBLISHER = {
     "switchboard.notify_user(uuid,text,jsonb)", "switchboard.notify_room(text,text,jsonb)",
-    "switchboard.enqueue(text,jsonb,timestamp with time zone,text,integer)",
+    "switchboard.enqueue(text,jsonb,timestamp with time zone,text,integer,integer,text)",
     "switchboard.stream_open(uuid,text,jsonb,text,interval,interval)", "switchboard.stream_append(uuid,text[])",
     "switchboard.stream_renew(uuid[])", "switchboard.stream_close(uuid,text,jsonb)",
 }

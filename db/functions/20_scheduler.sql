@@ -77,15 +77,7 @@ LANGUAGE sql
 AS $$ SELECT pg_catalog.pg_notify('switchboard_runs', '') $$;
 REVOKE ALL ON FUNCTION switchboard._wake_workers() FROM PUBLIC;
 
--- Delay before retry N+1 of a failed run: 2^attempt seconds, capped at 1 hour.
-CREATE OR REPLACE FUNCTION switchboard._retry_backoff(attempt integer)
-RETURNS interval
-LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT least(interval '1 second' * power(2, least(attempt, 12)), interval '1 hour') $$;
-REVOKE ALL ON FUNCTION switchboard._retry_backoff(integer) FROM PUBLIC;
-COMMENT ON FUNCTION switchboard._retry_backoff(integer) IS
-    'Backoff before retrying a failed run: 2^attempt seconds, capped at 1 hour.';
+-- The wait before a retry is the handler's backoff: _retry_delay() in 22_queues.sql.
 
 -- create_task: validates everything up front so a bad schedule or zone never
 -- reaches a claim. The first fire of @every is one interval from now.
@@ -250,7 +242,8 @@ GRANT EXECUTE ON FUNCTION switchboard.delete_task(uuid) TO switchboard_app;
 
 -- One retry rule for both ways a run can fail (lease expired, handler
 -- failed): while attempts remain, a new queued run with attempt + 1 replaces
--- it, not before run_at. Returns whether a retry was queued.
+-- it, not before run_at, in the same queue with the same priority. Returns
+-- whether a retry was queued.
 CREATE OR REPLACE FUNCTION switchboard._queue_retry(run switchboard.task_runs, run_at timestamptz)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -262,9 +255,10 @@ BEGIN
     END IF;
     INSERT INTO switchboard.task_runs
         (task_id, handler, args, status, trigger, attempt, max_attempts, queueing_lock,
-         run_at, scheduled_for, retry_of)
+         run_at, scheduled_for, retry_of, queue, priority)
     VALUES (run.task_id, run.handler, run.args, 'queued', 'retry', run.attempt + 1,
-            run.max_attempts, run.queueing_lock, _queue_retry.run_at, run.scheduled_for, run.id)
+            run.max_attempts, run.queueing_lock, _queue_retry.run_at, run.scheduled_for, run.id,
+            run.queue, run.priority)
     ON CONFLICT DO NOTHING;
     RETURN FOUND;
 END
@@ -408,9 +402,12 @@ END
 $$;
 REVOKE ALL ON FUNCTION switchboard._tasks_broken() FROM PUBLIC;
 
--- claim_due_task: one unit of work per call, oldest due first across queued
--- runs and due ticks (a backlog of jobs cannot starve cron ticks, and vice
--- versa). Rows are taken with FOR UPDATE SKIP LOCKED, so N workers never
+-- claim_due_task: one unit of work of the default queue per call, oldest due
+-- first across queued runs and due ticks (a backlog of jobs cannot starve cron
+-- ticks, and vice versa); among queued runs the highest priority goes first
+-- (V0030: the head is read from task_runs_ready, queue = 'default'). Task runs
+-- and ticks are always in the default queue; named queues are claimed by
+-- claim_due_tasks(worker, lease, queues, slots) (25_batch_claim.sql). Rows are taken with FOR UPDATE SKIP LOCKED, so N workers never
 -- block on or double-claim the same row. Expired leases are rescued here
 -- first, so a stuck maintenance run cannot block its own rescue. Each round:
 --   1. the due tick, if it is the oldest due work (_claim_tick);
@@ -432,7 +429,7 @@ REVOKE ALL ON FUNCTION switchboard._tasks_broken() FROM PUBLIC;
 -- rounds) only matters when that many ticks are skipped or parked at once:
 -- the call then returns no row and the next one carries on.
 -- enable_seqscan = off (V0015): every statement here reads the head of an
--- index (task_runs_queued, task_runs_running, tasks_due, the keys). PL/pgSQL
+-- index (task_runs_ready, task_runs_running, tasks_due, the keys). PL/pgSQL
 -- caches a generic plan per session; when it is re-made after the queue was
 -- analyzed empty (autovacuum on an idle queue, then a burst), the planner
 -- believes task_runs holds no row and picks a sequential scan, and every
@@ -448,6 +445,13 @@ REVOKE ALL ON FUNCTION switchboard._tasks_broken() FROM PUBLIC;
 -- per claim at 150,000 queued runs (bench/sql.py figure 3a fell from 0.65x to
 -- 0.01x of plain SQL). Without bitmap scans the only index path left is that
 -- walk, which reads one entry (0.07 ms).
+-- (q.handler || '') <> ALL (...) (V0030): the same estimate again, once the
+-- head is read in (priority DESC, run_at, id) order. "handler <> ALL" estimated
+-- from a one-handler backlog's statistics keeps one row, so task_runs_queued
+-- (run_at) plus a sort of every due run looked as cheap as the ordered walk of
+-- task_runs_ready (16 ms against 0.05 ms at 30,000 runs). The expression has no
+-- statistics: the planner uses its default selectivity (most rows kept) and
+-- walks task_runs_ready. tests/test_batch_claim.py counts the buffers.
 CREATE OR REPLACE FUNCTION switchboard.claim_due_task(worker text, lease interval DEFAULT '60 seconds')
 RETURNS SETOF switchboard.task_runs
 LANGUAGE plpgsql SECURITY DEFINER
@@ -487,9 +491,9 @@ BEGIN
        SET status = 'running', worker = v_worker, lease_expires_at = v_now + v_lease,
            started_at = v_now
      WHERE id = (SELECT q.id FROM switchboard.task_runs q
-                  WHERE q.status = 'queued' AND q.run_at <= v_now
-                    AND q.handler <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
-                  ORDER BY q.run_at, q.id LIMIT 1 FOR UPDATE OF q SKIP LOCKED)
+                  WHERE q.status = 'queued' AND q.queue = 'default' AND q.run_at <= v_now
+                    AND (q.handler || '') <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
+                  ORDER BY q.priority DESC, q.run_at, q.id LIMIT 1 FOR UPDATE OF q SKIP LOCKED)
        AND NOT EXISTS (SELECT 1 FROM switchboard.task_runs e
                         WHERE e.status = 'running' AND e.lease_expires_at < v_now)
        AND NOT EXISTS (SELECT 1 FROM switchboard.tasks t
@@ -525,9 +529,9 @@ BEGIN
         v_queued_at := NULL;
         IF v_task_at IS NOT NULL THEN
             SELECT q.run_at INTO v_queued_at FROM switchboard.task_runs q
-             WHERE q.status = 'queued' AND q.run_at <= v_now
-               AND q.handler <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
-             ORDER BY q.run_at, q.id LIMIT 1;
+             WHERE q.status = 'queued' AND q.queue = 'default' AND q.run_at <= v_now
+               AND (q.handler || '') <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
+             ORDER BY q.priority DESC, q.run_at, q.id LIMIT 1;
         END IF;
         v_tick_first := v_task_at IS NOT NULL AND (v_queued_at IS NULL OR v_task_at <= v_queued_at);
         v_skipped := false;
@@ -548,9 +552,9 @@ BEGIN
                SET status = 'running', worker = v_worker, lease_expires_at = v_now + v_lease,
                    started_at = v_now
              WHERE id = (SELECT q.id FROM switchboard.task_runs q
-                          WHERE q.status = 'queued' AND q.run_at <= v_now
-                            AND q.handler <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
-                          ORDER BY q.run_at, q.id LIMIT 1 FOR UPDATE OF q SKIP LOCKED)
+                          WHERE q.status = 'queued' AND q.queue = 'default' AND q.run_at <= v_now
+                            AND (q.handler || '') <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
+                          ORDER BY q.priority DESC, q.run_at, q.id LIMIT 1 FOR UPDATE OF q SKIP LOCKED)
             RETURNING * INTO v_run;
             IF FOUND THEN
                 RETURN NEXT v_run;
@@ -576,7 +580,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.claim_due_task(text, interval) IS
-    'Claim at most one unit of work (a queued run or a due task tick, oldest due first) for worker, leased until now() + lease. FOR UPDATE SKIP LOCKED: concurrent workers never get the same run. A task whose next fire time cannot be computed is skipped and marked (tasks.last_error, status() tasks_broken). Work of a paused handler (pause_handler()) is skipped. Returns no row when nothing is due.';
+    'Claim at most one unit of work of the default queue (a queued run, highest priority first, or a due task tick; oldest due first) for worker, leased until now() + lease. FOR UPDATE SKIP LOCKED: concurrent workers never get the same run. A task whose next fire time cannot be computed is skipped and marked (tasks.last_error, status() tasks_broken). Work of a paused handler (pause_handler()) is skipped. Returns no row when nothing is due.';
 REVOKE ALL ON FUNCTION switchboard.claim_due_task(text, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.claim_due_task(text, interval) TO switchboard_app;
 
@@ -621,9 +625,15 @@ GRANT EXECUTE ON FUNCTION switchboard.create_run_exclusive(uuid, text) TO switch
 
 -- enqueue: transactional. The job is a row in the caller's transaction, so it
 -- exists iff that transaction commits; the wake-up NOTIFY is sent at COMMIT.
+-- max_attempts, priority and queue default to the handler's options
+-- (switchboard.handler_options, 22_queues.sql), then to 3, 0 and 'default'.
+-- A handler name no replica has registered is accepted (its code may deploy
+-- after the job is queued; `switchboard enqueue` checks live replicas first);
+-- a queue nothing serves is refused, since its job would wait forever.
 CREATE OR REPLACE FUNCTION switchboard.enqueue(
     handler text, args jsonb DEFAULT '{}', run_at timestamptz DEFAULT now(),
-    queueing_lock text DEFAULT NULL, max_attempts integer DEFAULT 3)
+    queueing_lock text DEFAULT NULL, max_attempts integer DEFAULT NULL,
+    priority integer DEFAULT NULL, queue text DEFAULT NULL)
 RETURNS SETOF switchboard.task_runs
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -631,22 +641,43 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_run switchboard.task_runs;
+    v_opt switchboard.handler_options;
+    v_attempts integer;
+    v_priority integer;
+    v_queue text;
 BEGIN
     PERFORM switchboard._check_handler(enqueue.handler);
     IF enqueue.args IS NULL OR jsonb_typeof(enqueue.args) <> 'object' THEN
         RAISE EXCEPTION 'job args must be a JSON object, got %', coalesce(jsonb_typeof(enqueue.args), 'NULL')
-            USING ERRCODE = '22023';
-    END IF;
-    IF enqueue.max_attempts IS NULL OR enqueue.max_attempts NOT BETWEEN 1 AND 100 THEN
-        RAISE EXCEPTION 'invalid max_attempts %', enqueue.max_attempts
-            USING ERRCODE = '22023', HINT = 'max_attempts is between 1 and 100.';
+            USING ERRCODE = '22023', HINT = 'Pass args as ''{"key": "value"}''::jsonb.';
     END IF;
     IF enqueue.queueing_lock IS NOT NULL AND length(enqueue.queueing_lock) NOT BETWEEN 1 AND 200 THEN
-        RAISE EXCEPTION 'invalid queueing_lock "%"', enqueue.queueing_lock USING ERRCODE = '22023';
+        RAISE EXCEPTION 'invalid queueing_lock "%"', enqueue.queueing_lock USING ERRCODE = '22023',
+            HINT = 'A queueing lock is 1 to 200 characters.';
     END IF;
-    INSERT INTO switchboard.task_runs (task_id, handler, args, status, trigger, max_attempts, queueing_lock, run_at)
-    VALUES (NULL, enqueue.handler, enqueue.args, 'queued', 'enqueue', enqueue.max_attempts,
-            enqueue.queueing_lock, coalesce(enqueue.run_at, now()))
+    SELECT * INTO v_opt FROM switchboard.handler_options o WHERE o.handler = enqueue.handler;
+    v_attempts := coalesce(enqueue.max_attempts, v_opt.max_attempts, 3);
+    IF v_attempts NOT BETWEEN 1 AND 100 THEN
+        RAISE EXCEPTION 'invalid max_attempts %', v_attempts
+            USING ERRCODE = '22023', HINT = 'max_attempts is between 1 and 100.';
+    END IF;
+    v_priority := coalesce(enqueue.priority, v_opt.priority, 0);
+    IF v_priority NOT BETWEEN -100 AND 100 THEN
+        RAISE EXCEPTION 'invalid priority %', v_priority USING ERRCODE = '22023',
+            HINT = 'priority is between -100 and 100; a higher priority is claimed first within its queue.';
+    END IF;
+    v_queue := coalesce(enqueue.queue, v_opt.queue, 'default');
+    IF enqueue.queue IS NOT NULL AND v_queue IS DISTINCT FROM v_opt.queue AND v_queue <> 'default' THEN
+        PERFORM switchboard._check_queue(v_queue);
+        IF NOT EXISTS (SELECT 1 FROM switchboard.handler_options o WHERE o.queue = v_queue) THEN
+            RAISE EXCEPTION 'queue "%" does not exist', v_queue USING ERRCODE = '22023',
+                HINT = 'A queue exists when a handler''s options name it (SELECT DISTINCT queue FROM switchboard.handler_options) or it is default; replicas serve it with the slots SWITCHBOARD_QUEUES gives.';
+        END IF;
+    END IF;
+    INSERT INTO switchboard.task_runs
+        (task_id, handler, args, status, trigger, max_attempts, queueing_lock, run_at, queue, priority)
+    VALUES (NULL, enqueue.handler, enqueue.args, 'queued', 'enqueue', v_attempts,
+            enqueue.queueing_lock, coalesce(enqueue.run_at, now()), v_queue, v_priority)
     ON CONFLICT (queueing_lock) WHERE status IN ('queued', 'running') AND queueing_lock IS NOT NULL
     DO NOTHING
     RETURNING * INTO v_run;
@@ -657,10 +688,10 @@ BEGIN
     RETURN;
 END
 $$;
-COMMENT ON FUNCTION switchboard.enqueue(text, jsonb, timestamptz, text, integer) IS
-    'Enqueue a one-off job in the caller''s transaction (it exists iff the transaction commits; workers are woken at COMMIT), not due before run_at. With a queueing_lock, at most one queued-or-running job holds it: a second enqueue returns no row.';
-REVOKE ALL ON FUNCTION switchboard.enqueue(text, jsonb, timestamptz, text, integer) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION switchboard.enqueue(text, jsonb, timestamptz, text, integer) TO switchboard_app;
+COMMENT ON FUNCTION switchboard.enqueue(text, jsonb, timestamptz, text, integer, integer, text) IS
+    'Enqueue a one-off job in the caller''s transaction (it exists iff the transaction commits; workers are woken at COMMIT), not due before run_at. max_attempts, priority (-100..100, higher first) and queue default to the handler''s options (handler_options), else 3, 0 and default; a queue no handler names is refused (22023). With a queueing_lock, at most one queued-or-running job holds it: a second enqueue returns no row.';
+REVOKE ALL ON FUNCTION switchboard.enqueue(text, jsonb, timestamptz, text, integer, integer, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.enqueue(text, jsonb, timestamptz, text, integer, integer, text) TO switchboard_app;
 
 -- heartbeat_run / finish_run / release_run are fenced on (run, worker,
 -- running): a worker whose lease expired and whose run was rescued cannot
@@ -684,7 +715,8 @@ REVOKE ALL ON FUNCTION switchboard.heartbeat_run(bigint, text, interval) FROM PU
 GRANT EXECUTE ON FUNCTION switchboard.heartbeat_run(bigint, text, interval) TO switchboard_app;
 
 CREATE OR REPLACE FUNCTION switchboard.finish_run(
-    run_id bigint, worker text, ok boolean, result jsonb DEFAULT NULL, error text DEFAULT NULL)
+    run_id bigint, worker text, ok boolean, result jsonb DEFAULT NULL, error text DEFAULT NULL,
+    retry boolean DEFAULT true)
 RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -693,8 +725,8 @@ AS $$
 DECLARE
     v_run switchboard.task_runs;
 BEGIN
-    IF finish_run.ok IS NULL THEN
-        RAISE EXCEPTION 'ok must be true or false' USING ERRCODE = '22023';
+    IF finish_run.ok IS NULL OR finish_run.retry IS NULL THEN
+        RAISE EXCEPTION 'ok and retry must be true or false' USING ERRCODE = '22023';
     END IF;
     -- Success needs nothing back from the row (V0017): no RETURNING * into a
     -- record, which only a retry (below) reads.
@@ -706,25 +738,24 @@ BEGIN
         RETURN FOUND;
     END IF;
     UPDATE switchboard.task_runs
-       SET status = CASE WHEN finish_run.ok THEN 'succeeded' ELSE 'failed' END,
-           finished_at = now(), lease_expires_at = NULL,
+       SET status = 'failed', finished_at = now(), lease_expires_at = NULL,
            result = finish_run.result, error = left(finish_run.error, 10000)
      WHERE id = finish_run.run_id AND worker = finish_run.worker AND status = 'running'
     RETURNING * INTO v_run;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    IF NOT finish_run.ok
-       AND switchboard._queue_retry(v_run, now() + switchboard._retry_backoff(v_run.attempt)) THEN
+    IF finish_run.retry
+       AND switchboard._queue_retry(v_run, now() + switchboard._retry_delay(v_run.handler, v_run.attempt)) THEN
         PERFORM switchboard._wake_workers();
     END IF;
     RETURN true;
 END
 $$;
-COMMENT ON FUNCTION switchboard.finish_run(bigint, text, boolean, jsonb, text) IS
-    'Record a run''s outcome. A failed run with attempts left is retried as a new queued run after 2^attempt seconds. False (and nothing changed) if worker no longer owns the run.';
-REVOKE ALL ON FUNCTION switchboard.finish_run(bigint, text, boolean, jsonb, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION switchboard.finish_run(bigint, text, boolean, jsonb, text) TO switchboard_app;
+COMMENT ON FUNCTION switchboard.finish_run(bigint, text, boolean, jsonb, text, boolean) IS
+    'Record a run''s outcome. A failed run with attempts left is retried as a new queued run (same queue and priority) after its handler''s backoff (handler_options: least(cap, base * 2^attempt) less up to jitter of it; 2^attempt seconds capped at 1 hour by default); retry = false fails it for good (a failure no retry can fix). False (and nothing changed) if worker no longer owns the run.';
+REVOKE ALL ON FUNCTION switchboard.finish_run(bigint, text, boolean, jsonb, text, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.finish_run(bigint, text, boolean, jsonb, text, boolean) TO switchboard_app;
 
 -- release_run: graceful hand-back on shutdown. The run goes back to queued
 -- (same attempt) and workers are woken, so another replica takes it at once

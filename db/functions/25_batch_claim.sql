@@ -50,9 +50,9 @@ DECLARE
     v_take constant text := 'UPDATE switchboard.task_runs r
            SET status = ''running'', worker = $1, lease_expires_at = $2 + $3, started_at = $2
          WHERE r.id = ANY (ARRAY(SELECT q.id FROM switchboard.task_runs q
-                                  WHERE q.status = ''queued'' AND q.run_at <= $2
-                                    AND q.handler <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
-                                  ORDER BY q.run_at, q.id
+                                  WHERE q.status = ''queued'' AND q.queue = ''default'' AND q.run_at <= $2
+                                    AND (q.handler || '''') <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
+                                  ORDER BY q.priority DESC, q.run_at, q.id
                                   LIMIT $4 FOR UPDATE OF q SKIP LOCKED))
         RETURNING r.*';
 BEGIN
@@ -72,9 +72,9 @@ BEGIN
          ORDER BY t.next_run_at LIMIT 1;
         IF v_task_at IS NOT NULL THEN
             SELECT q.run_at INTO v_queued_at FROM switchboard.task_runs q
-             WHERE q.status = 'queued' AND q.run_at <= v_now
-               AND q.handler <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
-             ORDER BY q.run_at, q.id LIMIT 1;
+             WHERE q.status = 'queued' AND q.queue = 'default' AND q.run_at <= v_now
+               AND (q.handler || '') <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
+             ORDER BY q.priority DESC, q.run_at, q.id LIMIT 1;
         END IF;
     END IF;
     IF v_fast AND (v_task_at IS NULL OR v_queued_at < v_task_at) THEN
@@ -96,7 +96,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) IS
-    'Claim up to max_runs units of work in one call: the first as claim_due_task() claims it (oldest due first, ticks included, expired leases rescued), the rest from the queued runs (FOR UPDATE SKIP LOCKED). When no lease has expired and no tick is due, all of them are the oldest due queued runs, taken in one statement. Paused handlers (pause_handler()) are skipped. No row when nothing is due.';
+    'Claim up to max_runs units of work of the default queue in one call: the first as claim_due_task() claims it (oldest due first, ticks included, expired leases rescued), the rest from the default queue''s runs, highest priority first (FOR UPDATE SKIP LOCKED). When no lease has expired and no tick is due, all of them are the oldest due queued runs, taken in one statement. Paused handlers (pause_handler()) are skipped. No row when nothing is due.';
 REVOKE ALL ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) TO switchboard_app;
 
@@ -180,3 +180,110 @@ COMMENT ON FUNCTION switchboard.finish_and_claim(text, bigint[], jsonb[], interv
     'finish_runs(worker, run_ids, results) then claim_due_tasks(worker, lease, max_runs) in one call and one transaction. Returns the runs actually finished as rows holding only id and status = ''succeeded'' (fenced: a run the worker no longer owns is absent), then the claimed runs (status ''running''). max_runs = 0 only finishes.';
 REVOKE ALL ON FUNCTION switchboard.finish_and_claim(text, bigint[], jsonb[], interval, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.finish_and_claim(text, bigint[], jsonb[], interval, integer) TO switchboard_app;
+
+-- Named queues (V0030). A replica gives each queue it serves its own slots
+-- (SWITCHBOARD_QUEUES), so a slow queue cannot take the slots of a fast one.
+-- queues[i] gets at most slots[i] runs: the default queue's through
+-- claim_due_tasks(worker, lease, n) above (ticks, lease rescue, the fast path),
+-- every other queue's in one UPDATE whose LATERAL subquery walks each queue's
+-- head of task_runs_ready (highest priority, then oldest due first) with
+-- FOR UPDATE SKIP LOCKED, as the default queue's claim does. A replica that
+-- serves only the default queue calls the three-argument form, unchanged.
+CREATE OR REPLACE FUNCTION switchboard._check_queue_slots(queues text[], slots integer[])
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF queues IS NULL OR slots IS NULL OR cardinality(queues) <> cardinality(slots)
+       OR cardinality(queues) NOT BETWEEN 1 AND 64 THEN
+        RAISE EXCEPTION 'queues and slots must be arrays of one length (1 to 64), got % and %',
+                        cardinality(queues), cardinality(slots) USING ERRCODE = '22023',
+            HINT = 'e.g. queues => ''{default,emails}'', slots => ''{8,2}''.';
+    END IF;
+    PERFORM switchboard._check_queue(q) FROM unnest(queues) AS q;
+    IF EXISTS (SELECT 1 FROM unnest(slots) AS n WHERE n IS NULL OR n NOT BETWEEN 0 AND 1000)
+       OR (SELECT sum(n) FROM unnest(slots) AS n) > 1000
+       OR (SELECT count(DISTINCT q) FROM unnest(queues) AS q) <> cardinality(queues) THEN
+        RAISE EXCEPTION 'invalid slots % for queues %', slots, queues USING ERRCODE = '22023',
+            HINT = 'Each queue once; its free slots 0 to 1000, at most 1000 in all.';
+    END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._check_queue_slots(text[], integer[]) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION switchboard.claim_due_tasks(
+    worker text, lease interval, queues text[], slots integer[])
+RETURNS SETOF switchboard.task_runs
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    v_default integer;
+    v_now timestamptz := now();
+BEGIN
+    PERFORM switchboard._check_queue_slots(queues, slots);
+    v_default := coalesce((SELECT w.n FROM unnest(queues, slots) AS w(q, n) WHERE w.q = 'default'), 0);
+    IF v_default > 0 THEN
+        RETURN QUERY SELECT * FROM switchboard.claim_due_tasks(claim_due_tasks.worker, claim_due_tasks.lease,
+                                                               v_default);
+    ELSE
+        PERFORM switchboard._check_lease(claim_due_tasks.lease);
+        IF claim_due_tasks.worker IS NULL OR length(claim_due_tasks.worker) NOT BETWEEN 1 AND 200 THEN
+            RAISE EXCEPTION 'invalid worker name "%"', claim_due_tasks.worker USING ERRCODE = '22023',
+                HINT = 'Worker names are unique per process, e.g. host:pid:random.';
+        END IF;
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(queues, slots) AS w(q, n) WHERE w.q <> 'default' AND w.n > 0) THEN
+        -- Dynamic, planned at each call (see finish_runs' comment).
+        RETURN QUERY EXECUTE
+        'UPDATE switchboard.task_runs r
+            SET status = ''running'', worker = $1, lease_expires_at = $2 + $3, started_at = $2
+          WHERE r.id = ANY (ARRAY(
+                SELECT x.id FROM unnest($4::text[], $5::integer[]) AS w(queue, n)
+                CROSS JOIN LATERAL (
+                    SELECT q.id FROM switchboard.task_runs q
+                     WHERE q.status = ''queued'' AND q.queue = w.queue AND q.run_at <= $2
+                       AND (q.handler || '''') <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
+                     ORDER BY q.priority DESC, q.run_at, q.id
+                     LIMIT w.n FOR UPDATE OF q SKIP LOCKED) AS x
+                 WHERE w.queue <> ''default'' AND w.n > 0))
+        RETURNING r.*'
+        USING claim_due_tasks.worker, v_now, claim_due_tasks.lease, queues, slots;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION switchboard.claim_due_tasks(text, interval, text[], integer[]) IS
+    'Claim work from several queues in one call: at most slots[i] runs of queues[i], each queue highest priority first, then oldest due first (FOR UPDATE SKIP LOCKED). The default queue is claimed as claim_due_tasks(worker, lease, n) claims it (task ticks, expired leases rescued). 22023 on arrays of different lengths, a bad queue name or slot count.';
+REVOKE ALL ON FUNCTION switchboard.claim_due_tasks(text, interval, text[], integer[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.claim_due_tasks(text, interval, text[], integer[]) TO switchboard_app;
+
+CREATE OR REPLACE FUNCTION switchboard.finish_and_claim(
+    worker text, run_ids bigint[], results jsonb[], lease interval, queues text[], slots integer[])
+RETURNS SETOF switchboard.task_runs
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_done switchboard.task_runs;
+    v_id bigint;
+BEGIN
+    PERFORM switchboard._check_queue_slots(queues, slots);
+    v_done.status := 'succeeded';
+    FOR v_id IN SELECT f FROM switchboard.finish_runs(finish_and_claim.worker, finish_and_claim.run_ids,
+                                                     finish_and_claim.results) AS f LOOP
+        v_done.id := v_id;
+        RETURN NEXT v_done;
+    END LOOP;
+    IF (SELECT sum(n) FROM unnest(slots) AS n) > 0 THEN
+        RETURN QUERY SELECT * FROM switchboard.claim_due_tasks(finish_and_claim.worker, finish_and_claim.lease,
+                                                               finish_and_claim.queues, finish_and_claim.slots);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION switchboard.finish_and_claim(text, bigint[], jsonb[], interval, text[], integer[]) IS
+    'finish_runs(worker, run_ids, results) then claim_due_tasks(worker, lease, queues, slots) in one call and one transaction: the finished runs as thin rows (id, status = ''succeeded''), then the claimed runs. All slots 0 only finishes.';
+REVOKE ALL ON FUNCTION switchboard.finish_and_claim(text, bigint[], jsonb[], interval, text[], integer[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION switchboard.finish_and_claim(text, bigint[], jsonb[], interval, text[], integer[]) TO switchboard_app;

@@ -25,7 +25,7 @@ CREATE OR REPLACE VIEW switchboard.runs AS
            (extract(epoch FROM coalesce(r.finished_at, CASE WHEN r.status = 'running' THEN now() END)
                                - r.started_at) * 1000)::bigint AS duration_ms,
            r.error, r.retry_of, r.lease_expires_at, r.scheduled_for, r.queueing_lock,
-           r.args, r.result
+           r.args, r.result, r.queue, r.priority
       FROM switchboard.task_runs r
       LEFT JOIN switchboard.tasks t ON t.id = r.task_id;
 COMMENT ON VIEW switchboard.runs IS
@@ -52,6 +52,8 @@ COMMENT ON COLUMN switchboard.runs.scheduled_for IS 'The tick this run is for (s
 COMMENT ON COLUMN switchboard.runs.queueing_lock IS 'enqueue()''s queueing lock, if any.';
 COMMENT ON COLUMN switchboard.runs.args IS 'JSON arguments.';
 COMMENT ON COLUMN switchboard.runs.result IS 'JSON result of a succeeded run.';
+COMMENT ON COLUMN switchboard.runs.queue IS 'Its queue (default unless the handler''s options or enqueue() named another).';
+COMMENT ON COLUMN switchboard.runs.priority IS 'Its priority within the queue (-100 to 100, higher first).';
 GRANT SELECT ON switchboard.runs TO switchboard_app;
 
 CREATE OR REPLACE FUNCTION switchboard._check_run_status(status text)
@@ -205,10 +207,10 @@ BEGIN
     END IF;
     INSERT INTO switchboard.task_runs
         (task_id, handler, args, status, trigger, attempt, max_attempts, queueing_lock,
-         run_at, scheduled_for, retry_of)
+         run_at, scheduled_for, retry_of, queue, priority)
     VALUES (v_old.task_id, v_old.handler, v_old.args, 'queued', 'manual_retry', v_old.attempt + 1,
             greatest(v_old.max_attempts, v_old.attempt + 1), v_old.queueing_lock,
-            now(), v_old.scheduled_for, v_old.id)
+            now(), v_old.scheduled_for, v_old.id, v_old.queue, v_old.priority)
     ON CONFLICT DO NOTHING
     RETURNING * INTO v_new;
     IF NOT FOUND THEN
@@ -319,9 +321,10 @@ BEGIN
     ), made AS (
         INSERT INTO switchboard.task_runs
             (task_id, handler, args, status, trigger, attempt, max_attempts, queueing_lock,
-             run_at, scheduled_for, retry_of)
+             run_at, scheduled_for, retry_of, queue, priority)
         SELECT p.task_id, p.handler, p.args, 'queued', 'manual_retry', p.attempt + 1,
-               greatest(p.max_attempts, p.attempt + 1), p.queueing_lock, now(), p.scheduled_for, p.id
+               greatest(p.max_attempts, p.attempt + 1), p.queueing_lock, now(), p.scheduled_for, p.id,
+               p.queue, p.priority
           FROM picked p ORDER BY p.id
         ON CONFLICT DO NOTHING
         RETURNING task_runs.retry_of, task_runs.id

@@ -44,7 +44,7 @@ GRANT switchboard_reader TO switchboard_operator;
 -- publisher
 GRANT EXECUTE ON FUNCTION switchboard.notify_user(uuid, text, jsonb) TO switchboard_publisher;
 GRANT EXECUTE ON FUNCTION switchboard.notify_room(text, text, jsonb) TO switchboard_publisher;
-GRANT EXECUTE ON FUNCTION switchboard.enqueue(text, jsonb, timestamptz, text, integer) TO switchboard_publisher;
+GRANT EXECUTE ON FUNCTION switchboard.enqueue(text, jsonb, timestamptz, text, integer, integer, text) TO switchboard_publisher;
 GRANT EXECUTE ON FUNCTION switchboard.stream_open(uuid, text, jsonb, text, interval, interval) TO switchboard_publisher;
 GRANT EXECUTE ON FUNCTION switchboard.stream_append(uuid, text[]) TO switchboard_publisher;
 GRANT EXECUTE ON FUNCTION switchboard.stream_renew(uuid[]) TO switchboard_publisher;

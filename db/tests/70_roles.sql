@@ -23,7 +23,7 @@ SELECT is_member_of('switchboard_reader', 'switchboard_operator', 'an operator s
 -- publisher: notify, enqueue, a stream's producer side
 SELECT function_privs_are('switchboard', f, a, 'switchboard_publisher', ARRAY['EXECUTE'])
   FROM (VALUES ('notify_user', ARRAY['uuid', 'text', 'jsonb']), ('notify_room', ARRAY['text', 'text', 'jsonb']),
-               ('enqueue', ARRAY['text', 'jsonb', 'timestamp with time zone', 'text', 'integer']),
+               ('enqueue', ARRAY['text', 'jsonb', 'timestamp with time zone', 'text', 'integer', 'integer', 'text']),
                ('stream_open', ARRAY['uuid', 'text', 'jsonb', 'text', 'interval', 'interval']),
                ('stream_append', ARRAY['uuid', 'text[]']), ('stream_renew', ARRAY['uuid[]']),
                ('stream_close', ARRAY['uuid', 'text', 'jsonb'])) v(f, a);
@@ -55,7 +55,7 @@ SELECT function_privs_are('switchboard', f, a, 'switchboard_operator', ARRAY['EX
                ('stream_stop', ARRAY['uuid', 'uuid']),
                ('retry_runs', ARRAY['text', 'text', 'text', 'timestamp with time zone', 'integer']),
                ('cancel_runs', ARRAY['text', 'text', 'text', 'timestamp with time zone', 'integer'])) v(f, a);
-SELECT function_privs_are('switchboard', 'enqueue', ARRAY['text', 'jsonb', 'timestamp with time zone', 'text', 'integer'],
+SELECT function_privs_are('switchboard', 'enqueue', ARRAY['text', 'jsonb', 'timestamp with time zone', 'text', 'integer', 'integer', 'text'],
                           'switchboard_operator', ARRAY[]::text[], 'switchboard_operator may not enqueue');
 
 SELECT * FROM finish();

@@ -4,8 +4,8 @@ BEGIN;
 DO $verify$
 BEGIN
     -- exactly the functions the files define: no left-over overload of an older release
-    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 148) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected exactly 148 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
+    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 155) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected exactly 155 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.cron_next(text, timestamptz, text)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.cron_next(text, timestamptz, text)' USING ERRCODE = 'P0004';
@@ -85,12 +85,6 @@ BEGIN
     IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._wake_workers()'))) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._wake_workers()' USING ERRCODE = 'P0004';
     END IF;
-    IF (to_regprocedure('switchboard._retry_backoff(integer)') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected function switchboard._retry_backoff(integer)' USING ERRCODE = 'P0004';
-    END IF;
-    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._retry_backoff(integer)'))) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._retry_backoff(integer)' USING ERRCODE = 'P0004';
-    END IF;
     IF (to_regprocedure('switchboard.create_task(text, text, text, jsonb, text, integer)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.create_task(text, text, text, jsonb, text, integer)' USING ERRCODE = 'P0004';
     END IF;
@@ -160,14 +154,14 @@ BEGIN
     IF (has_function_privilege('switchboard_app', 'switchboard.create_run_exclusive(uuid, text)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.create_run_exclusive(uuid, text)' USING ERRCODE = 'P0004';
     END IF;
-    IF (to_regprocedure('switchboard.enqueue(text, jsonb, timestamptz, text, integer)') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected function switchboard.enqueue(text, jsonb, timestamptz, text, integer)' USING ERRCODE = 'P0004';
+    IF (to_regprocedure('switchboard.enqueue(text, jsonb, timestamptz, text, integer, integer, text)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.enqueue(text, jsonb, timestamptz, text, integer, integer, text)' USING ERRCODE = 'P0004';
     END IF;
-    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.enqueue(text, jsonb, timestamptz, text, integer)'))) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.enqueue(text, jsonb, timestamptz, text, integer)' USING ERRCODE = 'P0004';
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.enqueue(text, jsonb, timestamptz, text, integer, integer, text)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.enqueue(text, jsonb, timestamptz, text, integer, integer, text)' USING ERRCODE = 'P0004';
     END IF;
-    IF (has_function_privilege('switchboard_app', 'switchboard.enqueue(text, jsonb, timestamptz, text, integer)', 'EXECUTE')) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.enqueue(text, jsonb, timestamptz, text, integer)' USING ERRCODE = 'P0004';
+    IF (has_function_privilege('switchboard_app', 'switchboard.enqueue(text, jsonb, timestamptz, text, integer, integer, text)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.enqueue(text, jsonb, timestamptz, text, integer, integer, text)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.heartbeat_run(bigint, text, interval)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.heartbeat_run(bigint, text, interval)' USING ERRCODE = 'P0004';
@@ -178,14 +172,14 @@ BEGIN
     IF (has_function_privilege('switchboard_app', 'switchboard.heartbeat_run(bigint, text, interval)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.heartbeat_run(bigint, text, interval)' USING ERRCODE = 'P0004';
     END IF;
-    IF (to_regprocedure('switchboard.finish_run(bigint, text, boolean, jsonb, text)') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected function switchboard.finish_run(bigint, text, boolean, jsonb, text)' USING ERRCODE = 'P0004';
+    IF (to_regprocedure('switchboard.finish_run(bigint, text, boolean, jsonb, text, boolean)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.finish_run(bigint, text, boolean, jsonb, text, boolean)' USING ERRCODE = 'P0004';
     END IF;
-    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.finish_run(bigint, text, boolean, jsonb, text)'))) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.finish_run(bigint, text, boolean, jsonb, text)' USING ERRCODE = 'P0004';
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.finish_run(bigint, text, boolean, jsonb, text, boolean)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.finish_run(bigint, text, boolean, jsonb, text, boolean)' USING ERRCODE = 'P0004';
     END IF;
-    IF (has_function_privilege('switchboard_app', 'switchboard.finish_run(bigint, text, boolean, jsonb, text)', 'EXECUTE')) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.finish_run(bigint, text, boolean, jsonb, text)' USING ERRCODE = 'P0004';
+    IF (has_function_privilege('switchboard_app', 'switchboard.finish_run(bigint, text, boolean, jsonb, text, boolean)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.finish_run(bigint, text, boolean, jsonb, text, boolean)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.release_run(bigint, text)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.release_run(bigint, text)' USING ERRCODE = 'P0004';
@@ -223,6 +217,39 @@ BEGIN
     IF (has_function_privilege('switchboard_app', 'switchboard.reap_runs(interval)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.reap_runs(interval)' USING ERRCODE = 'P0004';
     END IF;
+    IF (to_regprocedure('switchboard._check_queue(text)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard._check_queue(text)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._check_queue(text)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._check_queue(text)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard._retry_delay(text, integer)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard._retry_delay(text, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._retry_delay(text, integer)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._retry_delay(text, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard._option_seconds(jsonb, text, double precision, double precision)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard._option_seconds(jsonb, text, double precision, double precision)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._option_seconds(jsonb, text, double precision, double precision)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._option_seconds(jsonb, text, double precision, double precision)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard._option_int(jsonb, text, integer, integer, integer)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard._option_int(jsonb, text, integer, integer, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._option_int(jsonb, text, integer, integer, integer)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._option_int(jsonb, text, integer, integer, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard.set_handler_options(text, jsonb, text)') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.set_handler_options(text, jsonb, text)' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.set_handler_options(text, jsonb, text)'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.set_handler_options(text, jsonb, text)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard.set_handler_options(text, jsonb, text)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.set_handler_options(text, jsonb, text)' USING ERRCODE = 'P0004';
+    END IF;
     IF (to_regprocedure('switchboard.claim_due_tasks(text, interval, integer)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.claim_due_tasks(text, interval, integer)' USING ERRCODE = 'P0004';
     END IF;
@@ -249,6 +276,30 @@ BEGIN
     END IF;
     IF (has_function_privilege('switchboard_app', 'switchboard.finish_and_claim(text, bigint[], jsonb[], interval, integer)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.finish_and_claim(text, bigint[], jsonb[], interval, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard._check_queue_slots(text[], integer[])') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard._check_queue_slots(text[], integer[])' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard._check_queue_slots(text[], integer[])'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard._check_queue_slots(text[], integer[])' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard.claim_due_tasks(text, interval, text[], integer[])') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.claim_due_tasks(text, interval, text[], integer[])' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.claim_due_tasks(text, interval, text[], integer[])'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.claim_due_tasks(text, interval, text[], integer[])' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard.claim_due_tasks(text, interval, text[], integer[])', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.claim_due_tasks(text, interval, text[], integer[])' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regprocedure('switchboard.finish_and_claim(text, bigint[], jsonb[], interval, text[], integer[])') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.finish_and_claim(text, bigint[], jsonb[], interval, text[], integer[])' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.finish_and_claim(text, bigint[], jsonb[], interval, text[], integer[])'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.finish_and_claim(text, bigint[], jsonb[], interval, text[], integer[])' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard.finish_and_claim(text, bigint[], jsonb[], interval, text[], integer[])', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.finish_and_claim(text, bigint[], jsonb[], interval, text[], integer[])' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard._check_run_status(text)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard._check_run_status(text)' USING ERRCODE = 'P0004';
@@ -1216,8 +1267,8 @@ BEGIN
     IF (has_function_privilege('switchboard_publisher', 'switchboard.notify_room(text, text, jsonb)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_publisher may execute switchboard.notify_room(text, text, jsonb)' USING ERRCODE = 'P0004';
     END IF;
-    IF (has_function_privilege('switchboard_publisher', 'switchboard.enqueue(text, jsonb, timestamptz, text, integer)', 'EXECUTE')) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected switchboard_publisher may execute switchboard.enqueue(text, jsonb, timestamptz, text, integer)' USING ERRCODE = 'P0004';
+    IF (has_function_privilege('switchboard_publisher', 'switchboard.enqueue(text, jsonb, timestamptz, text, integer, integer, text)', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_publisher may execute switchboard.enqueue(text, jsonb, timestamptz, text, integer, integer, text)' USING ERRCODE = 'P0004';
     END IF;
     IF (has_function_privilege('switchboard_publisher', 'switchboard.stream_open(uuid, text, jsonb, text, interval, interval)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_publisher may execute switchboard.stream_open(uuid, text, jsonb, text, interval, interval)' USING ERRCODE = 'P0004';
@@ -1276,9 +1327,6 @@ BEGIN
     IF (obj_description(to_regprocedure('switchboard.cron_validate(text, text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.cron_validate(text, text)' USING ERRCODE = 'P0004';
     END IF;
-    IF (obj_description(to_regprocedure('switchboard._retry_backoff(integer)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard._retry_backoff(integer)' USING ERRCODE = 'P0004';
-    END IF;
     IF (obj_description(to_regprocedure('switchboard.create_task(text, text, text, jsonb, text, integer)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.create_task(text, text, text, jsonb, text, integer)' USING ERRCODE = 'P0004';
     END IF;
@@ -1294,14 +1342,14 @@ BEGIN
     IF (obj_description(to_regprocedure('switchboard.create_run_exclusive(uuid, text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.create_run_exclusive(uuid, text)' USING ERRCODE = 'P0004';
     END IF;
-    IF (obj_description(to_regprocedure('switchboard.enqueue(text, jsonb, timestamptz, text, integer)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.enqueue(text, jsonb, timestamptz, text, integer)' USING ERRCODE = 'P0004';
+    IF (obj_description(to_regprocedure('switchboard.enqueue(text, jsonb, timestamptz, text, integer, integer, text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.enqueue(text, jsonb, timestamptz, text, integer, integer, text)' USING ERRCODE = 'P0004';
     END IF;
     IF (obj_description(to_regprocedure('switchboard.heartbeat_run(bigint, text, interval)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.heartbeat_run(bigint, text, interval)' USING ERRCODE = 'P0004';
     END IF;
-    IF (obj_description(to_regprocedure('switchboard.finish_run(bigint, text, boolean, jsonb, text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.finish_run(bigint, text, boolean, jsonb, text)' USING ERRCODE = 'P0004';
+    IF (obj_description(to_regprocedure('switchboard.finish_run(bigint, text, boolean, jsonb, text, boolean)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.finish_run(bigint, text, boolean, jsonb, text, boolean)' USING ERRCODE = 'P0004';
     END IF;
     IF (obj_description(to_regprocedure('switchboard.release_run(bigint, text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.release_run(bigint, text)' USING ERRCODE = 'P0004';
@@ -1315,6 +1363,12 @@ BEGIN
     IF (obj_description(to_regprocedure('switchboard.reap_runs(interval)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.reap_runs(interval)' USING ERRCODE = 'P0004';
     END IF;
+    IF (obj_description(to_regprocedure('switchboard._retry_delay(text, integer)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard._retry_delay(text, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (obj_description(to_regprocedure('switchboard.set_handler_options(text, jsonb, text)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.set_handler_options(text, jsonb, text)' USING ERRCODE = 'P0004';
+    END IF;
     IF (obj_description(to_regprocedure('switchboard.claim_due_tasks(text, interval, integer)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.claim_due_tasks(text, interval, integer)' USING ERRCODE = 'P0004';
     END IF;
@@ -1323,6 +1377,12 @@ BEGIN
     END IF;
     IF (obj_description(to_regprocedure('switchboard.finish_and_claim(text, bigint[], jsonb[], interval, integer)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.finish_and_claim(text, bigint[], jsonb[], interval, integer)' USING ERRCODE = 'P0004';
+    END IF;
+    IF (obj_description(to_regprocedure('switchboard.claim_due_tasks(text, interval, text[], integer[])'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.claim_due_tasks(text, interval, text[], integer[])' USING ERRCODE = 'P0004';
+    END IF;
+    IF (obj_description(to_regprocedure('switchboard.finish_and_claim(text, bigint[], jsonb[], interval, text[], integer[])'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.finish_and_claim(text, bigint[], jsonb[], interval, text[], integer[])' USING ERRCODE = 'P0004';
     END IF;
     IF (obj_description(to_regprocedure('switchboard.list_runs(text, text, text, timestamptz, integer, bigint)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.list_runs(text, text, text, timestamptz, integer, bigint)' USING ERRCODE = 'P0004';

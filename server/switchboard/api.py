@@ -31,6 +31,7 @@ before anything is sent. The role needs EXECUTE on the functions it calls.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -39,6 +40,8 @@ from uuid import UUID
 
 import psycopg
 from psycopg.rows import tuple_row
+
+from .jobargs import ArgsError, dump_args
 
 SyncTarget = Union["psycopg.Connection[Any]", "psycopg.Cursor[Any]", psycopg.Transaction]
 AsyncTarget = Union["psycopg.AsyncConnection[Any]", "psycopg.AsyncCursor[Any]", psycopg.AsyncTransaction]
@@ -52,7 +55,7 @@ __all__ = [
 # One statement each: nothing else runs in the caller's transaction.
 _NOTIFY_USER = "SELECT switchboard.notify_user(%s, %s, %s::jsonb)"
 _NOTIFY_ROOM = "SELECT switchboard.notify_room(%s, %s, %s::jsonb)"
-_ENQUEUE = "SELECT id FROM switchboard.enqueue(%s, %s::jsonb, coalesce(%s, now()), %s, %s)"
+_ENQUEUE = "SELECT id FROM switchboard.enqueue(%s, %s::jsonb, coalesce(%s, now()), %s, %s, %s, %s)"
 _STREAM_OPEN = "SELECT switchboard.stream_open(%s, %s, %s::jsonb, %s, %s, %s)"
 _STREAM_APPEND = "SELECT switchboard.stream_append(%s, %s::text[])"
 _STREAM_CLOSE = "SELECT switchboard.stream_close(%s, %s, %s::jsonb)"
@@ -135,11 +138,16 @@ def _notify_room_args(room: str, event: str, payload: Any) -> tuple[Any, ...]:
     return (room, event, _json({} if payload is None else payload, "payload"))
 
 
-def _enqueue_args(handler: str, args: dict[str, Any] | None, run_at: datetime | None,
-                  queueing_lock: str | None, max_attempts: int) -> tuple[Any, ...]:
-    if args is not None and not isinstance(args, dict):
-        raise TypeError(f"args must be a dict (a JSON object), not {type(args).__name__}")
-    return (handler, _json(args or {}, "args"), run_at, queueing_lock, max_attempts)
+def _enqueue_args(handler: str, args: Any, args_type: Any, run_at: datetime | None, queueing_lock: str | None,
+                  max_attempts: int | None, priority: int | None, queue: str | None) -> tuple[Any, ...]:
+    if args is not None and not isinstance(args, dict) and not dataclasses.is_dataclass(args):
+        raise TypeError(f"args must be a dict (a JSON object) or a dataclass instance, not {type(args).__name__}")
+    try:
+        data = dump_args(args, args_type)   # checks a dataclass's fields, or a dict against args_type
+    except ArgsError as exc:
+        exc.handler = handler
+        raise
+    return (handler, _json(data, "args"), run_at, queueing_lock, max_attempts, priority, queue)
 
 
 def _stream_open_args(user_id: UUID | str, kind: str, meta: dict[str, Any] | None, room: str | None,
@@ -163,11 +171,19 @@ def notify_room(target: SyncTarget, room: str, event: str, payload: Any = None) 
     return int(_one(target, _NOTIFY_ROOM, _notify_room_args(room, event, payload)))
 
 
-def enqueue(target: SyncTarget, handler: str, args: dict[str, Any] | None = None, *,
-            run_at: datetime | None = None, queueing_lock: str | None = None, max_attempts: int = 3) -> int | None:
+def enqueue(target: SyncTarget, handler: str, args: Any = None, *, args_type: Any = None,
+            run_at: datetime | None = None, queueing_lock: str | None = None, max_attempts: int | None = None,
+            priority: int | None = None, queue: str | None = None) -> int | None:
     """Queue a run of ``handler`` iff your transaction commits (workers wake at COMMIT). The
-    run id; None when ``queueing_lock`` is held by a queued or running job (nothing queued)."""
-    rid = _one(target, _ENQUEUE, _enqueue_args(handler, args, run_at, queueing_lock, max_attempts))
+    run id; None when ``queueing_lock`` is held by a queued or running job (nothing queued).
+
+    ``args``: a dict, or an instance of the handler's args dataclass (its fields are checked
+    here; ``args_type`` checks a dict against a dataclass or TypedDict): a wrong field raises
+    ``jobargs.ArgsError`` naming it, before anything is sent. ``max_attempts``,
+    ``priority`` (-100..100, higher first) and ``queue``: None takes the handler's
+    registered options (switchboard.handler_options), else 3, 0 and ``default``."""
+    rid = _one(target, _ENQUEUE, _enqueue_args(handler, args, args_type, run_at, queueing_lock, max_attempts,
+                                               priority, queue))
     return None if rid is None else int(rid)
 
 
@@ -203,11 +219,13 @@ async def notify_room_async(target: AsyncTarget, room: str, event: str, payload:
     return int(await _aone(target, _NOTIFY_ROOM, _notify_room_args(room, event, payload)))
 
 
-async def enqueue_async(target: AsyncTarget, handler: str, args: dict[str, Any] | None = None, *,
+async def enqueue_async(target: AsyncTarget, handler: str, args: Any = None, *, args_type: Any = None,
                         run_at: datetime | None = None, queueing_lock: str | None = None,
-                        max_attempts: int = 3) -> int | None:
+                        max_attempts: int | None = None, priority: int | None = None,
+                        queue: str | None = None) -> int | None:
     """:func:`enqueue` on an ``AsyncConnection``."""
-    rid = await _aone(target, _ENQUEUE, _enqueue_args(handler, args, run_at, queueing_lock, max_attempts))
+    rid = await _aone(target, _ENQUEUE, _enqueue_args(handler, args, args_type, run_at, queueing_lock,
+                                                      max_attempts, priority, queue))
     return None if rid is None else int(rid)
 
 

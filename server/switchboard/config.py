@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Literal, TypedDict
 
+from .handler_options import parse_queue_slots
 from .origins import normalize_origin
 
 
@@ -32,6 +33,13 @@ def _number(name: str, default: float, lo: float, hi: float, cast: Callable[[str
 
 def _show(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else f"{v:g}"
+
+
+def _queues() -> dict[str, int]:
+    try:
+        return parse_queue_slots(os.environ.get("SWITCHBOARD_QUEUES"))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _int(name: str, default: int, lo: int = 0, hi: int = 10**9) -> int:
@@ -242,6 +250,8 @@ class Config:
     # scheduler
     scheduler_enabled: bool = True
     scheduler_concurrency: int = 8
+    # SWITCHBOARD_QUEUES: slots per named queue on this replica (handler_options.py)
+    queues: dict[str, int] = field(default_factory=dict)
     lease_seconds: float = 60.0
     poll_interval: float = 1.0
     shutdown_grace: float = 20.0
@@ -322,6 +332,7 @@ class Config:
             session_refresh_grace=refresh_grace(),
             scheduler_enabled=os.environ.get("SWITCHBOARD_SCHEDULER", "on").lower() not in ("0", "off", "false", "no"),
             scheduler_concurrency=_int("SWITCHBOARD_SCHEDULER_CONCURRENCY", 8, 1, 1000),
+            queues=_queues(),
             lease_seconds=_float("SWITCHBOARD_LEASE_SECONDS", 60.0, 1, 86400),
             poll_interval=_float("SWITCHBOARD_POLL_INTERVAL", 1.0, 0.01, 3600),
             shutdown_grace=_float("SWITCHBOARD_SHUTDOWN_GRACE_SECONDS", 20.0, 0, 3600),

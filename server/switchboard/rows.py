@@ -65,6 +65,8 @@ class Run(_Row):
     error: str | None
     retry_of: int | None
     created_at: datetime | None
+    queue: str                       # its named queue ('default' unless the handler's options say)
+    priority: int                    # within the queue, higher is claimed first
 
     # Transitional, for the 0.2.0 merge: code written on other branches against dict rows
     # (run["id"], run.get("attempt")) keeps working on a Run. New code uses attributes;

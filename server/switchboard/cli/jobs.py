@@ -51,7 +51,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
                 _die(f"no live replica runs handler {args.handler!r} (running: {', '.join(names) or 'none'}); "
                      "its job would wait or fail. --unserved-ok queues it anyway (a handler about to be "
                      "deployed)", 1)
-        run = await db.enqueue(args.handler, job_args, run_at, args.queueing_lock, args.max_attempts)
+        run = await db.enqueue(args.handler, job_args, run_at, args.queueing_lock, args.max_attempts,
+                               args.priority, args.queue)
         if run is None:
             active = await db.active_run_by_lock(args.queueing_lock)
             _die(f"queueing lock {args.queueing_lock!r} is held by "

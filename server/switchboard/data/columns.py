@@ -17,7 +17,7 @@ def _ts(col: str) -> str:
 RUN_COLUMNS = (
     "id, task_id, handler, args, status, trigger, attempt, max_attempts, queueing_lock, "
     f"{_ts('run_at')}, {_ts('scheduled_for')}, worker, lease_expires_at, started_at, finished_at, result, "
-    "error, retry_of, created_at"
+    "error, retry_of, created_at, queue, priority"
 )
 # switchboard.runs (the view), as a listing shows it and as one run is shown.
 RUN_VIEW_COLUMNS = (

@@ -14,6 +14,9 @@ from .pool import UNCHECKED, PoolBase, Row
 
 _CLAIM_DUE_TASKS = f"SELECT {RUN_COLUMNS} FROM switchboard.claim_due_tasks(%s, %s, %s)"
 _FINISH_AND_CLAIM = (f"SELECT {RUN_COLUMNS} FROM switchboard.finish_and_claim(%s, %s::bigint[], %s::jsonb[], %s, %s)")
+_CLAIM_QUEUES = f"SELECT {RUN_COLUMNS} FROM switchboard.claim_due_tasks(%s, %s, %s::text[], %s::integer[])"
+_FINISH_AND_CLAIM_QUEUES = (f"SELECT {RUN_COLUMNS} FROM switchboard.finish_and_claim(%s, %s::bigint[], %s::jsonb[], %s, "
+                            "%s::text[], %s::integer[])")
 _STATUS = RUN_FIELDS.index("status")   # RUN_COLUMNS is RUN_FIELDS in order (tests/unit/test_rows.py)
 
 
@@ -23,6 +26,11 @@ class SchedulerQueries(PoolBase):
     async def claim_due_tasks(self, worker: str, lease: float, max_runs: int) -> list[Run]:
         # RUN_COLUMNS is Run's fields in order (tests/unit/test_rows.py), so a tuple row is Run(*row)
         rows = await self._tuples(_CLAIM_DUE_TASKS, (worker, timedelta(seconds=lease), max_runs))
+        return [Run(*r) for r in rows]
+
+    async def claim_queues(self, worker: str, lease: float, slots: dict[str, int]) -> list[Run]:
+        """At most ``slots[q]`` runs of each queue q (the four-argument claim_due_tasks)."""
+        rows = await self._tuples(_CLAIM_QUEUES, (worker, timedelta(seconds=lease), list(slots), list(slots.values())))
         return [Run(*r) for r in rows]
 
     async def finish_runs(self, worker: str, run_ids: list[int], results: list[Any]) -> set[int]:
@@ -39,6 +47,18 @@ class SchedulerQueries(PoolBase):
         the ids actually finished (fenced), and the runs claimed."""
         res = None if all(r is None for r in results) else [None if r is None else Jsonb(r) for r in results]
         rows = await self._tuples(_FINISH_AND_CLAIM, (worker, run_ids, res, timedelta(seconds=lease), max_runs))
+        return self._finished_and_claimed(rows)
+
+    async def finish_and_claim_queues(self, worker: str, run_ids: list[int], results: list[Any], lease: float,
+                                      slots: dict[str, int]) -> tuple[set[int], list[Run]]:
+        """finish_and_claim with at most ``slots[q]`` runs claimed from each queue q."""
+        res = None if all(r is None for r in results) else [None if r is None else Jsonb(r) for r in results]
+        rows = await self._tuples(_FINISH_AND_CLAIM_QUEUES, (worker, run_ids, res, timedelta(seconds=lease),
+                                                             list(slots), list(slots.values())))
+        return self._finished_and_claimed(rows)
+
+    @staticmethod
+    def _finished_and_claimed(rows: list[tuple[Any, ...]]) -> tuple[set[int], list[Run]]:
         finished: set[int] = set()
         runs: list[Run] = []
         for r in rows:
@@ -59,17 +79,27 @@ class SchedulerQueries(PoolBase):
         finally:
             UNCHECKED.reset(token)
 
-    async def finish_run(self, run_id: int, worker: str, ok: bool, result: Any, error: str | None) -> bool:
-        return cast("bool", await self.scalar("SELECT switchboard.finish_run(%s, %s, %s, %s, %s)",
-                                 (run_id, worker, ok, None if result is None else Jsonb(result), error)))
+    async def finish_run(self, run_id: int, worker: str, ok: bool, result: Any, error: str | None,
+                         retry: bool = True) -> bool:
+        return cast("bool", await self.scalar("SELECT switchboard.finish_run(%s, %s, %s, %s, %s, %s)",
+                                 (run_id, worker, ok, None if result is None else Jsonb(result), error, retry)))
+
+    async def set_handler_options(self, options: dict[str, dict[str, Any]], set_by: str) -> None:
+        """Store every handler's registration options (set_handler_options, one transaction)."""
+        async with self.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            await cur.executemany("SELECT switchboard.set_handler_options(%s, %s, %s)",
+                                  [(name, Jsonb(o), set_by) for name, o in options.items()])
 
     async def release_run(self, run_id: int, worker: str) -> bool:
         return cast("bool", await self.scalar("SELECT switchboard.release_run(%s, %s)", (run_id, worker)))
 
     async def enqueue(self, handler: str, args: dict[str, Any], run_at: Any = None, queueing_lock: str | None = None,
-                      max_attempts: int = 3) -> Row | None:
-        return await self.fetchone(f"SELECT {RUN_COLUMNS} FROM switchboard.enqueue(%s, %s, %s, %s, %s)",
-                                   (handler, Jsonb(args), run_at, queueing_lock, max_attempts))
+                      max_attempts: int | None = None, priority: int | None = None,
+                      queue: str | None = None) -> Row | None:
+        """max_attempts, priority, queue: None takes the handler's option (handler_options)."""
+        return await self.fetchone(
+            f"SELECT {RUN_COLUMNS} FROM switchboard.enqueue(%s, %s, coalesce(%s, now()), %s, %s, %s, %s)",
+            (handler, Jsonb(args), run_at, queueing_lock, max_attempts, priority, queue))
 
     async def active_run_by_lock(self, queueing_lock: str) -> Row | None:
         """The queued or running job that holds ``queueing_lock`` (what a refused enqueue met)."""

@@ -36,6 +36,7 @@ RUN = {
         "run_at": TS, "scheduled_for": TS, "worker": {"type": ["string", "null"]}, "lease_expires_at": TS,
         "started_at": TS, "finished_at": TS, "result": ANY_JSON, "error": {"type": ["string", "null"]},
         "retry_of": {"type": ["integer", "null"]}, "created_at": {"type": "string"},
+        "queue": {"type": "string"}, "priority": {"type": "integer"},
     },
     "required": ["id", "status", "handler"],
 }

@@ -84,7 +84,13 @@ def paths_jobs() -> dict[str, Any]:
                            "description": "not due before (default now)"},
                 "queueing_lock": {"type": ["string", "null"], "minLength": 1, "maxLength": 200,
                                   "description": "at most one queued-or-running job holds it"},
-                "max_attempts": {"type": "integer", "minimum": 1, "maximum": 100}}},
+                "max_attempts": {"type": ["integer", "null"], "minimum": 1, "maximum": 100,
+                                 "description": "default: the handler's (handler_options), else 3"},
+                "priority": {"type": ["integer", "null"], "minimum": -100, "maximum": 100,
+                             "description": "higher is claimed first within the queue; default: the handler's"},
+                "queue": {"type": ["string", "null"], "pattern": "^[a-z][a-z0-9_.-]{0,62}$",
+                          "description": "a queue some handler's options name, or default; default: the "
+                                         "handler's"}}},
             description="switchboard.enqueue over HTTP. 409 active-run when another queued or running job "
                         "holds the queueing_lock (the problem's active_run); 422 unknown-handler when no live "
                         "replica runs the handler (the problem's known_handlers), 422 for a bad field.")},

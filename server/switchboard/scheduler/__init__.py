@@ -34,22 +34,25 @@ import asyncio
 import logging
 import random
 import time
-import traceback
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
 from ..config import Config
 from ..db import Database
-from ..handlers import Handler, HandlerContext, HandlerError, HandlerRegistry, _cap_deadline, failure_message, stored_result
+from ..handler_options import DEFAULT_QUEUE, queue_slots
+from ..handlers import HandlerContext, HandlerRegistry, _cap_deadline, stored_result
 from ..metrics import Metrics
 from ..replica import ReplicaState
 from ..rows import Run
 from ..streams.writer import Producer
+from ..registry import Registration
+from .invoke import Outcome, invoke
 from .leases import CANCEL_GRACE, FENCE_CHECK_MIN_INTERVAL, LeaseKeeper
+from .queues import QueueSlots
 from .slot import RunSlot
 
-__all__ = ["CANCEL_GRACE", "FENCE_CHECK_MIN_INTERVAL", "LeaseKeeper", "RunSlot", "Scheduler"]
+__all__ = ["CANCEL_GRACE", "FENCE_CHECK_MIN_INTERVAL", "LeaseKeeper", "QueueSlots", "RunSlot", "Scheduler"]
 
 LOG = logging.getLogger("switchboard.scheduler")
 
@@ -62,6 +65,28 @@ def count_successes(metrics: Metrics, batch: list[tuple[int, Any, asyncio.Future
         per_handler[b[3]] = per_handler.get(b[3], 0) + 1
     for label, n in per_handler.items():
         metrics.inc("switchboard_runs_finished_total", n, outcome="ok", handler=label)
+
+
+async def register_options(db: Database, handlers: HandlerRegistry, worker: str) -> bool:
+    """Store the handlers' options (handler_options: what enqueue() and finish_run() read).
+    Until it succeeds (a database down at start) the loop tries again each round and the
+    options stored last hold; claiming does not wait for it."""
+    try:
+        await db.set_handler_options({n: o.as_json() for n, o in handlers.options().items()}, worker)
+        return True
+    except Exception as exc:
+        LOG.warning("storing the handlers' options failed (tried again): %s", str(exc).strip() or exc)
+        return False
+
+
+async def release_claimed(db: Database, worker: str, runs: list[Run], why: str) -> None:
+    """Hand back runs that were claimed but never started here (fenced: release_run)."""
+    for run in runs:
+        try:
+            if await db.release_run(run.id, worker):
+                LOG.info("run %s (%s) handed back", run.id, why)
+        except Exception as exc:
+            LOG.warning("run %s: hand-back failed (%s); its lease will expire", run.id, exc)
 
 
 class Scheduler:
@@ -82,7 +107,8 @@ class Scheduler:
         self._done: list[tuple[int, Any, asyncio.Future[bool], str]] = []
         self._flush_task: asyncio.Task[None] | None = None    # the group commit in flight, if any
         self._claims: set[asyncio.Future[list[Run]]] = set()   # claim round trips in flight
-        self._reserved = 0      # free slots asked for by claims in flight (loop and finish_and_claim)
+        # slots per queue, and the free slots claims in flight asked for (loop and finish_and_claim)
+        self.queues = QueueSlots(queue_slots(config.scheduler_concurrency, config.queues, handlers.queues()))
 
     def wake(self) -> None:
         self._wake.set()
@@ -105,7 +131,10 @@ class Scheduler:
     async def _loop(self) -> None:
         # Start-up jitter: replicas restarted together do not claim in lockstep.
         await asyncio.sleep(random.random() * min(self.cfg.poll_interval, 1.0))
+        registered = False
         while not self._stopping:
+            if not registered:
+                registered = await register_options(self.db, self.handlers, self.worker)
             try:
                 await self._claim_available()
             except asyncio.CancelledError:
@@ -122,15 +151,18 @@ class Scheduler:
     async def _claim_available(self) -> None:
         """Claim as many runs as there are free slots, in one round trip per batch."""
         while not self._stopping and not self.replica.draining:
-            free = self.cfg.scheduler_concurrency - len(self._slots) - self._reserved
-            if free <= 0:
+            free = self.queues.free(self._slots)
+            if not free:
                 return
             sent = time.time()
+            lease = self.cfg.lease_seconds
             # Shielded: if this task is cancelled mid-claim, the claim itself runs to its end
             # and stop() hands back what it got (see the module docstring).
-            claim = asyncio.ensure_future(self.db.claim_due_tasks(self.worker, self.cfg.lease_seconds, free))
+            claim = asyncio.ensure_future(
+                self.db.claim_due_tasks(self.worker, lease, free[DEFAULT_QUEUE]) if self.queues.single
+                else self.db.claim_queues(self.worker, lease, free))
             self._claims.add(claim)
-            self._reserved += free
+            self.queues.reserve(free)
             try:
                 runs = await asyncio.shield(claim)
             except asyncio.CancelledError:
@@ -139,11 +171,11 @@ class Scheduler:
                 self._claims.discard(claim)
                 raise
             finally:
-                self._reserved -= free
+                self.queues.release(free)
             self._claims.discard(claim)
             self._start_runs(runs, sent)
-            if len(runs) < free:
-                return  # nothing more is due right now
+            if len(runs) < sum(free.values()):
+                return  # nothing more is due right now (in some queue)
 
     def _start_runs(self, runs: list[Run], sent: float) -> None:
         """Start the handlers of runs claimed by a call sent at local time ``sent``."""
@@ -174,15 +206,13 @@ class Scheduler:
         slot.task = asyncio.create_task(self._execute(slot), name=f"run-{run.id}")
         return slot
 
-    def _refill_slots(self, finishing: list[int]) -> int:
-        """How many runs a finish of ``finishing`` may claim in the same round trip: the
-        slots free once they are finished, less those that claims in flight asked for.
-        Zero while stopping or draining, and before start() (the loop owns claiming)."""
+    def _refill_slots(self, finishing: list[int]) -> dict[str, int]:
+        """How many runs per queue a finish of ``finishing`` may claim in the same round
+        trip: the slots free once they are finished, less those that claims in flight asked
+        for. None while stopping or draining, and before start() (the loop owns claiming)."""
         if self._stopping or self.replica.draining or self._loop_task is None:
-            return 0
-        done = set(finishing)
-        busy = sum(1 for rid in self._slots if rid not in done)
-        return max(0, self.cfg.scheduler_concurrency - busy - self._reserved)
+            return {}
+        return self.queues.free(self._slots, set(finishing))
 
     async def _execute(self, slot: RunSlot) -> None:
         """The run's task: the handler (in this task), then its outcome recorded -- or, when
@@ -191,12 +221,12 @@ class Scheduler:
         # its scheduling and done callbacks) was the largest part of the event loop's work
         # per short job (bench/profile_jobs.py --cprofile). Cancelling "the handler" is
         # cancelling this task while it is in the handler (slot.in_handler).
-        handler = self.handlers.get(slot.run.handler)
-        slot.in_handler = handler is not None
+        reg = self.handlers.registration(slot.run.handler)
+        slot.in_handler = reg is not None
         slot.started = time.monotonic()
         self.leases.arm(slot)
         try:
-            result, error = await self._call_handler(slot, handler)
+            result, error, retry = await self._call_handler(slot, reg)
         except asyncio.CancelledError:
             self.leases.disarm(slot)
             self._forget(slot)
@@ -208,30 +238,25 @@ class Scheduler:
             self._wake.set()
             self.leases.hand_back(slot)
             return
-        await self._record(slot, result, error)
+        await self._record(slot, result, error, retry)
 
-    async def _call_handler(self, slot: RunSlot, handler: Handler | None) -> tuple[Any, str | None]:
-        """(the handler's result, None) or (None, the run's error). A cancel after a lost
-        lease is consumed here: the task lives on to hand the run back (slot.lost)."""
+    async def _call_handler(self, slot: RunSlot, reg: Registration | None) -> Outcome:
+        """invoke()'s (result, error, retry). A cancel after a lost lease is consumed here:
+        the task lives on to hand the run back (slot.lost)."""
         run = slot.run
-        if handler is None:
-            return None, f"unknown handler {run.handler!r} (registered: {', '.join(self.handlers.names())})"
+        if reg is None:
+            return None, f"unknown handler {run.handler!r} (registered: {', '.join(self.handlers.names())})", True
         try:
-            return await handler(slot.ctx), None
+            return await invoke(reg, slot.ctx)
         except asyncio.CancelledError:
             if not slot.lost:
                 raise                       # this run is being cancelled (shutdown)
             slot.task.uncancel()            # the lease-loss cancel, consumed here
-            return None, None               # never recorded: the run is lost
-        except HandlerError as exc:
-            return None, failure_message(exc)
-        except Exception as exc:
-            LOG.warning("run %s (%s) failed:\n%s", run.id, run.handler, traceback.format_exc())
-            return None, failure_message(exc)
+            return None, None, True         # never recorded: the run is lost
         finally:
             slot.in_handler = False         # out of the handler: nothing left to cancel
 
-    async def _record(self, slot: RunSlot, result: Any, error: str | None) -> None:
+    async def _record(self, slot: RunSlot, result: Any, error: str | None, retry: bool = True) -> None:
         """Record the run's outcome (successes in group commits), then free its slot."""
         run_id = slot.run_id
         try:
@@ -243,7 +268,7 @@ class Scheduler:
                 finished = await self._finish_ok(run_id, None if result is None else stored_result(result),
                                                   slot.label)
             else:
-                finished = await self.db.finish_run(run_id, self.worker, False, None, error)
+                finished = await self.db.finish_run(run_id, self.worker, False, None, error, retry)
                 self.metrics.inc("switchboard_runs_finished_total", outcome="failed", handler=slot.label)
             if not finished:
                 LOG.warning("run %s: lease lost before finish (another worker rescued it)", run_id)
@@ -281,29 +306,33 @@ class Scheduler:
 
     async def _flush_batch(self, batch: list[tuple[int, Any, asyncio.Future[bool], str]]) -> None:
         ids = [b[0] for b in batch]
+        results = [b[1] for b in batch]
         want = self._refill_slots(ids)
         sent = time.time()
         runs: list[Run] = []
-        self._reserved += want
+        self.queues.reserve(want)
         try:
-            if want:
+            if not want:
+                finished = await self.db.finish_runs(self.worker, ids, results)
+            elif self.queues.single:
                 finished, runs = await self.db.finish_and_claim(
-                    self.worker, ids, [b[1] for b in batch], self.cfg.lease_seconds, want)
+                    self.worker, ids, results, self.cfg.lease_seconds, want[DEFAULT_QUEUE])
             else:
-                finished = await self.db.finish_runs(self.worker, ids, [b[1] for b in batch])
+                finished, runs = await self.db.finish_and_claim_queues(
+                    self.worker, ids, results, self.cfg.lease_seconds, want)
         except Exception as exc:
             for _, _, fut, _ in batch:
                 if not fut.done():
                     fut.set_exception(exc)
             return
         finally:
-            self._reserved -= want
+            self.queues.release(want)
         count_successes(self.metrics, batch)
         if runs:
             if self._stopping or self.replica.draining:
                 # stop() began while the call was in flight: never start them; hand them
                 # back before the finished runs' tasks end (stop() waits for those).
-                await self._release_claimed(runs, "claimed with a finish while stopping")
+                await release_claimed(self.db, self.worker, runs, "claimed with a finish while stopping")
             else:
                 self._start_runs(runs, sent)
         for run_id, _, fut, _ in batch:
@@ -347,15 +376,4 @@ class Scheduler:
                 continue
             finally:
                 self._claims.discard(claim)
-            await self._release_claimed(runs, "claimed while stopping")
-
-    async def _release_claimed(self, runs: list[Run], why: str) -> None:
-        """Hand back runs that were claimed but never started here (fenced: release_run)."""
-        for run in runs:
-            try:
-                if await self.db.release_run(run.id, self.worker):
-                    LOG.info("run %s (%s) handed back", run.id, why)
-            except Exception as exc:
-                LOG.warning("run %s: hand-back failed (%s); its lease will expire", run.id, exc)
-
-
+            await release_claimed(self.db, self.worker, runs, "claimed while stopping")

@@ -1,0 +1,191 @@
+"""Per-handler options, named queues and priorities in SQL (V0030): what a handler's
+registration stores (set_handler_options) is what enqueue(), the claims and
+finish_run() honour, and every bad value is refused with 22023 naming it."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from pgtap import throws_ok
+
+
+def _opts(c: psycopg.Connection, handler: str, options: str) -> None:
+    c.execute("SELECT switchboard.set_handler_options(%s, %s::jsonb)", (handler, options))
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ('{"queue": "Emails"}', "invalid queue name"),
+    ('{"queue": 7}', "queue"),
+    ('{"prio": 1}', 'unknown handler option "prio"'),
+    ('{"priority": 1.5}', "priority"),
+    ('{"priority": 101}', "priority"),
+    ('{"max_attempts": 0}', "max_attempts"),
+    ('{"backoff_base": 0}', "backoff_base"),
+    ('{"backoff_base": "1s"}', "backoff_base"),
+    ('{"backoff_cap": 1e400}', "backoff_cap"),
+    ('{"backoff_base": 10, "backoff_cap": 5}', "backoff_cap"),
+    ('{"backoff_jitter": 1.5}', "backoff_jitter"),
+    ('{"timeout": -1}', "timeout"),
+    ('[1]', "JSON object"),
+])
+def test_a_bad_option_is_refused_naming_it_and_nothing_is_stored(conn: psycopg.Connection, options: str,
+                                                                  match: str) -> None:
+    exc = throws_ok(conn, "SELECT switchboard.set_handler_options('opt.bad', %s::jsonb)", "22023",
+                    (options,), match=match)
+    assert exc.diag.message_hint, "every refusal carries a HINT"
+    assert len(str(exc)) < 400, "a huge value is not echoed back whole"
+    assert conn.execute("SELECT count(*) FROM switchboard.handler_options WHERE handler = 'opt.bad'"
+                        ).fetchone() == (0,)
+
+
+def test_enqueue_takes_the_handlers_options_unless_the_caller_names_its_own(conn: psycopg.Connection) -> None:
+    with conn.transaction(force_rollback=True):
+        _opts(conn, "opt.mail", '{"queue": "emails", "priority": 5, "max_attempts": 7}')
+        row = conn.execute("SELECT queue, priority, max_attempts FROM switchboard.enqueue('opt.mail')").fetchone()
+        assert row == ("emails", 5, 7)
+        row = conn.execute("SELECT queue, priority, max_attempts FROM switchboard.enqueue('opt.mail', "
+                           "max_attempts => 2, priority => -3, queue => 'default')").fetchone()
+        assert row == ("default", -3, 2)
+        # a handler without options: the old defaults; the 0.2.0 call by position still resolves
+        row = conn.execute("SELECT queue, priority, max_attempts FROM "
+                           "switchboard.enqueue('opt.plain', '{}', now(), NULL, 4)").fetchone()
+        assert row == ("default", 0, 4)
+        # another handler may use a queue some handler names
+        assert conn.execute("SELECT queue FROM switchboard.enqueue('opt.plain', queue => 'emails')"
+                            ).fetchone() == ("emails",)
+
+
+def test_an_unknown_queue_or_a_bad_priority_is_refused_and_queues_nothing(conn: psycopg.Connection) -> None:
+    before = conn.execute("SELECT count(*) FROM switchboard.task_runs").fetchone()
+    exc = throws_ok(conn, "SELECT switchboard.enqueue('opt.x', queue => 'nowhere')", "22023",
+                    match='queue "nowhere" does not exist')
+    assert "handler_options" in (exc.diag.message_hint or "")
+    throws_ok(conn, "SELECT switchboard.enqueue('opt.x', queue => 'Bad Name')", "22023", match="invalid queue")
+    throws_ok(conn, "SELECT switchboard.enqueue('opt.x', priority => 101)", "22023", match="priority 101")
+    throws_ok(conn, "SELECT switchboard.enqueue('opt.x', max_attempts => 0)", "22023", match="max_attempts")
+    assert conn.execute("SELECT count(*) FROM switchboard.task_runs").fetchone() == before
+
+
+def test_the_claim_takes_the_highest_priority_first_then_the_oldest(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("UPDATE switchboard.tasks SET is_active = false")
+        ids = {}
+        for name, prio in (("low", -5), ("mid", 0), ("high", 9), ("mid2", 0)):
+            ids[c.execute("SELECT id FROM switchboard.enqueue('opt.p', %s::jsonb, now() - interval '1 minute', "
+                          "priority => %s)", (f'{{"n": "{name}"}}', prio)).fetchone()[0]] = name
+        order = []
+        for _ in range(4):
+            rid = c.execute("SELECT id FROM switchboard.claim_due_tasks('w', '60 seconds', 1)").fetchone()[0]
+            order.append(ids[rid])
+        assert order == ["high", "mid", "mid2", "low"]
+
+
+def test_named_queues_are_claimed_only_by_their_own_slots(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("UPDATE switchboard.tasks SET is_active = false")   # no maintenance tick in the way
+        _opts(c, "opt.mail", '{"queue": "emails"}')
+        mail = {c.execute("SELECT id FROM switchboard.enqueue('opt.mail')").fetchone()[0] for _ in range(5)}
+        plain = {c.execute("SELECT id FROM switchboard.enqueue('opt.plain')").fetchone()[0] for _ in range(3)}
+        # the three-argument claim serves the default queue only (as a 0.2.0 replica does)
+        got = {r[0] for r in c.execute("SELECT id FROM switchboard.claim_due_tasks('w1', '60 seconds', 100)")}
+        assert got == plain
+        # at most slots[i] of queues[i]
+        got = [r[0] for r in c.execute("SELECT id FROM switchboard.claim_due_tasks('w2', '60 seconds', "
+                                       "'{default,emails}', '{10,2}')")]
+        assert len(got) == 2 and set(got) <= mail
+        got2 = {r[0] for r in c.execute("SELECT id FROM switchboard.claim_due_tasks('w2', '60 seconds', "
+                                        "'{emails}', '{10}')")}
+        assert got2 == mail - set(got)
+        for bad, match in ((("{emails}", "{1,2}"), "one length"), (("{emails,emails}", "{1,2}"), "invalid slots"),
+                           (("{emails}", "{-1}"), "invalid slots"), (("{Emails}", "{1}"), "invalid queue")):
+            throws_ok(c, "SELECT * FROM switchboard.claim_due_tasks('w', '60 seconds', %s::text[], %s::integer[])",
+                      "22023", bad, match=match)
+
+
+def test_racing_queue_claims_take_each_run_exactly_once(db: str) -> None:
+    n_runs, n_workers = 300, 8
+    with psycopg.connect(db, autocommit=True) as c:
+        _opts(c, "opt.race", '{"queue": "race"}')
+        c.execute("SELECT switchboard.enqueue('opt.race', jsonb_build_object('i', i), "
+                  "priority => (i %% 7) - 3) FROM generate_series(1, %s) i", (n_runs // 2,))
+        c.execute("SELECT switchboard.enqueue('opt.plain', jsonb_build_object('i', i)) "
+                  "FROM generate_series(1, %s) i", (n_runs // 2,))
+    claimed: list[list[int]] = [[] for _ in range(n_workers)]
+    start = threading.Barrier(n_workers)
+
+    def worker(i: int) -> None:
+        with psycopg.connect(db, autocommit=True) as c:
+            start.wait()
+            while True:
+                rows = c.execute("SELECT id FROM switchboard.finish_and_claim(%s, '{}'::bigint[], NULL, "
+                                 "'60 seconds', '{default,race}', '{2,3}')", (f"w{i}",)).fetchall()
+                if not rows:
+                    return
+                claimed[i] += [r[0] for r in rows]
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n_workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    every = [rid for ids in claimed for rid in ids]
+    assert len(every) == n_runs and len(set(every)) == n_runs, "every run claimed exactly once"
+    with psycopg.connect(db) as c:
+        assert c.execute("SELECT count(*) FROM switchboard.task_runs WHERE status = 'running'").fetchone() == (n_runs,)
+
+
+def test_a_failed_run_waits_its_handlers_backoff_and_keeps_queue_and_priority(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("UPDATE switchboard.tasks SET is_active = false")
+        _opts(c, "opt.slow", '{"queue": "slow", "priority": 4, "max_attempts": 3, '
+                             '"backoff_base": 10, "backoff_cap": 30, "backoff_jitter": 0.5}')
+        rid = c.execute("SELECT id FROM switchboard.enqueue('opt.slow')").fetchone()[0]
+        c.execute("SELECT switchboard.claim_due_tasks('w', '60 seconds', '{slow}', '{1}')")
+        assert c.execute("SELECT switchboard.finish_run(%s, 'w', false, NULL, 'boom')", (rid,)).fetchone() == (True,)
+        retry = c.execute("SELECT id, attempt, queue, priority, run_at - finished, max_attempts FROM "
+                          "switchboard.task_runs r, (SELECT finished_at AS finished FROM switchboard.task_runs "
+                          "WHERE id = %s) f WHERE retry_of = %s", (rid, rid)).fetchone()
+        rid2, attempt, queue, priority, wait, max_attempts = retry
+        assert (attempt, queue, priority, max_attempts) == (2, "slow", 4, 3)
+        # attempt 1: min(30, 10 * 2^1) = 20 s, less up to half of it
+        assert timedelta(seconds=10) <= wait <= timedelta(seconds=20), wait
+        # the cap: attempt 2 waits min(30, 40) less up to half
+        delays = [c.execute("SELECT switchboard._retry_delay('opt.slow', 2)").fetchone()[0] for _ in range(50)]
+        assert all(timedelta(seconds=15) <= d <= timedelta(seconds=30) for d in delays)
+        assert len(set(delays)) > 1, "jitter spreads the waits"
+        # a handler without options: 2^attempt seconds, capped at an hour, no jitter
+        assert c.execute("SELECT switchboard._retry_delay('opt.none', 3), switchboard._retry_delay('opt.none', 99)"
+                         ).fetchone() == (timedelta(seconds=8), timedelta(hours=1))
+
+
+def test_finish_run_with_retry_false_fails_for_good(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("UPDATE switchboard.tasks SET is_active = false")
+        rid = c.execute("SELECT id FROM switchboard.enqueue('opt.perm', max_attempts => 5)").fetchone()[0]
+        c.execute("SELECT switchboard.claim_due_tasks('w', '60 seconds', 1)")
+        assert c.execute("SELECT switchboard.finish_run(%s, 'w', false, NULL, 'bad args', false)",
+                         (rid,)).fetchone() == (True,)
+        assert c.execute("SELECT status FROM switchboard.task_runs WHERE id = %s", (rid,)).fetchone() == ("failed",)
+        assert c.execute("SELECT count(*) FROM switchboard.task_runs WHERE retry_of = %s", (rid,)).fetchone() == (0,)
+        throws_ok(c, "SELECT switchboard.finish_run(1, 'w', false, NULL, 'x', NULL)", "22023")
+
+
+def test_the_handlers_view_shows_the_stored_options(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as c:
+        _opts(c, "opt.view", '{"queue": "emails", "timeout": 30, "backoff_jitter": 0.25}')
+        row = c.execute("SELECT queue, priority, max_attempts, backoff_base, backoff_cap, backoff_jitter, timeout "
+                        "FROM switchboard.handlers WHERE handler = 'opt.view'").fetchone()
+        assert row == ("emails", 0, 3, timedelta(seconds=1), timedelta(hours=1), 0.25, timedelta(seconds=30))
+        # the same registration again writes nothing (a restart is not an update) ...
+        before = c.execute("SELECT xmin::text FROM switchboard.handler_options WHERE handler = 'opt.view'").fetchone()
+        _opts(c, "opt.view", '{"queue": "emails", "timeout": 30, "backoff_jitter": 0.25}')
+        assert c.execute("SELECT xmin::text FROM switchboard.handler_options WHERE handler = 'opt.view'"
+                         ).fetchone() == before
+        # ... and a changed one replaces the whole row (a key left out takes its default)
+        _opts(c, "opt.view", '{"priority": 3}')
+        assert c.execute("SELECT queue, priority, timeout FROM switchboard.handler_options "
+                         "WHERE handler = 'opt.view'").fetchone() == ("default", 3, None)
