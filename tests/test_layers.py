@@ -201,7 +201,8 @@ LAYERS = [
      "switchboard.replica", "switchboard.sockets", "switchboard.hints", "switchboard.bounded", "switchboard.cursor",
      "switchboard.config", "switchboard.migrate", "switchboard.pgtest",
      "switchboard.domain_errors", "switchboard.rows", "switchboard.latency_trace", "switchboard.memory",
-     "switchboard.streams", "switchboard.api", "switchboard.origins"},
+     "switchboard.streams", "switchboard.api", "switchboard.origins",
+     "switchboard.jobargs", "switchboard.jobargs_nodes", "switchboard.jobargs_bounds"},
 ]
 HTTP_ROW = 3  # http/, ws, errors, openapi: the only modules that speak HTTP
 
