@@ -202,7 +202,7 @@ LAYERS = [
      "switchboard.config", "switchboard.migrate", "switchboard.pgtest",
      "switchboard.domain_errors", "switchboard.rows", "switchboard.latency_trace", "switchboard.memory",
      "switchboard.streams", "switchboard.api", "switchboard.origins", "switchboard.handler_options",
-     "switchboard.jobargs"},
+     "switchboard.jobargs", "switchboard.jobargs_nodes", "switchboard.jobargs_bounds"},
 ]
 HTTP_ROW = 3  # http/, ws, errors, openapi: the only modules that speak HTTP
 
