@@ -17,9 +17,16 @@ call is its own transaction, as any statement would be. ::
         await api.notify_user_async(aconn, user_id, "order.saved", {"order": 42})
 
 The target may be a psycopg ``Connection`` / ``AsyncConnection``, a cursor of one,
-or a ``Transaction`` block you are inside. Django (4.2+ with psycopg 3):
-``django.db.connection.connection``; SQLAlchemy: ``session.connection().connection.
-driver_connection`` -- the driver's connection, inside the ORM's transaction.
+or a ``Transaction`` block you are inside. From an ORM, pass the driver's connection,
+inside the ORM's transaction (examples/orm, docs/orm.md; tests/test_orm_examples.py):
+
+- Django 4.2+ (psycopg 3 installed): ``django.db.connection.connection`` inside
+  ``transaction.atomic()``. It is None until Django connects (atomic() does; outside
+  one, call ``connection.ensure_connection()`` first). Django's cursors bind
+  client-side (``psycopg.ClientCursor``); the calls work with them.
+- SQLAlchemy 2 on ``postgresql+psycopg://``: ``session.connection().connection.
+  driver_connection``; with an ``AsyncSession``, ``(await (await session.connection())
+  .get_raw_connection()).driver_connection`` for the ``*_async`` twins.
 
 The rules (labels, sizes, SQLSTATEs and HINTs) are the SQL functions' own
 (README "SQL functions"): a refusal is the ``psycopg.Error`` they raise, with
