@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
+
+import pytest
 
 from harness import make_user
 
 from switchboard.handlers import HandlerContext, HandlerError
+from switchboard.jobargs import ArgsError
 from switchboard.testing import run_handler, run_handler_sync, throwaway_database
 
 
@@ -57,3 +61,27 @@ def test_throwaway_database_is_migrated_and_gone_after() -> None:
         raise AssertionError("the throwaway database still answers")
     except psycopg.OperationalError:
         pass
+
+
+@dataclass
+class ReportArgs:
+    team: str
+    weeks: int = 1
+
+
+async def report(ctx: HandlerContext[ReportArgs]) -> dict[str, Any]:
+    return {"type": type(ctx.args).__name__, "team": ctx.args.team, "weeks": ctx.args.weeks}
+
+
+async def dawdles(ctx: HandlerContext) -> None:
+    await asyncio.sleep(30)
+
+
+def test_typed_args_and_a_timeout_as_the_registration_gives_them(db: str) -> None:
+    out = run_handler_sync(report, ReportArgs(team="core"), database_url=db, args_type=ReportArgs)
+    assert out.ok and out.result == {"type": "ReportArgs", "team": "core", "weeks": 1}
+    # a mismatch is refused before anything is queued, naming the field
+    with pytest.raises(ArgsError, match="weeks"):
+        run_handler_sync(report, {"team": "core", "weeks": "two"}, database_url=db, args_type=ReportArgs)
+    out2 = run_handler_sync(dawdles, database_url=db, timeout=0.2)
+    assert not out2.ok and out2.error is not None and out2.error.startswith("timed out after 0.2 s")

@@ -29,8 +29,10 @@ from datetime import datetime
 from typing import Any
 
 from .db import Database
-from .handlers import HandlerContext, as_handler, failure_message, stored_result
+from .handlers import HandlerContext, HandlerRegistry, stored_result
+from .jobargs import dump_args
 from .rows import Run
+from .scheduler.invoke import invoke
 
 __all__ = ["Outcome", "PublishedEvent", "QueuedJob", "run_handler", "run_handler_sync", "throwaway_database"]
 
@@ -77,26 +79,29 @@ def throwaway_database() -> Iterator[str]:
         yield url
 
 
-async def run_handler(handler: Any, args: dict[str, Any] | None = None, *, database_url: str,
-                      name: str = "test.handler", lease_seconds: float = 60.0) -> Outcome:
+async def run_handler(handler: Any, args: Any = None, *, database_url: str, name: str = "test.handler",
+                      lease_seconds: float = 60.0, args_type: Any = None, timeout: float | None = None) -> Outcome:
     """Enqueue one job for ``handler`` (an ``async def`` or a plain ``def``, as the replica
     runs it), claim it, run the handler with a real ``HandlerContext``, finish the run.
-    ``ok`` False with ``error`` as the run would record it when the handler raised."""
-    fn = as_handler(name, handler)
+    ``ok`` False with ``error`` as the run would record it when the handler raised.
+    ``args``: a dict or an args dataclass instance; ``args_type`` and ``timeout`` as the
+    handler's registration gives them (the handler then gets an instance of its type,
+    and a mismatch fails the run naming the field, as on a replica)."""
+    reg = HandlerRegistry()
+    reg.add(name, handler, args=args_type, timeout=timeout)
+    registration = reg.registration(name)
+    assert registration is not None
     worker = f"switchboard-testing:{uuid.uuid4().hex[:8]}"
     db = Database(database_url, min_size=1, max_size=4, name="switchboard-testing")
     await db.pool.open(wait=True)
     try:
         before = await db.scalar("SELECT coalesce(max(id), 0) FROM switchboard.events")
-        queued = await db.enqueue(name, args or {}, None, None, 1)
+        queued = await db.enqueue(name, dump_args(args, args_type), None, None, 1, None, "default")
         assert queued is not None
         run = await _claim(db, worker, queued["id"], lease_seconds)
         jobs_before = run.id
-        ctx = HandlerContext(run, db, lease_seconds=lease_seconds)
-        try:
-            result, error = await fn(ctx), None
-        except Exception as exc:
-            result, error = None, failure_message(exc)
+        ctx: HandlerContext[Any] = HandlerContext(run, db, lease_seconds=lease_seconds)
+        result, error, _ = await invoke(registration, ctx)
         stored = None if result is None else stored_result(result)
         await db.finish_run(run.id, worker, error is None, stored, error)
         return Outcome(run.id, error is None, stored, error, await _events(db, before),
@@ -105,11 +110,11 @@ async def run_handler(handler: Any, args: dict[str, Any] | None = None, *, datab
         await db.close()
 
 
-def run_handler_sync(handler: Any, args: dict[str, Any] | None = None, *, database_url: str,
-                     name: str = "test.handler", lease_seconds: float = 60.0) -> Outcome:
+def run_handler_sync(handler: Any, args: Any = None, *, database_url: str, name: str = "test.handler",
+                     lease_seconds: float = 60.0, args_type: Any = None, timeout: float | None = None) -> Outcome:
     """:func:`run_handler` from synchronous test code."""
     return asyncio.run(run_handler(handler, args, database_url=database_url, name=name,
-                                   lease_seconds=lease_seconds))
+                                   lease_seconds=lease_seconds, args_type=args_type, timeout=timeout))
 
 
 async def _claim(db: Database, worker: str, run_id: int, lease: float) -> Run:

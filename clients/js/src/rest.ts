@@ -693,6 +693,8 @@ export interface components {
             error?: string | null;
             retry_of?: number | null;
             created_at?: string;
+            queue?: string;
+            priority?: number;
         };
         Token: {
             access_token: string;
@@ -1451,6 +1453,10 @@ export interface operations {
                             args?: unknown;
                             /** @description GET /runs/{id} only */
                             result?: unknown;
+                            /** @description GET /runs/{id} only */
+                            queue?: string;
+                            /** @description GET /runs/{id} only */
+                            priority?: number;
                         }[];
                         /** @description pass back as cursor for the next page */
                         next_cursor: string | null;
@@ -1505,6 +1511,10 @@ export interface operations {
                             args?: unknown;
                             /** @description GET /runs/{id} only */
                             result?: unknown;
+                            /** @description GET /runs/{id} only */
+                            queue?: string;
+                            /** @description GET /runs/{id} only */
+                            priority?: number;
                         };
                     };
                 };
@@ -1555,6 +1565,10 @@ export interface operations {
                             args?: unknown;
                             /** @description GET /runs/{id} only */
                             result?: unknown;
+                            /** @description GET /runs/{id} only */
+                            queue?: string;
+                            /** @description GET /runs/{id} only */
+                            priority?: number;
                         };
                     };
                 };
@@ -1606,6 +1620,10 @@ export interface operations {
                             args?: unknown;
                             /** @description GET /runs/{id} only */
                             result?: unknown;
+                            /** @description GET /runs/{id} only */
+                            queue?: string;
+                            /** @description GET /runs/{id} only */
+                            priority?: number;
                         };
                     };
                 };
@@ -2067,7 +2085,12 @@ export interface operations {
                     run_at?: string | null;
                     /** @description at most one queued-or-running job holds it */
                     queueing_lock?: string | null;
-                    max_attempts?: number;
+                    /** @description default: the handler's (handler_options), else 3 */
+                    max_attempts?: number | null;
+                    /** @description higher is claimed first within the queue; default: the handler's */
+                    priority?: number | null;
+                    /** @description a queue some handler's options name, or default; default: the handler's */
+                    queue?: string | null;
                 };
             };
         };

@@ -25,7 +25,7 @@ RUN_VIEW_COLUMNS = (
     f"{_ts('run_at')}, started_at, finished_at, duration_ms, error, retry_of"
 )
 RUN_DETAIL_COLUMNS = (
-    f"{RUN_VIEW_COLUMNS}, lease_expires_at, {_ts('scheduled_for')}, queueing_lock, args, result"
+    f"{RUN_VIEW_COLUMNS}, lease_expires_at, {_ts('scheduled_for')}, queueing_lock, args, result, queue, priority"
 )
 HANDLER_COLUMNS = "handler AS name, paused, paused_at, served, live_replicas AS replicas, versions, " \
                   "active_tasks, pending_runs"

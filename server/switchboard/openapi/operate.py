@@ -23,7 +23,9 @@ def paths_operate() -> dict[str, Any]:
         "started_at": nullable_str, "finished_at": nullable_str,
         "duration_ms": {"type": ["integer", "null"]}, "error": nullable_str,
         "retry_of": {"type": ["integer", "null"]},
-        "args": {"description": "GET /runs/{id} only"}, "result": {"description": "GET /runs/{id} only"}}}
+        "args": {"description": "GET /runs/{id} only"}, "result": {"description": "GET /runs/{id} only"},
+        "queue": {"type": "string", "description": "GET /runs/{id} only"},
+        "priority": {"type": "integer", "description": "GET /runs/{id} only"}}}
     handler = {"type": "object", "required": ["name", "paused", "served", "replicas"], "properties": {
         "name": {"type": "string"}, "paused": {"type": "boolean"}, "paused_at": nullable_str,
         "served": {"type": "boolean"}, "replicas": {"type": "integer"},
