@@ -82,6 +82,13 @@ def test_node_unit_suite(built: dict[str, str]) -> None:
     assert "# fail 0" in out.stdout, show(out)
 
 
+def test_node_errors_rooms_urls_unit_suite(built: dict[str, str]) -> None:
+    """Error classes on the events that carry codes, room handles, several URLs: against a scripted WebSocket."""
+    out = run("node", "--experimental-websocket", "--test", "test/errors-rooms-urls.test.mjs", timeout=300)
+    assert out.returncode == 0, show(out)
+    assert "# fail 0" in out.stdout, show(out)
+
+
 def test_node_suite_on_real_replicas(built: dict[str, str]) -> None:
     out = run("node", "--experimental-websocket", "--test", "--test-concurrency=1", "test/client.test.mjs",
               timeout=900)

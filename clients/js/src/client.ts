@@ -13,6 +13,8 @@ import { HttpError, request, type FetchLike, type LoginResponse } from "./http.j
 import { StreamError, SwitchboardStream, type StreamHost, type StreamInfo, type StreamOptions } from "./stream.js";
 import { buildPath, type Answer, type ApiArgs, type Method, type Operation, type PathsWith } from "./api.js";
 import type { paths } from "./rest.js";
+import { closeError, ForbiddenError, GoneError, httpError, RateLimitedError, SwitchboardError,
+  withError } from "./errors.js";
 
 export type State = "connecting" | "connected" | "reconnecting" | "closed";
 
@@ -23,6 +25,9 @@ export interface StateChange {
   code?: number;
   /** Human-readable reason: the server's close reason, or what failed. */
   reason?: string;
+  /** What went wrong, as a class (AuthError, ForbiddenError, RateLimitedError, ServerGoingAwayError, or a
+   *  SwitchboardError); absent on a normal transition. Non-enumerable: JSON and spreads leave it out. */
+  readonly error?: SwitchboardError;
 }
 
 export interface RetryInfo {
@@ -31,6 +36,8 @@ export interface RetryInfo {
   delayMs: number;
   code?: number;
   reason?: string;
+  /** Why it retries (non-enumerable, as in StateChange). */
+  readonly error?: SwitchboardError;
 }
 
 export interface ConnectedInfo {
@@ -64,11 +71,12 @@ export interface ClientEvents {
   typing: TypingFrame;
   /** The replay after a reconnect is complete. `afterId`: the last event id delivered before it. */
   resumed: ResumedFrame["payload"] & { afterId?: number };
-  /** Some missed events were older than the server keeps: the replay is incomplete. */
-  resume_gap: ResumeGapFrame["payload"];
+  /** Some missed events were older than the server keeps: the replay is incomplete (`error`: a GoneError). */
+  resume_gap: ResumeGapFrame["payload"] & { readonly error: GoneError };
   room: RoomChange;
-  /** The server refused a frame (the socket stays open). */
-  error: ErrorFrame["payload"];
+  /** The server refused a frame (the socket stays open). `error`: the refusal as a class (ForbiddenError,
+   *  RateLimitedError, StreamError, else a SwitchboardError with the frame's code); non-enumerable. */
+  error: ErrorFrame["payload"] & { readonly error: SwitchboardError };
   toolcall: ToolCallInfo;
   toolresult: ToolResultInfo;
   /** A feed frame (not stored, id null): run.updated of the admin runs feed (see subscribe()). */
@@ -165,6 +173,12 @@ function defaultStorage(): StorageLike | null {
     return null;   // storage blocked (privacy settings, sandboxed iframe)
   }
 }
+
+const frameError = (p: ErrorFrame["payload"]): SwitchboardError =>
+  typeof p.stream === "string" ? new StreamError(p.code, p.message, p.stream)
+    : p.code === "forbidden" || p.code === "forbidden_event" ? new ForbiddenError(p.code, p.message)
+      : p.code === "rate_limited" ? new RateLimitedError(p.code, p.message)
+        : new SwitchboardError(p.code, p.message);
 
 export class SwitchboardClient {
   readonly base: URL;
@@ -267,11 +281,11 @@ export class SwitchboardClient {
 
   get state(): State { return this._state; }
 
-  private transition(to: State, detail: { code?: number; reason?: string } = {}): void {
+  private transition(to: State, detail: { code?: number; reason?: string } = {}, error?: SwitchboardError): void {
     const from = this._state;
     if (from === to) return;
     this._state = to;
-    const change: StateChange = { from, to, ...detail };
+    const change: StateChange = withError({ from, to, ...detail }, error);
     this.emit("state", change);
     if (to !== "connected") this.emit(to, change);
   }
@@ -346,7 +360,7 @@ export class SwitchboardClient {
       if (!this.wanted || this.token === null) return;   // nobody needs it now: a later 401 refreshes
       this.refresh().catch((e) => {
         if (!this.wanted) return;
-        if (e instanceof HttpError && e.status === 401) this.stop(4003, `session over: ${e.message}`);
+        if (e instanceof HttpError && e.status === 401) this.sessionOver(e);
         else this.scheduleRefresh(expiresIn / 4);        // the server did not answer: try again sooner
       });
     }, delay);
@@ -421,7 +435,7 @@ export class SwitchboardClient {
     this.stop(1000, "client disconnected");
   }
 
-  private stop(code: number, reason: string): void {
+  private stop(code: number, reason: string, error?: SwitchboardError): void {
     this.wanted = false;
     (globalThis as { removeEventListener?: (t: string, f: () => void) => void }).removeEventListener?.("online", this.onOnline);
     this.gen++;
@@ -432,7 +446,13 @@ export class SwitchboardClient {
     if (ws) this.abandon(ws, 1000, "bye");
     for (const r of this.rooms.keys()) this.rooms.set(r, "joining");
     this.persist();
-    this.transition("closed", { code, reason });
+    this.transition("closed", { code, reason }, error);
+  }
+
+  /** The session is over (a ticket or a refresh answered 401/403): closed, 4003, no retry. */
+  private sessionOver(e: HttpError): void {
+    const reason = `session over: ${e.message}`;
+    this.stop(4003, reason, httpError(e, 4003, reason));
   }
 
   private abandon(ws: WebSocketLike, code: number, reason: string): void {
@@ -474,10 +494,11 @@ export class SwitchboardClient {
       if (gen !== this.gen || !this.wanted) return;
       const err = e as HttpError;
       if (err.status === 401 || err.status === 403) {
-        this.stop(4003, `session over: ${err.message}`);
+        this.sessionOver(err);
         return;
       }
-      this.lost(4002, `no ticket: ${err.message}`, (err.retryAfter ?? 0) * 1000);
+      const reason = `no ticket: ${err.message}`;
+      this.lost(4002, reason, (err.retryAfter ?? 0) * 1000, httpError(e, 4002, reason));
       return;
     }
     if (gen !== this.gen || !this.wanted) return;
@@ -487,7 +508,8 @@ export class SwitchboardClient {
     try {
       ws = new this.WS!(this.wsUrl(ticket));
     } catch (e) {
-      this.lost(4002, `cannot open a WebSocket: ${(e as Error)?.message ?? e}`);
+      const reason = `cannot open a WebSocket: ${(e as Error)?.message ?? e}`;
+      this.lost(4002, reason, 0, new SwitchboardError("connection_lost", reason, { closeCode: 4002, cause: e }));
       return;
     }
     this.ws = ws;
@@ -521,13 +543,13 @@ export class SwitchboardClient {
     if (!this.wanted) return;
     if (code === 1008) {
       // Policy: the session ended, the user was disabled, the token revoked. Retrying cannot help.
-      this.stop(1008, reason || "policy violation");
+      this.stop(1008, reason || "policy violation", closeError(code, reason));
       return;
     }
-    this.lost(code, reason);
+    this.lost(code, reason, 0, closeError(code, reason));
   }
 
-  private lost(code: number, reason: string, atLeastMs = 0): void {
+  private lost(code: number, reason: string, atLeastMs = 0, error?: SwitchboardError): void {
     this.clearTimers();
     let delay: number;
     if (code === 1012 && !this.quick) {
@@ -542,8 +564,8 @@ export class SwitchboardClient {
     }
     delay = Math.max(delay, atLeastMs);
     this.attempt += 1;
-    this.transition("reconnecting", { code, reason });
-    this.emit("retry", { attempt: this.attempt, delayMs: delay, code, reason });
+    this.transition("reconnecting", { code, reason }, error);
+    this.emit("retry", withError({ attempt: this.attempt, delayMs: delay, code, reason }, error));
     clearTimeout(this.retryTimer);
     this.retryTimer = setTimeout(() => { if (this.wanted) void this.open(); }, delay);
   }
@@ -625,7 +647,8 @@ export class SwitchboardClient {
       case "resume_gap": {
         const p = (f as ResumeGapFrame).payload;
         if (typeof p.cursor === "string" && CURSOR_RE.test(p.cursor)) this.cursor = p.cursor;
-        this.emit("resume_gap", p);
+        this.emit("resume_gap", withError(p, new GoneError("resume_gap", "missed events were reaped: the replay is incomplete",
+          { horizon: p.horizon })) as ClientEvents["resume_gap"]);
         return;
       }
       case "pong": return;
@@ -708,7 +731,7 @@ export class SwitchboardClient {
       this.persist();
       this.emit("room", { room: p.room, state: "refused", reason: p.message });
     }
-    this.emit("error", p);
+    this.emit("error", withError(p, frameError(p)) as ClientEvents["error"]);
   }
 
   // ---- rooms, typing ------------------------------------------------------------------------

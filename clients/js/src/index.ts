@@ -5,6 +5,10 @@ export type {
   StorageLike, ToolCallInfo, ToolFn, ToolResultInfo, WebSocketCtor, WebSocketLike,
 } from "./client.js";
 export { HttpError } from "./http.js";
+export {
+  AuthError, ForbiddenError, GoneError, RateLimitedError, ServerGoingAwayError, SwitchboardError,
+} from "./errors.js";
+export type { SwitchboardErrorOptions } from "./errors.js";
 export { StreamError, SwitchboardStream } from "./stream.js";
 export type { StreamChunk, StreamInfo, StreamOptions, StreamResult } from "./stream.js";
 export type { FetchLike, LoginResponse } from "./http.js";

@@ -54,12 +54,92 @@ async function request(fetchFn, url, opt) {
   }
 }
 
-// src/stream.ts
-var StreamError = class extends Error {
-  constructor(code, message, stream) {
-    super(message);
-    this.name = "StreamError";
+// src/errors.ts
+var SwitchboardError = class extends Error {
+  constructor(code, message, o = {}) {
+    super(message, o.cause === void 0 ? void 0 : { cause: o.cause });
+    this.name = "SwitchboardError";
     this.code = code;
+    this.closeCode = o.closeCode;
+    this.status = o.status;
+  }
+};
+var AuthError = class extends SwitchboardError {
+  constructor(code, message, o) {
+    super(code, message, o);
+    this.name = "AuthError";
+  }
+};
+var ForbiddenError = class extends SwitchboardError {
+  constructor(code, message, o) {
+    super(code, message, o);
+    this.name = "ForbiddenError";
+  }
+};
+var GoneError = class extends SwitchboardError {
+  constructor(code, message, o = {}) {
+    super(code, message, o);
+    this.name = "GoneError";
+    this.horizon = o.horizon;
+  }
+};
+var RateLimitedError = class extends SwitchboardError {
+  constructor(code, message, o = {}) {
+    super(code, message, o);
+    this.name = "RateLimitedError";
+    this.retryAfter = o.retryAfter ?? 0;
+  }
+};
+var ServerGoingAwayError = class extends SwitchboardError {
+  constructor(code, message, o) {
+    super(code, message, o);
+    this.name = "ServerGoingAwayError";
+  }
+};
+var CLOSE = {
+  1001: [ServerGoingAwayError, "going_away"],
+  1012: [ServerGoingAwayError, "service_restart"],
+  1013: [RateLimitedError, "try_again_later"],
+  1011: [SwitchboardError, "server_error"],
+  1009: [SwitchboardError, "frame_too_large"],
+  1003: [SwitchboardError, "unsupported_data"],
+  4e3: [SwitchboardError, "ping_timeout"],
+  4001: [SwitchboardError, "hello_timeout"]
+};
+var POLICY = {
+  session_ended: AuthError,
+  session_revoked: AuthError,
+  frame_rate_exceeded: RateLimitedError
+};
+function closeError(code, reason) {
+  if (code === 1e3) return void 0;
+  const o = { closeCode: code };
+  const msg = reason || `closed ${code}`;
+  if (code === 1008) {
+    const c2 = reason.toLowerCase().replace(/[^a-z0-9]+/g, "_").replace(/^_|_$/g, "") || "policy_violation";
+    return new (POLICY[c2] ?? ForbiddenError)(c2, msg, o);
+  }
+  const [C, c] = CLOSE[code] ?? [SwitchboardError, "connection_lost"];
+  return new C(c, msg, o);
+}
+function httpError(e, closeCode, msg, other = "no_ticket") {
+  const s = e instanceof HttpError ? e.status : void 0;
+  const o = { closeCode, status: s, cause: e, retryAfter: e?.retryAfter };
+  if (s === 401) return new AuthError("unauthorized", msg, o);
+  if (s === 403) return new ForbiddenError("forbidden", msg, o);
+  if (s === 429) return new RateLimitedError("rate_limited", msg, o);
+  return new SwitchboardError(s === void 0 ? other : s === 0 ? "network_error" : s >= 500 ? "server_error" : "http_error", msg, o);
+}
+function withError(value, error) {
+  if (error) Object.defineProperty(value, "error", { value: error, configurable: true });
+  return value;
+}
+
+// src/stream.ts
+var StreamError = class extends SwitchboardError {
+  constructor(code, message, stream) {
+    super(code, message);
+    this.name = "StreamError";
     this.stream = stream;
   }
 };
@@ -281,6 +361,7 @@ function defaultStorage() {
     return null;
   }
 }
+var frameError = (p) => typeof p.stream === "string" ? new StreamError(p.code, p.message, p.stream) : p.code === "forbidden" || p.code === "forbidden_event" ? new ForbiddenError(p.code, p.message) : p.code === "rate_limited" ? new RateLimitedError(p.code, p.message) : new SwitchboardError(p.code, p.message);
 var SwitchboardClient = class {
   // stream id -> last yielded seq (resume)
   constructor(options = {}) {
@@ -405,11 +486,11 @@ var SwitchboardClient = class {
   get state() {
     return this._state;
   }
-  transition(to, detail = {}) {
+  transition(to, detail = {}, error) {
     const from = this._state;
     if (from === to) return;
     this._state = to;
-    const change = { from, to, ...detail };
+    const change = withError({ from, to, ...detail }, error);
     this.emit("state", change);
     if (to !== "connected") this.emit(to, change);
   }
@@ -483,7 +564,7 @@ var SwitchboardClient = class {
       if (!this.wanted || this.token === null) return;
       this.refresh().catch((e) => {
         if (!this.wanted) return;
-        if (e instanceof HttpError && e.status === 401) this.stop(4003, `session over: ${e.message}`);
+        if (e instanceof HttpError && e.status === 401) this.sessionOver(e);
         else this.scheduleRefresh(expiresIn / 4);
       });
     }, delay);
@@ -542,7 +623,7 @@ var SwitchboardClient = class {
   disconnect() {
     this.stop(1e3, "client disconnected");
   }
-  stop(code, reason) {
+  stop(code, reason, error) {
     this.wanted = false;
     globalThis.removeEventListener?.("online", this.onOnline);
     this.gen++;
@@ -553,7 +634,12 @@ var SwitchboardClient = class {
     if (ws) this.abandon(ws, 1e3, "bye");
     for (const r of this.rooms.keys()) this.rooms.set(r, "joining");
     this.persist();
-    this.transition("closed", { code, reason });
+    this.transition("closed", { code, reason }, error);
+  }
+  /** The session is over (a ticket or a refresh answered 401/403): closed, 4003, no retry. */
+  sessionOver(e) {
+    const reason = `session over: ${e.message}`;
+    this.stop(4003, reason, httpError(e, 4003, reason));
   }
   abandon(ws, code, reason) {
     ws.onopen = ws.onmessage = ws.onerror = ws.onclose = null;
@@ -589,10 +675,11 @@ var SwitchboardClient = class {
       if (gen !== this.gen || !this.wanted) return;
       const err = e;
       if (err.status === 401 || err.status === 403) {
-        this.stop(4003, `session over: ${err.message}`);
+        this.sessionOver(err);
         return;
       }
-      this.lost(4002, `no ticket: ${err.message}`, (err.retryAfter ?? 0) * 1e3);
+      const reason = `no ticket: ${err.message}`;
+      this.lost(4002, reason, (err.retryAfter ?? 0) * 1e3, httpError(e, 4002, reason));
       return;
     }
     if (gen !== this.gen || !this.wanted) return;
@@ -602,7 +689,8 @@ var SwitchboardClient = class {
     try {
       ws = new this.WS(this.wsUrl(ticket));
     } catch (e) {
-      this.lost(4002, `cannot open a WebSocket: ${e?.message ?? e}`);
+      const reason = `cannot open a WebSocket: ${e?.message ?? e}`;
+      this.lost(4002, reason, 0, new SwitchboardError("connection_lost", reason, { closeCode: 4002, cause: e }));
       return;
     }
     this.ws = ws;
@@ -636,12 +724,12 @@ var SwitchboardClient = class {
     this.persist();
     if (!this.wanted) return;
     if (code === 1008) {
-      this.stop(1008, reason || "policy violation");
+      this.stop(1008, reason || "policy violation", closeError(code, reason));
       return;
     }
-    this.lost(code, reason);
+    this.lost(code, reason, 0, closeError(code, reason));
   }
-  lost(code, reason, atLeastMs = 0) {
+  lost(code, reason, atLeastMs = 0, error) {
     this.clearTimers();
     let delay;
     if (code === 1012 && !this.quick) {
@@ -655,8 +743,8 @@ var SwitchboardClient = class {
     }
     delay = Math.max(delay, atLeastMs);
     this.attempt += 1;
-    this.transition("reconnecting", { code, reason });
-    this.emit("retry", { attempt: this.attempt, delayMs: delay, code, reason });
+    this.transition("reconnecting", { code, reason }, error);
+    this.emit("retry", withError({ attempt: this.attempt, delayMs: delay, code, reason }, error));
     clearTimeout(this.retryTimer);
     this.retryTimer = setTimeout(() => {
       if (this.wanted) void this.open();
@@ -737,7 +825,11 @@ var SwitchboardClient = class {
       case "resume_gap": {
         const p = f.payload;
         if (typeof p.cursor === "string" && CURSOR_RE.test(p.cursor)) this.cursor = p.cursor;
-        this.emit("resume_gap", p);
+        this.emit("resume_gap", withError(p, new GoneError(
+          "resume_gap",
+          "missed events were reaped: the replay is incomplete",
+          { horizon: p.horizon }
+        )));
         return;
       }
       case "pong":
@@ -833,7 +925,7 @@ var SwitchboardClient = class {
       this.persist();
       this.emit("room", { room: p.room, state: "refused", reason: p.message });
     }
-    this.emit("error", p);
+    this.emit("error", withError(p, frameError(p)));
   }
   // ---- rooms, typing ------------------------------------------------------------------------
   /** Join a room now (if connected) and on every reconnect, until leave(). */
@@ -1022,10 +1114,16 @@ var SwitchboardClient = class {
 var SERVER_MESSAGES = ["hello", "joined", "left", "resumed", "resumeGap", "pong", "error", "event", "typing", "toolCall", "runUpdated", "subscribed", "streamChunks", "streamEnd", "streamUnsubscribed"];
 var CLIENT_MESSAGES = ["joinAction", "leaveAction", "resumeAction", "typingAction", "toolResultAction", "pingAction", "subscribeAction", "unsubscribeAction", "streamSubscribeAction", "streamUnsubscribeAction", "streamStopAction"];
 export {
+  AuthError,
   CLIENT_MESSAGES,
+  ForbiddenError,
+  GoneError,
   HttpError,
+  RateLimitedError,
   SERVER_MESSAGES,
+  ServerGoingAwayError,
   StreamError,
   SwitchboardClient,
+  SwitchboardError,
   SwitchboardStream
 };
