@@ -15,6 +15,7 @@ import { buildPath, type Answer, type ApiArgs, type Method, type Operation, type
 import type { paths } from "./rest.js";
 import { closeError, ForbiddenError, GoneError, httpError, RateLimitedError, SwitchboardError,
   withError } from "./errors.js";
+import { SwitchboardRoom, type AppEvent, type EventMap, type RoomPresence } from "./room.js";
 
 export type State = "connecting" | "connected" | "reconnecting" | "closed";
 
@@ -57,7 +58,7 @@ export interface ToolCallInfo { callId: string; name: string; args: unknown }
 export interface ToolResultInfo extends ToolCallInfo { result: unknown; error?: string }
 export type ToolFn = (args: any, call: ToolCallInfo) => unknown | Promise<unknown>;
 
-export interface ClientEvents {
+export interface ClientEvents<Events extends object = EventMap> {
   /** Every state transition. */
   state: StateChange;
   connecting: StateChange;
@@ -66,8 +67,9 @@ export interface ClientEvents {
   closed: StateChange;
   /** A reconnect attempt was scheduled. */
   retry: RetryInfo;
-  /** A stored event (it has an id): delivered once, in stream order, across reconnects and reloads. */
-  event: EventFrame;
+  /** A stored event (it has an id): delivered once, in stream order, across reconnects and reloads.
+   *  Typed by the client's event map: `if (e.event === "chat.message") e.payload.text`. */
+  event: AppEvent<Events>;
   typing: TypingFrame;
   /** The replay after a reconnect is complete. `afterId`: the last event id delivered before it. */
   resumed: ResumedFrame["payload"] & { afterId?: number };
@@ -180,7 +182,8 @@ const frameError = (p: ErrorFrame["payload"]): SwitchboardError =>
       : p.code === "rate_limited" ? new RateLimitedError(p.code, p.message)
         : new SwitchboardError(p.code, p.message);
 
-export class SwitchboardClient {
+/** The client. `Events` maps app event names to payload types (see `on("event")` and `room()`). */
+export class SwitchboardClient<Events extends object = EventMap> {
   readonly base: URL;
   private readonly opts: Required<Pick<ClientOptions, "pingIntervalMs" | "pongTimeoutMs" | "openTimeoutMs"
     | "httpTimeoutMs" | "dedupeWindow" | "refreshOn401">> & { backoff: Required<BackoffOptions> };
@@ -190,7 +193,7 @@ export class SwitchboardClient {
   private readonly storage: StorageLike | null;
   private readonly storageKey: string;
   private readonly random: () => number;
-  private readonly listeners = new Map<keyof ClientEvents, Set<Listener<any>>>();
+  private readonly listeners = new Map<string, Set<Listener<any>>>();
 
   private _state: State = "closed";
   private token: string | null = null;
@@ -220,6 +223,7 @@ export class SwitchboardClient {
   private storedUser: string | undefined;
 
   private readonly rooms = new Map<string, "joining" | "joined">();
+  private readonly handles = new Map<string, SwitchboardRoom<Events>>();
   private readonly feeds = new Set<string>();
   private readonly toolFns = new Map<string, ToolFn>();
   private readonly answered = new Set<string>();
@@ -257,18 +261,18 @@ export class SwitchboardClient {
 
   // ---- events ---------------------------------------------------------------------------
   /** Subscribe; returns the function that unsubscribes. */
-  on<K extends keyof ClientEvents>(event: K, fn: Listener<ClientEvents[K]>): () => void {
+  on<K extends keyof ClientEvents<Events>>(event: K, fn: Listener<ClientEvents<Events>[K]>): () => void {
     let set = this.listeners.get(event);
     if (!set) this.listeners.set(event, (set = new Set()));
     set.add(fn);
     return () => { set!.delete(fn); };
   }
 
-  off<K extends keyof ClientEvents>(event: K, fn: Listener<ClientEvents[K]>): void {
+  off<K extends keyof ClientEvents<Events>>(event: K, fn: Listener<ClientEvents<Events>[K]>): void {
     this.listeners.get(event)?.delete(fn);
   }
 
-  private emit<K extends keyof ClientEvents>(event: K, value: ClientEvents[K]): void {
+  private emit<K extends keyof ClientEvents<Events>>(event: K, value: ClientEvents<Events>[K]): void {
     for (const fn of [...(this.listeners.get(event) ?? [])]) {
       try {
         fn(value);
@@ -405,7 +409,7 @@ export class SwitchboardClient {
   }
 
   /** Room members with `online` (presence), from GET /rooms/{room}/members. */
-  presence(room: string): Promise<{ room: string; members: Array<{ user_id: string; username: string; online: boolean }> }> {
+  presence(room: string): Promise<RoomPresence> {
     return this.http("GET", `rooms/${encodeURIComponent(room)}/members`);
   }
 
@@ -718,7 +722,7 @@ export class SwitchboardClient {
     if (typeof f.cursor === "string" && CURSOR_RE.test(f.cursor)) this.cursor = f.cursor;
     if (this.lastId === undefined || id > this.lastId) this.lastId = id;
     this.persist();
-    this.emit("event", f);
+    this.emit("event", f as AppEvent<Events>);
     // The durable copy of a stream's end (stream_close notifies the owner): it tells how the stream
     // ended; the chunks still come through the subscription.
     if (f.event === "stream.end") this.onStreamFrame("stream.end", f.payload as { stream: string }, true);
@@ -763,6 +767,27 @@ export class SwitchboardClient {
     if (!this.feeds.delete(feed)) return;
     this.send({ action: "unsubscribe", feed });
   }
+
+  /** A handle on one room: joins it as join() does (now when connected, and in every reconnect's
+   *  handshake) and gives its app events (`on(event, fn)`, typed by the event map), `presence()`,
+   *  `typing()` and `leave()`. The same handle for the same name until it leaves. */
+  room(name: string): SwitchboardRoom<Events> {
+    if (!this.rooms.has(name)) this.join(name);
+    let h = this.handles.get(name);
+    if (!h) {
+      h = new SwitchboardRoom<Events>(this.roomHost, name, () => this.handles.delete(name));
+      this.handles.set(name, h);
+    }
+    return h;
+  }
+
+  private readonly roomHost = {
+    on: (event: "event", fn: (e: EventFrame) => void) => this.on(event, fn as Listener<AppEvent<Events>>),
+    state: (room: string) => this.rooms.get(room),
+    presence: (room: string) => this.presence(room),
+    typing: (room: string, payload?: unknown) => this.typing(room, payload),
+    leave: (room: string) => this.leave(room),
+  };
 
   /** The feeds this client asks for. */
   feedNames(): string[] { return [...this.feeds]; }

@@ -4,6 +4,7 @@ export type {
   BackoffOptions, ClientEvents, ClientOptions, ConnectedInfo, RetryInfo, RoomChange, RoomState, State, StateChange,
   StorageLike, ToolCallInfo, ToolFn, ToolResultInfo, WebSocketCtor, WebSocketLike,
 } from "./client.js";
+export type { SwitchboardRoom, AppEvent, EventMap, RoomPresence } from "./room.js";
 export { HttpError } from "./http.js";
 export {
   AuthError, ForbiddenError, GoneError, RateLimitedError, ServerGoingAwayError, SwitchboardError,

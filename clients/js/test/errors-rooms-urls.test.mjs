@@ -145,3 +145,49 @@ test("error frames and resume_gap: ForbiddenError, RateLimitedError, StreamError
   assert.equal(gap.error.horizon, 40);
   c.disconnect();
 });
+
+test("room handles: joined as join() does, only that room's named events, typing, presence, leave", async () => {
+  const { c, fetch } = setup({}, (u) => (u.pathname.endsWith("/rooms/ops/members")
+    ? json({ room: "ops", members: [{ user_id: "u1", username: "alice", online: true }] }) : undefined));
+  const ops = c.room("ops");
+  assert.equal(c.room("ops"), ops, "one handle per name");
+  assert.equal(ops.name, "ops");
+  assert.equal(ops.state, "joining");
+  const got = [];
+  const all = [];
+  const off = ops.on("msg", (e) => got.push(e.id));
+  ops.on("other", (e) => all.push(e.id));
+  c.connect();
+  const ws0 = await socket(0);
+  assert.equal(ws0.url.searchParams.get("rooms"), "ops", "in the handshake, as rooms joined with join()");
+  ws0.hello({ rooms: ["ops"] });
+  assert.equal(ops.state, "joined");
+  ws0.frame({ id: 11, event: "msg", room: "ops", payload: { text: "a" } });
+  ws0.frame({ id: 12, event: "msg", room: "dev", payload: {} });      // another room
+  ws0.frame({ id: 13, event: "msg", room: null, payload: {} });       // the user's own
+  ws0.frame({ id: 14, event: "other", room: "ops", payload: {} });
+  ws0.frame({ id: 11, event: "msg", room: "ops", payload: {} });      // a duplicate: dropped by the client
+  assert.deepEqual(got, [11]);
+  assert.deepEqual(all, [14]);
+  const dev = c.room("dev");
+  assert.deepEqual(ws0.sent.at(-1), { action: "join", room: "dev" }, "a new room is joined at once when connected");
+  dev.on("msg", (e) => got.push(`dev ${e.id}`));
+  ws0.frame({ id: null, event: "joined", room: "dev", payload: {} });
+  ws0.frame({ id: 16, event: "msg", room: "dev", payload: {} });
+  assert.deepEqual(got, [11, "dev 16"]);
+  assert.equal(ops.typing({ state: "typing" }), true);
+  assert.deepEqual(ws0.sent.at(-1), { action: "publish", event: "typing", room: "ops", payload: { state: "typing" } });
+  assert.deepEqual((await ops.presence()).members.map((m) => m.online), [true]);
+  assert.ok(fetch.calls.includes("GET a.test/api/rooms/ops/members"));
+  off();
+  ws0.frame({ id: 17, event: "msg", room: "ops", payload: {} });
+  assert.deepEqual(got, [11, "dev 16"], "off() unsubscribed");
+  ops.leave();
+  assert.deepEqual(ws0.sent.at(-1), { action: "leave", room: "ops" });
+  assert.equal(ops.state, "left");
+  assert.equal(c.roomStates().has("ops"), false);
+  ws0.frame({ id: 18, event: "other", room: "ops", payload: {} });
+  assert.deepEqual(all, [14], "a left handle hears nothing");
+  assert.notEqual(c.room("ops"), ops, "after leave() a new handle");
+  c.disconnect();
+});

@@ -342,6 +342,61 @@ function buildPath(template, path, query) {
   return p;
 }
 
+// src/room.ts
+var SwitchboardRoom = class {
+  /** @internal sb.room(name) makes these. */
+  constructor(host, name, done) {
+    this.fns = /* @__PURE__ */ new Map();
+    this.host = host;
+    this.name = name;
+    this.done = done;
+  }
+  /** `joining` (asked for: now, or with the next connection), `joined`, or `left` (left, refused or removed:
+   *  the client no longer wants it; the `room` event says why). */
+  get state() {
+    return this.host.state(this.name) ?? "left";
+  }
+  /** This room's stored app events named `event`, each once and in order (the client's `event` events
+   *  with this room). Returns the function that unsubscribes. */
+  on(event, fn) {
+    let set = this.fns.get(event);
+    if (!set) this.fns.set(event, set = /* @__PURE__ */ new Set());
+    set.add(fn);
+    this.unhook ?? (this.unhook = this.host.on("event", (e) => {
+      if (e.room !== this.name) return;
+      for (const f of [...this.fns.get(e.event) ?? []]) {
+        try {
+          f(e);
+        } catch (err) {
+          queueMicrotask(() => {
+            throw err;
+          });
+        }
+      }
+    }));
+    return () => this.off(event, fn);
+  }
+  off(event, fn) {
+    this.fns.get(event)?.delete(fn);
+  }
+  /** `GET /rooms/{room}/members`: the members with `online`. */
+  presence() {
+    return this.host.presence(this.name);
+  }
+  /** Tell the room this user is typing (ephemeral; false when not connected). */
+  typing(payload) {
+    return this.host.typing(this.name, payload);
+  }
+  /** Leave the room (now and on later reconnects) and drop this handle's listeners. */
+  leave() {
+    this.unhook?.();
+    this.unhook = void 0;
+    this.fns.clear();
+    this.done();
+    this.host.leave(this.name);
+  }
+};
+
 // src/client.ts
 var CURSOR_RE = /^[A-Za-z0-9._~-]{1,256}$/;
 var ROOMS_IN_HANDSHAKE = 50;
@@ -381,6 +436,7 @@ var SwitchboardClient = class {
     this.seen = /* @__PURE__ */ new Set();
     this.floor = 0;
     this.rooms = /* @__PURE__ */ new Map();
+    this.handles = /* @__PURE__ */ new Map();
     this.feeds = /* @__PURE__ */ new Set();
     this.toolFns = /* @__PURE__ */ new Map();
     this.answered = /* @__PURE__ */ new Set();
@@ -393,6 +449,13 @@ var SwitchboardClient = class {
       clearTimeout(this.retryTimer);
       this.attempt = 0;
       void this.open();
+    };
+    this.roomHost = {
+      on: (event, fn) => this.on(event, fn),
+      state: (room) => this.rooms.get(room),
+      presence: (room) => this.presence(room),
+      typing: (room, payload) => this.typing(room, payload),
+      leave: (room) => this.leave(room)
     };
     this.streamHost = {
       send: (f) => this.send(f),
@@ -952,6 +1015,18 @@ var SwitchboardClient = class {
   unsubscribe(feed) {
     if (!this.feeds.delete(feed)) return;
     this.send({ action: "unsubscribe", feed });
+  }
+  /** A handle on one room: joins it as join() does (now when connected, and in every reconnect's
+   *  handshake) and gives its app events (`on(event, fn)`, typed by the event map), `presence()`,
+   *  `typing()` and `leave()`. The same handle for the same name until it leaves. */
+  room(name) {
+    if (!this.rooms.has(name)) this.join(name);
+    let h = this.handles.get(name);
+    if (!h) {
+      h = new SwitchboardRoom(this.roomHost, name, () => this.handles.delete(name));
+      this.handles.set(name, h);
+    }
+    return h;
   }
   /** The feeds this client asks for. */
   feedNames() {
