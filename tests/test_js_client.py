@@ -89,6 +89,16 @@ def test_node_errors_rooms_urls_unit_suite(built: dict[str, str]) -> None:
     assert "# fail 0" in out.stdout, show(out)
 
 
+def test_node_failover_suite_on_real_replicas(built: dict[str, str]) -> None:
+    """options.urls with two real replicas and no proxy: the first SIGKILLed mid-session, the client
+    goes on at the second and every event arrives once, in order (resume); a room handle and a
+    ForbiddenError on a real server."""
+    out = run("node", "--experimental-websocket", "--test", "--test-concurrency=1", "test/failover.test.mjs",
+              timeout=600)
+    assert out.returncode == 0, show(out)
+    assert "# fail 0" in out.stdout, show(out)
+
+
 def test_node_suite_on_real_replicas(built: dict[str, str]) -> None:
     out = run("node", "--experimental-websocket", "--test", "--test-concurrency=1", "test/client.test.mjs",
               timeout=900)

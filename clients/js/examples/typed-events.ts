@@ -11,7 +11,7 @@ interface ChatEvents {
 }
 
 export function typed(): void {
-  const sb = new SwitchboardClient<ChatEvents>({ url: "https://api.example/" });
+  const sb = new SwitchboardClient<ChatEvents>({ urls: ["https://a.example/", "https://b.example/"] });
   sb.on("event", (e) => {
     if (e.event === "chat.message") {
       const text: string = e.payload.text;
@@ -57,4 +57,6 @@ export function untyped(): void {
     console.log(e.payload.text, frame);
   });
   sb.room("ops").on("anything", (e: AppEvent) => console.log(e.payload));
+  const resolved = new SwitchboardClient({ urls: async () => "https://api.example/" });
+  resolved.connect();
 }

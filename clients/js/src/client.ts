@@ -5,6 +5,8 @@
 //           connecting|connected --socket lost--> reconnecting --hello--> connected
 //           any --disconnect() | 1008 | session over--> closed
 // Every transition is emitted as "state" (and as the new state's own name).
+// Several URLs (options.urls): each attempt goes to the URL in use; a failed attempt, or a
+// replica going away, moves on to the next one; a URL that works is kept.
 import type {
   ErrorFrame, EventFrame, HelloFrame, ResumeGapFrame, ResumedFrame, RunUpdatedFrame, ServerFrame, StreamEndFrame,
   SubscribedFrame, ToolCallFrame, TypingFrame,
@@ -118,9 +120,16 @@ export interface BackoffOptions {
   stableMs?: number;
 }
 
+/** Picks the API base URL for the next connection attempt: called before the first one and whenever the URL
+ *  in use failed (`failed`: that URL; undefined the first time). Its answer is kept while it works. */
+export type UrlResolver = (failed: URL | undefined) => string | URL | Promise<string | URL>;
+
 export interface ClientOptions {
   /** The API's base URL (the origin, or the path prefix it is served under). Default: the page's base URI. */
   url?: string | URL;
+  /** Several replicas' base URLs, tried in turn (with the backoff) and kept while one works; or a resolver
+   *  called for each new URL. The REST calls follow the URL in use (`base`). Wins over `url`. */
+  urls?: ReadonlyArray<string | URL> | UrlResolver;
   /** A WebSocket implementation. Default: globalThis.WebSocket (Node 20: run with --experimental-websocket). */
   WebSocket?: WebSocketCtor;
   /** A fetch implementation. Default: globalThis.fetch. (Node has no cookie jar: inject one to use refresh.) */
@@ -161,9 +170,20 @@ const PERSIST_IDS = 256;
 const TOOL_CALL_PREFIX = "tool.call.";
 const PERSIST_STREAMS = 32;
 
-function defaultBase(): URL {
+function asBase(u: string | URL): URL {
+  const b = new URL(String(u));
+  if (!b.pathname.endsWith("/")) b.pathname += "/";
+  return b;
+}
+
+function pageBase(): URL | undefined {
   const doc = (globalThis as { document?: { baseURI?: string } }).document;
-  if (doc?.baseURI) return new URL(".", doc.baseURI);
+  return doc?.baseURI ? new URL(".", doc.baseURI) : undefined;
+}
+
+function defaultBase(): URL {
+  const b = pageBase();
+  if (b) return b;
   throw new Error("SwitchboardClient: pass options.url (there is no page to take it from)");
 }
 
@@ -176,6 +196,9 @@ function defaultStorage(): StorageLike | null {
   }
 }
 
+// The close codes after which the next attempt goes to another URL even though this one worked.
+const MOVE_ON = [1001, 1012, 1013];
+
 const frameError = (p: ErrorFrame["payload"]): SwitchboardError =>
   typeof p.stream === "string" ? new StreamError(p.code, p.message, p.stream)
     : p.code === "forbidden" || p.code === "forbidden_event" ? new ForbiddenError(p.code, p.message)
@@ -184,7 +207,13 @@ const frameError = (p: ErrorFrame["payload"]): SwitchboardError =>
 
 /** The client. `Events` maps app event names to payload types (see `on("event")` and `room()`). */
 export class SwitchboardClient<Events extends object = EventMap> {
-  readonly base: URL;
+  private _base: URL | undefined;
+  private readonly urls: URL[];
+  private readonly resolver: UrlResolver | undefined;
+  private urlIndex = 0;
+  private moveOn: boolean;          // the next attempt takes the next URL (the last one failed)
+  private worked = false;           // the current URL gave a hello since the last attempt
+  private failed: URL | undefined;  // the URL the client moves on from (the resolver's argument)
   private readonly opts: Required<Pick<ClientOptions, "pingIntervalMs" | "pongTimeoutMs" | "openTimeoutMs"
     | "httpTimeoutMs" | "dedupeWindow" | "refreshOn401">> & { backoff: Required<BackoffOptions> };
   private readonly WS: WebSocketCtor | undefined;
@@ -233,8 +262,12 @@ export class SwitchboardClient<Events extends object = EventMap> {
   private streamSeqs: Record<string, number> | undefined;    // stream id -> last yielded seq (resume)
 
   constructor(options: ClientOptions = {}) {
-    this.base = options.url !== undefined ? new URL(String(options.url)) : defaultBase();
-    if (!this.base.pathname.endsWith("/")) this.base.pathname += "/";
+    const u = options.urls;
+    this.resolver = typeof u === "function" ? u : undefined;
+    this.urls = typeof u === "function" ? [] : (u ?? []).map(asBase);
+    this.moveOn = !!this.resolver;
+    this._base = this.urls[0] ?? (options.url !== undefined ? asBase(options.url)
+      : this.resolver ? pageBase() : defaultBase());
     this.WS = options.WebSocket ?? (globalThis as { WebSocket?: WebSocketCtor }).WebSocket;
     const f = options.fetch ?? (globalThis as { fetch?: FetchLike }).fetch;
     if (!f) throw new Error("SwitchboardClient: no fetch available; pass options.fetch");
@@ -284,6 +317,13 @@ export class SwitchboardClient<Events extends object = EventMap> {
   }
 
   get state(): State { return this._state; }
+
+  /** The API base URL in use: `url`, or with several URLs the one the client connects to now (REST calls
+   *  follow it). With a resolver and no page, it exists once the resolver answered. */
+  get base(): URL {
+    if (!this._base) throw new Error("SwitchboardClient: no URL yet (the resolver has not answered)");
+    return this._base;
+  }
 
   private transition(to: State, detail: { code?: number; reason?: string } = {}, error?: SwitchboardError): void {
     const from = this._state;
@@ -380,7 +420,11 @@ export class SwitchboardClient<Events extends object = EventMap> {
   /** A JSON call to the API with the bearer token; a 401 triggers one refresh and one retry. */
   async http<T>(method: string, path: string, body?: unknown,
     o: { auth?: boolean; credentials?: RequestCredentials; retry401?: boolean } = {}): Promise<T> {
-    const url = new URL(path.replace(/^\//, ""), this.base);
+    if (!this._base) {             // a resolver and no page: its first answer
+      await this.nextUrl();
+      this.moveOn = false;
+    }
+    const url = new URL(path.replace(/^\//, ""), this._base);
     const call = async () => request<T>(this.fetchFn, url, {
       method, body, credentials: o.credentials, timeoutMs: this.opts.httpTimeoutMs,
       token: o.auth === false ? null : await this.bearer(),
@@ -421,6 +465,7 @@ export class SwitchboardClient<Events extends object = EventMap> {
     this.wanted = true;
     this.attempt = 0;
     this.quick = false;
+    this.worked = false;
     this.transition("connecting");
     (globalThis as { addEventListener?: (t: string, f: () => void) => void }).addEventListener?.("online", this.onOnline);
     void this.open();
@@ -472,7 +517,7 @@ export class SwitchboardClient<Events extends object = EventMap> {
   }
 
   private wsUrl(ticket: string): string {
-    const u = new URL("ws", this.base);
+    const u = new URL("ws", this._base);
     u.protocol = u.protocol === "https:" ? "wss:" : "ws:";
     const q = new URLSearchParams({ ticket });
     // Resume in the handshake: the server joins the rooms and replays everything after the
@@ -488,8 +533,26 @@ export class SwitchboardClient<Events extends object = EventMap> {
     return u.href;
   }
 
+  /** The URL for the next attempt: the next of `urls` in turn, or the resolver's answer. */
+  private async nextUrl(): Promise<void> {
+    if (this.resolver) this._base = asBase(await this.resolver(this.failed));
+    else if (this.urls.length > 1) this._base = this.urls[this.urlIndex = (this.urlIndex + 1) % this.urls.length];
+  }
+
   private async open(): Promise<void> {
     const gen = ++this.gen;
+    if (this.moveOn) {
+      try {
+        await this.nextUrl();
+      } catch (e) {
+        if (gen !== this.gen || !this.wanted) return;
+        const reason = `no URL: ${(e as Error)?.message ?? e}`;
+        this.lost(4002, reason, 0, httpError(e, 4002, reason, "no_url"));
+        return;
+      }
+      if (gen !== this.gen || !this.wanted) return;
+      this.moveOn = false;
+    }
     let ticket: string;
     try {
       // A ticket is single use and short-lived: a fresh one for every attempt.
@@ -555,6 +618,13 @@ export class SwitchboardClient<Events extends object = EventMap> {
 
   private lost(code: number, reason: string, atLeastMs = 0, error?: SwitchboardError): void {
     this.clearTimers();
+    // Several URLs: a failed attempt, or a replica that is going away, moves on to the next one; a loss
+    // after a working connection tries the same URL once more first (a blip, not a dead replica).
+    if ((this.resolver || this.urls.length > 1) && (!this.worked || MOVE_ON.includes(code))) {
+      this.moveOn = true;
+      this.failed = this._base;
+    }
+    this.worked = false;
     let delay: number;
     if (code === 1012 && !this.quick) {
       // The replica is restarting and another one is up: go at once (a little jitter spreads a herd).
@@ -672,6 +742,7 @@ export class SwitchboardClient<Events extends object = EventMap> {
   private onHello(f: HelloFrame, resuming: boolean): void {
     const p = f.payload;
     this.helloSeen = true;
+    this.worked = true;
     clearTimeout(this.openTimer);
     if (this.storedUser !== undefined && this.storedUser !== p.user_id) {
       this.forget();                // a position stored by another user of this tab means nothing here

@@ -2,7 +2,7 @@
 export { SwitchboardClient } from "./client.js";
 export type {
   BackoffOptions, ClientEvents, ClientOptions, ConnectedInfo, RetryInfo, RoomChange, RoomState, State, StateChange,
-  StorageLike, ToolCallInfo, ToolFn, ToolResultInfo, WebSocketCtor, WebSocketLike,
+  StorageLike, ToolCallInfo, ToolFn, ToolResultInfo, UrlResolver, WebSocketCtor, WebSocketLike,
 } from "./client.js";
 export type { SwitchboardRoom, AppEvent, EventMap, RoomPresence } from "./room.js";
 export { HttpError } from "./http.js";

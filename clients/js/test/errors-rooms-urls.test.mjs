@@ -191,3 +191,60 @@ test("room handles: joined as join() does, only that room's named events, typing
   assert.notEqual(c.room("ops"), ops, "after leave() a new handle");
   c.disconnect();
 });
+
+test("several URLs: a blip retries the same URL, a failed attempt moves on, a working URL is kept; REST follows", async () => {
+  let aDown = false;
+  const { c, rec, fetch } = setup({ url: undefined, urls: ["http://a.test/api", new URL("http://b.test/api/")] }, (u) => {
+    if (aDown && u.host === "a.test") throw new TypeError("fetch failed");
+    return u.pathname.endsWith("/me") ? json({}) : undefined;
+  });
+  assert.equal(c.base.href, "http://a.test/api/");
+  c.connect();
+  const ws0 = await socket(0);
+  assert.equal(ws0.url.host, "a.test");
+  ws0.hello();
+  ws0.drop(1006);                                 // a blip: the same URL once more
+  const ws1 = await socket(1);
+  assert.equal(ws1.url.host, "a.test");
+  ws1.hello();
+  aDown = true;
+  ws1.drop(1006);                                 // a's replica died: the retry's ticket fails, the next attempt goes to b
+  const ws2 = await socket(2);
+  assert.equal(ws2.url.host, "b.test");
+  assert.equal(c.base.href, "http://b.test/api/");
+  assert.equal(rec.retries.at(-1).error.code, "network_error");
+  ws2.hello();
+  ws2.drop(1011, "internal error");               // sticky: b worked, b again
+  const ws3 = await socket(3);
+  assert.equal(ws3.url.host, "b.test");
+  await c.http("GET", "me");
+  assert.equal(fetch.calls.at(-1), "GET b.test/api/me", "REST calls follow the URL in use");
+  aDown = false;
+  ws3.hello();
+  ws3.drop(1012, "server restarting");            // going away: the next URL at once
+  const ws4 = await socket(4);
+  assert.equal(ws4.url.host, "a.test");
+  ws4.hello();
+  assert.equal(c.state, "connected");
+  c.disconnect();
+});
+
+test("a URL resolver: asked before the first attempt and after a failure (with the failed URL), kept while it works", async () => {
+  const asked = [];
+  const { c } = setup({ url: undefined, urls: async (failed) => {
+    asked.push(failed?.host ?? null);
+    return asked.length === 1 ? "http://a.test/" : "http://b.test/";
+  } });
+  c.connect();
+  const ws0 = await socket(0);
+  assert.equal(ws0.url.host, "a.test");
+  ws0.drop(1006);                                 // failed before hello: ask again
+  const ws1 = await socket(1);
+  assert.equal(ws1.url.host, "b.test");
+  ws1.hello();
+  ws1.drop(1006);                                 // a blip after a working connection: not asked
+  const ws2 = await socket(2);
+  assert.equal(ws2.url.host, "b.test");
+  assert.deepEqual(asked, [null, "a.test"]);
+  c.disconnect();
+});

@@ -403,9 +403,18 @@ var ROOMS_IN_HANDSHAKE = 50;
 var PERSIST_IDS = 256;
 var TOOL_CALL_PREFIX = "tool.call.";
 var PERSIST_STREAMS = 32;
-function defaultBase() {
+function asBase(u) {
+  const b = new URL(String(u));
+  if (!b.pathname.endsWith("/")) b.pathname += "/";
+  return b;
+}
+function pageBase() {
   const doc = globalThis.document;
-  if (doc?.baseURI) return new URL(".", doc.baseURI);
+  return doc?.baseURI ? new URL(".", doc.baseURI) : void 0;
+}
+function defaultBase() {
+  const b = pageBase();
+  if (b) return b;
   throw new Error("SwitchboardClient: pass options.url (there is no page to take it from)");
 }
 function defaultStorage() {
@@ -416,10 +425,14 @@ function defaultStorage() {
     return null;
   }
 }
+var MOVE_ON = [1001, 1012, 1013];
 var frameError = (p) => typeof p.stream === "string" ? new StreamError(p.code, p.message, p.stream) : p.code === "forbidden" || p.code === "forbidden_event" ? new ForbiddenError(p.code, p.message) : p.code === "rate_limited" ? new RateLimitedError(p.code, p.message) : new SwitchboardError(p.code, p.message);
 var SwitchboardClient = class {
   // stream id -> last yielded seq (resume)
   constructor(options = {}) {
+    this.urlIndex = 0;
+    // the next attempt takes the next URL (the last one failed)
+    this.worked = false;
     this.listeners = /* @__PURE__ */ new Map();
     this._state = "closed";
     this.token = null;
@@ -493,8 +506,11 @@ var SwitchboardClient = class {
       },
       names: () => [...this.toolFns.keys()]
     };
-    this.base = options.url !== void 0 ? new URL(String(options.url)) : defaultBase();
-    if (!this.base.pathname.endsWith("/")) this.base.pathname += "/";
+    const u = options.urls;
+    this.resolver = typeof u === "function" ? u : void 0;
+    this.urls = typeof u === "function" ? [] : (u ?? []).map(asBase);
+    this.moveOn = !!this.resolver;
+    this._base = this.urls[0] ?? (options.url !== void 0 ? asBase(options.url) : this.resolver ? pageBase() : defaultBase());
     this.WS = options.WebSocket ?? globalThis.WebSocket;
     const f = options.fetch ?? globalThis.fetch;
     if (!f) throw new Error("SwitchboardClient: no fetch available; pass options.fetch");
@@ -548,6 +564,12 @@ var SwitchboardClient = class {
   }
   get state() {
     return this._state;
+  }
+  /** The API base URL in use: `url`, or with several URLs the one the client connects to now (REST calls
+   *  follow it). With a resolver and no page, it exists once the resolver answered. */
+  get base() {
+    if (!this._base) throw new Error("SwitchboardClient: no URL yet (the resolver has not answered)");
+    return this._base;
   }
   transition(to, detail = {}, error) {
     const from = this._state;
@@ -639,7 +661,11 @@ var SwitchboardClient = class {
   }
   /** A JSON call to the API with the bearer token; a 401 triggers one refresh and one retry. */
   async http(method, path, body, o = {}) {
-    const url = new URL(path.replace(/^\//, ""), this.base);
+    if (!this._base) {
+      await this.nextUrl();
+      this.moveOn = false;
+    }
+    const url = new URL(path.replace(/^\//, ""), this._base);
     const call = async () => request(this.fetchFn, url, {
       method,
       body,
@@ -678,6 +704,7 @@ var SwitchboardClient = class {
     this.wanted = true;
     this.attempt = 0;
     this.quick = false;
+    this.worked = false;
     this.transition("connecting");
     globalThis.addEventListener?.("online", this.onOnline);
     void this.open();
@@ -718,7 +745,7 @@ var SwitchboardClient = class {
     clearTimeout(this.pongTimer);
   }
   wsUrl(ticket) {
-    const u = new URL("ws", this.base);
+    const u = new URL("ws", this._base);
     u.protocol = u.protocol === "https:" ? "wss:" : "ws:";
     const q = new URLSearchParams({ ticket });
     if (this.cursor !== void 0) q.set("cursor", this.cursor);
@@ -729,8 +756,25 @@ var SwitchboardClient = class {
     u.search = q.toString().replace(/%2C/g, ",");
     return u.href;
   }
+  /** The URL for the next attempt: the next of `urls` in turn, or the resolver's answer. */
+  async nextUrl() {
+    if (this.resolver) this._base = asBase(await this.resolver(this.failed));
+    else if (this.urls.length > 1) this._base = this.urls[this.urlIndex = (this.urlIndex + 1) % this.urls.length];
+  }
   async open() {
     const gen = ++this.gen;
+    if (this.moveOn) {
+      try {
+        await this.nextUrl();
+      } catch (e) {
+        if (gen !== this.gen || !this.wanted) return;
+        const reason = `no URL: ${e?.message ?? e}`;
+        this.lost(4002, reason, 0, httpError(e, 4002, reason, "no_url"));
+        return;
+      }
+      if (gen !== this.gen || !this.wanted) return;
+      this.moveOn = false;
+    }
     let ticket;
     try {
       ticket = (await this.http("POST", "ws/ticket")).ticket;
@@ -794,6 +838,11 @@ var SwitchboardClient = class {
   }
   lost(code, reason, atLeastMs = 0, error) {
     this.clearTimers();
+    if ((this.resolver || this.urls.length > 1) && (!this.worked || MOVE_ON.includes(code))) {
+      this.moveOn = true;
+      this.failed = this._base;
+    }
+    this.worked = false;
     let delay;
     if (code === 1012 && !this.quick) {
       this.quick = true;
@@ -923,6 +972,7 @@ var SwitchboardClient = class {
     var _a;
     const p = f.payload;
     this.helloSeen = true;
+    this.worked = true;
     clearTimeout(this.openTimer);
     if (this.storedUser !== void 0 && this.storedUser !== p.user_id) {
       this.forget();
