@@ -43,7 +43,7 @@ def built() -> dict[str, str]:
         out = run("npm", "ci", "--no-audit", "--no-fund")
         assert out.returncode == 0, show(out)
     committed = STATIC_COPY.read_text()
-    out = run("npm", "run", "build")
+    out = run("npm", "run", "build")   # writes only clients/js/dist (npm run copy:static updates the served copy)
     assert out.returncode == 0, show(out)
     return {"static_before_build": committed}
 
@@ -54,7 +54,8 @@ def test_build_outputs_and_the_served_copy(built: dict[str, str]) -> None:
     assert "SwitchboardClient" in (JS / "dist" / "index.d.ts").read_text()
     # The page at / loads the package from the server: the committed copy is this build.
     assert built["static_before_build"] == (JS / "dist" / "index.js").read_text(), \
-        "server/switchboard/static/switchboard-client.js is stale: run npm run build in clients/js and commit it"
+        "server/switchboard/static/switchboard-client.js is stale: run `npm run build && npm run copy:static` " \
+        "in clients/js and commit it"
     # zero runtime dependencies
     import json
 
