@@ -90,6 +90,14 @@ def test_node_errors_rooms_urls_unit_suite(built: dict[str, str]) -> None:
     assert "# fail 0" in out.stdout, show(out)
 
 
+def test_the_api_lists_in_the_docs_match_the_dts(built: dict[str, str]) -> None:
+    """clients/js/README.md's and docs/frontend.md's member, event, option, room member and error class
+    tables against dist/*.d.ts, both ways (test/readme-api.test.mjs)."""
+    out = run("node", "--test", "test/readme-api.test.mjs", timeout=120)
+    assert out.returncode == 0, show(out)
+    assert "# fail 0" in out.stdout, show(out)
+
+
 def test_node_failover_suite_on_real_replicas(built: dict[str, str]) -> None:
     """options.urls with two real replicas and no proxy: the first SIGKILLed mid-session, the client
     goes on at the second and every event arrives once, in order (resume); a room handle and a
@@ -161,17 +169,25 @@ declare function ask(message: unknown): Promise<boolean>;
 """
 
 
+# What the package README's example leaves to the reader's app.
+PACKAGE_README_PRELUDE = EXAMPLE_PRELUDE + """declare function render(from: string, text: string): void;
+"""
+
+
 @pytest.mark.parametrize(("doc", "heading", "lang"), [("docs/frontend.md", "## Example", "ts"),
+                                                      ("docs/frontend.md", "## Typed events and rooms", "ts"),
                                                       ("docs/frontend.md", "## React", "tsx"),
                                                       ("docs/frontend.md", "## Streams", "ts"),
-                                                      ("README.md", "## Frontend", "ts")])
+                                                      ("README.md", "## Frontend", "ts"),
+                                                      ("clients/js/README.md", "## Example", "ts")])
 def test_the_examples_in_the_frontend_docs_compile(built: dict[str, str], tmp_path: Path, doc: str, heading: str,
                                                    lang: str) -> None:
     """docs/frontend.md's examples and the README's, type-checked with the package's own
     TypeScript (strict) against the client's sources and, for React, a minimal ambient
     react (test/docs-check/react.d.ts): no npm dependency, and a doc that drifts from
     the client's API fails here."""
-    prelude = {"README.md": README_PRELUDE, "docs/frontend.md": EXAMPLE_PRELUDE if lang == "ts" else ""}[doc]
+    prelude = {"README.md": README_PRELUDE, "docs/frontend.md": EXAMPLE_PRELUDE if lang == "ts" else "",
+               "clients/js/README.md": PACKAGE_README_PRELUDE}[doc]
     # A module (top-level await in the README's example): export nothing.
     (tmp_path / "example.tsx").write_text(prelude + _docs_block(ROOT / doc, heading, lang) + "\nexport {};\n")
     (tmp_path / "tsconfig.json").write_text(json.dumps({
