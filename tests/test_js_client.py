@@ -43,7 +43,7 @@ def built() -> dict[str, str]:
         out = run("npm", "ci", "--no-audit", "--no-fund")
         assert out.returncode == 0, show(out)
     committed = STATIC_COPY.read_text()
-    out = run("npm", "run", "build")
+    out = run("npm", "run", "build")   # writes only clients/js/dist (npm run copy:static updates the served copy)
     assert out.returncode == 0, show(out)
     return {"static_before_build": committed}
 
@@ -54,7 +54,8 @@ def test_build_outputs_and_the_served_copy(built: dict[str, str]) -> None:
     assert "SwitchboardClient" in (JS / "dist" / "index.d.ts").read_text()
     # The page at / loads the package from the server: the committed copy is this build.
     assert built["static_before_build"] == (JS / "dist" / "index.js").read_text(), \
-        "server/switchboard/static/switchboard-client.js is stale: run npm run build in clients/js and commit it"
+        "server/switchboard/static/switchboard-client.js is stale: run `npm run build && npm run copy:static` " \
+        "in clients/js and commit it"
     # zero runtime dependencies
     import json
 
@@ -78,6 +79,31 @@ def test_typed_usage_compiles_under_tsc_strict(built: dict[str, str]) -> None:
 def test_node_unit_suite(built: dict[str, str]) -> None:
     """The client's decisions against a scripted WebSocket: close codes, backoff, dedupe, ping, tools."""
     out = run("node", "--experimental-websocket", "--test", "test/unit.test.mjs", timeout=300)
+    assert out.returncode == 0, show(out)
+    assert "# fail 0" in out.stdout, show(out)
+
+
+def test_node_errors_rooms_urls_unit_suite(built: dict[str, str]) -> None:
+    """Error classes on the events that carry codes, room handles, several URLs: against a scripted WebSocket."""
+    out = run("node", "--experimental-websocket", "--test", "test/errors-rooms-urls.test.mjs", timeout=300)
+    assert out.returncode == 0, show(out)
+    assert "# fail 0" in out.stdout, show(out)
+
+
+def test_the_api_lists_in_the_docs_match_the_dts(built: dict[str, str]) -> None:
+    """clients/js/README.md's and docs/frontend.md's member, event, option, room member and error class
+    tables against dist/*.d.ts, both ways (test/readme-api.test.mjs)."""
+    out = run("node", "--test", "test/readme-api.test.mjs", timeout=120)
+    assert out.returncode == 0, show(out)
+    assert "# fail 0" in out.stdout, show(out)
+
+
+def test_node_failover_suite_on_real_replicas(built: dict[str, str]) -> None:
+    """options.urls with two real replicas and no proxy: the first SIGKILLed mid-session, the client
+    goes on at the second and every event arrives once, in order (resume); a room handle and a
+    ForbiddenError on a real server."""
+    out = run("node", "--experimental-websocket", "--test", "--test-concurrency=1", "test/failover.test.mjs",
+              timeout=600)
     assert out.returncode == 0, show(out)
     assert "# fail 0" in out.stdout, show(out)
 
@@ -143,17 +169,25 @@ declare function ask(message: unknown): Promise<boolean>;
 """
 
 
+# What the package README's example leaves to the reader's app.
+PACKAGE_README_PRELUDE = EXAMPLE_PRELUDE + """declare function render(from: string, text: string): void;
+"""
+
+
 @pytest.mark.parametrize(("doc", "heading", "lang"), [("docs/frontend.md", "## Example", "ts"),
+                                                      ("docs/frontend.md", "## Typed events and rooms", "ts"),
                                                       ("docs/frontend.md", "## React", "tsx"),
                                                       ("docs/frontend.md", "## Streams", "ts"),
-                                                      ("README.md", "## Frontend", "ts")])
+                                                      ("README.md", "## Frontend", "ts"),
+                                                      ("clients/js/README.md", "## Example", "ts")])
 def test_the_examples_in_the_frontend_docs_compile(built: dict[str, str], tmp_path: Path, doc: str, heading: str,
                                                    lang: str) -> None:
     """docs/frontend.md's examples and the README's, type-checked with the package's own
     TypeScript (strict) against the client's sources and, for React, a minimal ambient
     react (test/docs-check/react.d.ts): no npm dependency, and a doc that drifts from
     the client's API fails here."""
-    prelude = {"README.md": README_PRELUDE, "docs/frontend.md": EXAMPLE_PRELUDE if lang == "ts" else ""}[doc]
+    prelude = {"README.md": README_PRELUDE, "docs/frontend.md": EXAMPLE_PRELUDE if lang == "ts" else "",
+               "clients/js/README.md": PACKAGE_README_PRELUDE}[doc]
     # A module (top-level await in the README's example): export nothing.
     (tmp_path / "example.tsx").write_text(prelude + _docs_block(ROOT / doc, heading, lang) + "\nexport {};\n")
     (tmp_path / "tsconfig.json").write_text(json.dumps({

@@ -1,4 +1,7 @@
 // dist/index.js: one ES module, no runtime dependencies (the .d.ts files come from tsc).
+// Reads and writes only the package's own files (npm pack runs it through prepack, in a
+// checkout or in a copy of this directory alone); `npm run copy:static` puts the bundle
+// into the server's tree, a separate step.
 // --size: also report the minified + gzipped size of the bundle (what an app pays).
 import { build } from "esbuild";
 import { gzipSync } from "node:zlib";
@@ -15,7 +18,3 @@ if (process.argv.includes("--size")) {
   const gz = gzipSync(code, { level: 9 }).length;
   console.log(JSON.stringify({ minified_bytes: code.length, min_gzip_bytes: gz }));
 }
-// The demo page (GET /) loads the package from the server: keep the served copy in step.
-// (Committed, so the server needs no Node; tests/test_js_client.py checks it matches a fresh build.)
-import { copyFileSync } from "node:fs";
-copyFileSync(resolve(root, "dist/index.js"), resolve(root, "../../server/switchboard/static/switchboard-client.js"));

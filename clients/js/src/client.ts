@@ -5,6 +5,8 @@
 //           connecting|connected --socket lost--> reconnecting --hello--> connected
 //           any --disconnect() | 1008 | session over--> closed
 // Every transition is emitted as "state" (and as the new state's own name).
+// Several URLs (options.urls): each attempt goes to the URL in use; a failed attempt, or a
+// replica going away, moves on to the next one; a URL that works is kept.
 import type {
   ErrorFrame, EventFrame, HelloFrame, ResumeGapFrame, ResumedFrame, RunUpdatedFrame, ServerFrame, StreamEndFrame,
   SubscribedFrame, ToolCallFrame, TypingFrame,
@@ -13,6 +15,9 @@ import { HttpError, request, type FetchLike, type LoginResponse } from "./http.j
 import { StreamError, SwitchboardStream, type StreamHost, type StreamInfo, type StreamOptions } from "./stream.js";
 import { buildPath, type Answer, type ApiArgs, type Method, type Operation, type PathsWith } from "./api.js";
 import type { paths } from "./rest.js";
+import { closeError, ForbiddenError, GoneError, httpError, RateLimitedError, SwitchboardError,
+  withError } from "./errors.js";
+import { SwitchboardRoom, type AppEvent, type EventMap, type RoomPresence } from "./room.js";
 
 export type State = "connecting" | "connected" | "reconnecting" | "closed";
 
@@ -23,6 +28,9 @@ export interface StateChange {
   code?: number;
   /** Human-readable reason: the server's close reason, or what failed. */
   reason?: string;
+  /** What went wrong, as a class (AuthError, ForbiddenError, RateLimitedError, ServerGoingAwayError, or a
+   *  SwitchboardError); absent on a normal transition. Non-enumerable: JSON and spreads leave it out. */
+  readonly error?: SwitchboardError;
 }
 
 export interface RetryInfo {
@@ -31,6 +39,8 @@ export interface RetryInfo {
   delayMs: number;
   code?: number;
   reason?: string;
+  /** Why it retries (non-enumerable, as in StateChange). */
+  readonly error?: SwitchboardError;
 }
 
 export interface ConnectedInfo {
@@ -50,7 +60,7 @@ export interface ToolCallInfo { callId: string; name: string; args: unknown }
 export interface ToolResultInfo extends ToolCallInfo { result: unknown; error?: string }
 export type ToolFn = (args: any, call: ToolCallInfo) => unknown | Promise<unknown>;
 
-export interface ClientEvents {
+export interface ClientEvents<Events extends object = EventMap> {
   /** Every state transition. */
   state: StateChange;
   connecting: StateChange;
@@ -59,16 +69,18 @@ export interface ClientEvents {
   closed: StateChange;
   /** A reconnect attempt was scheduled. */
   retry: RetryInfo;
-  /** A stored event (it has an id): delivered once, in stream order, across reconnects and reloads. */
-  event: EventFrame;
+  /** A stored event (it has an id): delivered once, in stream order, across reconnects and reloads.
+   *  Typed by the client's event map: `if (e.event === "chat.message") e.payload.text`. */
+  event: AppEvent<Events>;
   typing: TypingFrame;
   /** The replay after a reconnect is complete. `afterId`: the last event id delivered before it. */
   resumed: ResumedFrame["payload"] & { afterId?: number };
-  /** Some missed events were older than the server keeps: the replay is incomplete. */
-  resume_gap: ResumeGapFrame["payload"];
+  /** Some missed events were older than the server keeps: the replay is incomplete (`error`: a GoneError). */
+  resume_gap: ResumeGapFrame["payload"] & { readonly error: GoneError };
   room: RoomChange;
-  /** The server refused a frame (the socket stays open). */
-  error: ErrorFrame["payload"];
+  /** The server refused a frame (the socket stays open). `error`: the refusal as a class (ForbiddenError,
+   *  RateLimitedError, StreamError, else a SwitchboardError with the frame's code); non-enumerable. */
+  error: ErrorFrame["payload"] & { readonly error: SwitchboardError };
   toolcall: ToolCallInfo;
   toolresult: ToolResultInfo;
   /** A feed frame (not stored, id null): run.updated of the admin runs feed (see subscribe()). */
@@ -108,9 +120,16 @@ export interface BackoffOptions {
   stableMs?: number;
 }
 
+/** Picks the API base URL for the next connection attempt: called before the first one and whenever the URL
+ *  in use failed (`failed`: that URL; undefined the first time). Its answer is kept while it works. */
+export type UrlResolver = (failed: URL | undefined) => string | URL | Promise<string | URL>;
+
 export interface ClientOptions {
   /** The API's base URL (the origin, or the path prefix it is served under). Default: the page's base URI. */
   url?: string | URL;
+  /** Several replicas' base URLs, tried in turn (with the backoff) and kept while one works; or a resolver
+   *  called for each new URL. The REST calls follow the URL in use (`base`). Wins over `url`. */
+  urls?: ReadonlyArray<string | URL> | UrlResolver;
   /** A WebSocket implementation. Default: globalThis.WebSocket (Node 20: run with --experimental-websocket). */
   WebSocket?: WebSocketCtor;
   /** A fetch implementation. Default: globalThis.fetch. (Node has no cookie jar: inject one to use refresh.) */
@@ -151,9 +170,20 @@ const PERSIST_IDS = 256;
 const TOOL_CALL_PREFIX = "tool.call.";
 const PERSIST_STREAMS = 32;
 
-function defaultBase(): URL {
+function asBase(u: string | URL): URL {
+  const b = new URL(String(u));
+  if (!b.pathname.endsWith("/")) b.pathname += "/";
+  return b;
+}
+
+function pageBase(): URL | undefined {
   const doc = (globalThis as { document?: { baseURI?: string } }).document;
-  if (doc?.baseURI) return new URL(".", doc.baseURI);
+  return doc?.baseURI ? new URL(".", doc.baseURI) : undefined;
+}
+
+function defaultBase(): URL {
+  const b = pageBase();
+  if (b) return b;
   throw new Error("SwitchboardClient: pass options.url (there is no page to take it from)");
 }
 
@@ -166,8 +196,24 @@ function defaultStorage(): StorageLike | null {
   }
 }
 
-export class SwitchboardClient {
-  readonly base: URL;
+// The close codes after which the next attempt goes to another URL even though this one worked.
+const MOVE_ON = [1001, 1012, 1013];
+
+const frameError = (p: ErrorFrame["payload"]): SwitchboardError =>
+  typeof p.stream === "string" ? new StreamError(p.code, p.message, p.stream)
+    : p.code === "forbidden" || p.code === "forbidden_event" ? new ForbiddenError(p.code, p.message)
+      : p.code === "rate_limited" ? new RateLimitedError(p.code, p.message)
+        : new SwitchboardError(p.code, p.message);
+
+/** The client. `Events` maps app event names to payload types (see `on("event")` and `room()`). */
+export class SwitchboardClient<Events extends object = EventMap> {
+  private _base: URL | undefined;
+  private readonly urls: URL[];
+  private readonly resolver: UrlResolver | undefined;
+  private urlIndex = 0;
+  private moveOn: boolean;          // the next attempt takes the next URL (the last one failed)
+  private worked = false;           // the current URL gave a hello since the last attempt
+  private failed: URL | undefined;  // the URL the client moves on from (the resolver's argument)
   private readonly opts: Required<Pick<ClientOptions, "pingIntervalMs" | "pongTimeoutMs" | "openTimeoutMs"
     | "httpTimeoutMs" | "dedupeWindow" | "refreshOn401">> & { backoff: Required<BackoffOptions> };
   private readonly WS: WebSocketCtor | undefined;
@@ -176,7 +222,7 @@ export class SwitchboardClient {
   private readonly storage: StorageLike | null;
   private readonly storageKey: string;
   private readonly random: () => number;
-  private readonly listeners = new Map<keyof ClientEvents, Set<Listener<any>>>();
+  private readonly listeners = new Map<string, Set<Listener<any>>>();
 
   private _state: State = "closed";
   private token: string | null = null;
@@ -206,6 +252,7 @@ export class SwitchboardClient {
   private storedUser: string | undefined;
 
   private readonly rooms = new Map<string, "joining" | "joined">();
+  private readonly handles = new Map<string, SwitchboardRoom<Events>>();
   private readonly feeds = new Set<string>();
   private readonly toolFns = new Map<string, ToolFn>();
   private readonly answered = new Set<string>();
@@ -215,8 +262,12 @@ export class SwitchboardClient {
   private streamSeqs: Record<string, number> | undefined;    // stream id -> last yielded seq (resume)
 
   constructor(options: ClientOptions = {}) {
-    this.base = options.url !== undefined ? new URL(String(options.url)) : defaultBase();
-    if (!this.base.pathname.endsWith("/")) this.base.pathname += "/";
+    const u = options.urls;
+    this.resolver = typeof u === "function" ? u : undefined;
+    this.urls = typeof u === "function" ? [] : (u ?? []).map(asBase);
+    this.moveOn = !!this.resolver;
+    this._base = this.urls[0] ?? (options.url !== undefined ? asBase(options.url)
+      : this.resolver ? pageBase() : defaultBase());
     this.WS = options.WebSocket ?? (globalThis as { WebSocket?: WebSocketCtor }).WebSocket;
     const f = options.fetch ?? (globalThis as { fetch?: FetchLike }).fetch;
     if (!f) throw new Error("SwitchboardClient: no fetch available; pass options.fetch");
@@ -243,18 +294,18 @@ export class SwitchboardClient {
 
   // ---- events ---------------------------------------------------------------------------
   /** Subscribe; returns the function that unsubscribes. */
-  on<K extends keyof ClientEvents>(event: K, fn: Listener<ClientEvents[K]>): () => void {
+  on<K extends keyof ClientEvents<Events>>(event: K, fn: Listener<ClientEvents<Events>[K]>): () => void {
     let set = this.listeners.get(event);
     if (!set) this.listeners.set(event, (set = new Set()));
     set.add(fn);
     return () => { set!.delete(fn); };
   }
 
-  off<K extends keyof ClientEvents>(event: K, fn: Listener<ClientEvents[K]>): void {
+  off<K extends keyof ClientEvents<Events>>(event: K, fn: Listener<ClientEvents<Events>[K]>): void {
     this.listeners.get(event)?.delete(fn);
   }
 
-  private emit<K extends keyof ClientEvents>(event: K, value: ClientEvents[K]): void {
+  private emit<K extends keyof ClientEvents<Events>>(event: K, value: ClientEvents<Events>[K]): void {
     for (const fn of [...(this.listeners.get(event) ?? [])]) {
       try {
         fn(value);
@@ -267,11 +318,18 @@ export class SwitchboardClient {
 
   get state(): State { return this._state; }
 
-  private transition(to: State, detail: { code?: number; reason?: string } = {}): void {
+  /** The API base URL in use: `url`, or with several URLs the one the client connects to now (REST calls
+   *  follow it). With a resolver and no page, it exists once the resolver answered. */
+  get base(): URL {
+    if (!this._base) throw new Error("SwitchboardClient: no URL yet (the resolver has not answered)");
+    return this._base;
+  }
+
+  private transition(to: State, detail: { code?: number; reason?: string } = {}, error?: SwitchboardError): void {
     const from = this._state;
     if (from === to) return;
     this._state = to;
-    const change: StateChange = { from, to, ...detail };
+    const change: StateChange = withError({ from, to, ...detail }, error);
     this.emit("state", change);
     if (to !== "connected") this.emit(to, change);
   }
@@ -346,7 +404,7 @@ export class SwitchboardClient {
       if (!this.wanted || this.token === null) return;   // nobody needs it now: a later 401 refreshes
       this.refresh().catch((e) => {
         if (!this.wanted) return;
-        if (e instanceof HttpError && e.status === 401) this.stop(4003, `session over: ${e.message}`);
+        if (e instanceof HttpError && e.status === 401) this.sessionOver(e);
         else this.scheduleRefresh(expiresIn / 4);        // the server did not answer: try again sooner
       });
     }, delay);
@@ -362,7 +420,11 @@ export class SwitchboardClient {
   /** A JSON call to the API with the bearer token; a 401 triggers one refresh and one retry. */
   async http<T>(method: string, path: string, body?: unknown,
     o: { auth?: boolean; credentials?: RequestCredentials; retry401?: boolean } = {}): Promise<T> {
-    const url = new URL(path.replace(/^\//, ""), this.base);
+    if (!this._base) {             // a resolver and no page: its first answer
+      await this.nextUrl();
+      this.moveOn = false;
+    }
+    const url = new URL(path.replace(/^\//, ""), this._base);
     const call = async () => request<T>(this.fetchFn, url, {
       method, body, credentials: o.credentials, timeoutMs: this.opts.httpTimeoutMs,
       token: o.auth === false ? null : await this.bearer(),
@@ -391,7 +453,7 @@ export class SwitchboardClient {
   }
 
   /** Room members with `online` (presence), from GET /rooms/{room}/members. */
-  presence(room: string): Promise<{ room: string; members: Array<{ user_id: string; username: string; online: boolean }> }> {
+  presence(room: string): Promise<RoomPresence> {
     return this.http("GET", `rooms/${encodeURIComponent(room)}/members`);
   }
 
@@ -403,6 +465,7 @@ export class SwitchboardClient {
     this.wanted = true;
     this.attempt = 0;
     this.quick = false;
+    this.worked = false;
     this.transition("connecting");
     (globalThis as { addEventListener?: (t: string, f: () => void) => void }).addEventListener?.("online", this.onOnline);
     void this.open();
@@ -421,7 +484,7 @@ export class SwitchboardClient {
     this.stop(1000, "client disconnected");
   }
 
-  private stop(code: number, reason: string): void {
+  private stop(code: number, reason: string, error?: SwitchboardError): void {
     this.wanted = false;
     (globalThis as { removeEventListener?: (t: string, f: () => void) => void }).removeEventListener?.("online", this.onOnline);
     this.gen++;
@@ -432,7 +495,13 @@ export class SwitchboardClient {
     if (ws) this.abandon(ws, 1000, "bye");
     for (const r of this.rooms.keys()) this.rooms.set(r, "joining");
     this.persist();
-    this.transition("closed", { code, reason });
+    this.transition("closed", { code, reason }, error);
+  }
+
+  /** The session is over (a ticket or a refresh answered 401/403): closed, 4003, no retry. */
+  private sessionOver(e: HttpError): void {
+    const reason = `session over: ${e.message}`;
+    this.stop(4003, reason, httpError(e, 4003, reason));
   }
 
   private abandon(ws: WebSocketLike, code: number, reason: string): void {
@@ -448,7 +517,7 @@ export class SwitchboardClient {
   }
 
   private wsUrl(ticket: string): string {
-    const u = new URL("ws", this.base);
+    const u = new URL("ws", this._base);
     u.protocol = u.protocol === "https:" ? "wss:" : "ws:";
     const q = new URLSearchParams({ ticket });
     // Resume in the handshake: the server joins the rooms and replays everything after the
@@ -464,8 +533,26 @@ export class SwitchboardClient {
     return u.href;
   }
 
+  /** The URL for the next attempt: the next of `urls` in turn, or the resolver's answer. */
+  private async nextUrl(): Promise<void> {
+    if (this.resolver) this._base = asBase(await this.resolver(this.failed));
+    else if (this.urls.length > 1) this._base = this.urls[this.urlIndex = (this.urlIndex + 1) % this.urls.length];
+  }
+
   private async open(): Promise<void> {
     const gen = ++this.gen;
+    if (this.moveOn) {
+      try {
+        await this.nextUrl();
+      } catch (e) {
+        if (gen !== this.gen || !this.wanted) return;
+        const reason = `no URL: ${(e as Error)?.message ?? e}`;
+        this.lost(4002, reason, 0, httpError(e, 4002, reason, "no_url"));
+        return;
+      }
+      if (gen !== this.gen || !this.wanted) return;
+      this.moveOn = false;
+    }
     let ticket: string;
     try {
       // A ticket is single use and short-lived: a fresh one for every attempt.
@@ -474,10 +561,11 @@ export class SwitchboardClient {
       if (gen !== this.gen || !this.wanted) return;
       const err = e as HttpError;
       if (err.status === 401 || err.status === 403) {
-        this.stop(4003, `session over: ${err.message}`);
+        this.sessionOver(err);
         return;
       }
-      this.lost(4002, `no ticket: ${err.message}`, (err.retryAfter ?? 0) * 1000);
+      const reason = `no ticket: ${err.message}`;
+      this.lost(4002, reason, (err.retryAfter ?? 0) * 1000, httpError(e, 4002, reason));
       return;
     }
     if (gen !== this.gen || !this.wanted) return;
@@ -487,7 +575,8 @@ export class SwitchboardClient {
     try {
       ws = new this.WS!(this.wsUrl(ticket));
     } catch (e) {
-      this.lost(4002, `cannot open a WebSocket: ${(e as Error)?.message ?? e}`);
+      const reason = `cannot open a WebSocket: ${(e as Error)?.message ?? e}`;
+      this.lost(4002, reason, 0, new SwitchboardError("connection_lost", reason, { closeCode: 4002, cause: e }));
       return;
     }
     this.ws = ws;
@@ -521,14 +610,21 @@ export class SwitchboardClient {
     if (!this.wanted) return;
     if (code === 1008) {
       // Policy: the session ended, the user was disabled, the token revoked. Retrying cannot help.
-      this.stop(1008, reason || "policy violation");
+      this.stop(1008, reason || "policy violation", closeError(code, reason));
       return;
     }
-    this.lost(code, reason);
+    this.lost(code, reason, 0, closeError(code, reason));
   }
 
-  private lost(code: number, reason: string, atLeastMs = 0): void {
+  private lost(code: number, reason: string, atLeastMs = 0, error?: SwitchboardError): void {
     this.clearTimers();
+    // Several URLs: a failed attempt, or a replica that is going away, moves on to the next one; a loss
+    // after a working connection tries the same URL once more first (a blip, not a dead replica).
+    if ((this.resolver || this.urls.length > 1) && (!this.worked || MOVE_ON.includes(code))) {
+      this.moveOn = true;
+      this.failed = this._base;
+    }
+    this.worked = false;
     let delay: number;
     if (code === 1012 && !this.quick) {
       // The replica is restarting and another one is up: go at once (a little jitter spreads a herd).
@@ -542,8 +638,8 @@ export class SwitchboardClient {
     }
     delay = Math.max(delay, atLeastMs);
     this.attempt += 1;
-    this.transition("reconnecting", { code, reason });
-    this.emit("retry", { attempt: this.attempt, delayMs: delay, code, reason });
+    this.transition("reconnecting", { code, reason }, error);
+    this.emit("retry", withError({ attempt: this.attempt, delayMs: delay, code, reason }, error));
     clearTimeout(this.retryTimer);
     this.retryTimer = setTimeout(() => { if (this.wanted) void this.open(); }, delay);
   }
@@ -625,7 +721,8 @@ export class SwitchboardClient {
       case "resume_gap": {
         const p = (f as ResumeGapFrame).payload;
         if (typeof p.cursor === "string" && CURSOR_RE.test(p.cursor)) this.cursor = p.cursor;
-        this.emit("resume_gap", p);
+        this.emit("resume_gap", withError(p, new GoneError("resume_gap", "missed events were reaped: the replay is incomplete",
+          { horizon: p.horizon })) as ClientEvents["resume_gap"]);
         return;
       }
       case "pong": return;
@@ -645,6 +742,7 @@ export class SwitchboardClient {
   private onHello(f: HelloFrame, resuming: boolean): void {
     const p = f.payload;
     this.helloSeen = true;
+    this.worked = true;
     clearTimeout(this.openTimer);
     if (this.storedUser !== undefined && this.storedUser !== p.user_id) {
       this.forget();                // a position stored by another user of this tab means nothing here
@@ -695,7 +793,7 @@ export class SwitchboardClient {
     if (typeof f.cursor === "string" && CURSOR_RE.test(f.cursor)) this.cursor = f.cursor;
     if (this.lastId === undefined || id > this.lastId) this.lastId = id;
     this.persist();
-    this.emit("event", f);
+    this.emit("event", f as AppEvent<Events>);
     // The durable copy of a stream's end (stream_close notifies the owner): it tells how the stream
     // ended; the chunks still come through the subscription.
     if (f.event === "stream.end") this.onStreamFrame("stream.end", f.payload as { stream: string }, true);
@@ -708,7 +806,7 @@ export class SwitchboardClient {
       this.persist();
       this.emit("room", { room: p.room, state: "refused", reason: p.message });
     }
-    this.emit("error", p);
+    this.emit("error", withError(p, frameError(p)) as ClientEvents["error"]);
   }
 
   // ---- rooms, typing ------------------------------------------------------------------------
@@ -740,6 +838,27 @@ export class SwitchboardClient {
     if (!this.feeds.delete(feed)) return;
     this.send({ action: "unsubscribe", feed });
   }
+
+  /** A handle on one room: joins it as join() does (now when connected, and in every reconnect's
+   *  handshake) and gives its app events (`on(event, fn)`, typed by the event map), `presence()`,
+   *  `typing()` and `leave()`. The same handle for the same name until it leaves. */
+  room(name: string): SwitchboardRoom<Events> {
+    if (!this.rooms.has(name)) this.join(name);
+    let h = this.handles.get(name);
+    if (!h) {
+      h = new SwitchboardRoom<Events>(this.roomHost, name, () => this.handles.delete(name));
+      this.handles.set(name, h);
+    }
+    return h;
+  }
+
+  private readonly roomHost = {
+    on: (event: "event", fn: (e: EventFrame) => void) => this.on(event, fn as Listener<AppEvent<Events>>),
+    state: (room: string) => this.rooms.get(room),
+    presence: (room: string) => this.presence(room),
+    typing: (room: string, payload?: unknown) => this.typing(room, payload),
+    leave: (room: string) => this.leave(room),
+  };
 
   /** The feeds this client asks for. */
   feedNames(): string[] { return [...this.feeds]; }

@@ -2,9 +2,14 @@
 export { SwitchboardClient } from "./client.js";
 export type {
   BackoffOptions, ClientEvents, ClientOptions, ConnectedInfo, RetryInfo, RoomChange, RoomState, State, StateChange,
-  StorageLike, ToolCallInfo, ToolFn, ToolResultInfo, WebSocketCtor, WebSocketLike,
+  StorageLike, ToolCallInfo, ToolFn, ToolResultInfo, UrlResolver, WebSocketCtor, WebSocketLike,
 } from "./client.js";
+export type { SwitchboardRoom, AppEvent, EventMap, RoomPresence } from "./room.js";
 export { HttpError } from "./http.js";
+export {
+  AuthError, ForbiddenError, GoneError, RateLimitedError, ServerGoingAwayError, SwitchboardError,
+} from "./errors.js";
+export type { SwitchboardErrorOptions } from "./errors.js";
 export { StreamError, SwitchboardStream } from "./stream.js";
 export type { StreamChunk, StreamInfo, StreamOptions, StreamResult } from "./stream.js";
 export type { FetchLike, LoginResponse } from "./http.js";

@@ -11,6 +11,7 @@
 //   stream.end and `last` >= its last_seq  -> iteration complete
 import type { ErrorFrame, StreamEndFrame } from "./frames.js";
 import type { components } from "./rest.js";
+import { SwitchboardError } from "./errors.js";
 
 export interface StreamChunk { seq: number; data: string }
 
@@ -39,14 +40,12 @@ export interface StreamOptions {
 }
 
 /** A stream refused by the server (`stream_not_found`, `bad_stream`, `stream_limit`), or left
- *  before its end (`closed`, on `result` only). */
-export class StreamError extends Error {
-  readonly code: string;
+ *  before its end (`closed`, on `result` only). A SwitchboardError. */
+export class StreamError extends SwitchboardError {
   readonly stream: string;
   constructor(code: string, message: string, stream: string) {
-    super(message);
+    super(code, message);
     this.name = "StreamError";
-    this.code = code;
     this.stream = stream;
   }
 }

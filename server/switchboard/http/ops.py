@@ -106,7 +106,7 @@ class AsyncAPI:
 
 
 class ClientScript:
-    """The built @switchboard/client (clients/js, copied here by its build) for the demo page."""
+    """The built @switchboard/client (clients/js, copied here by `npm run copy:static`) for the demo page."""
 
     def __init__(self) -> None:
         self.data = (STATIC / "switchboard-client.js").read_bytes()

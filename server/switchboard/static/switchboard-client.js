@@ -54,12 +54,92 @@ async function request(fetchFn, url, opt) {
   }
 }
 
-// src/stream.ts
-var StreamError = class extends Error {
-  constructor(code, message, stream) {
-    super(message);
-    this.name = "StreamError";
+// src/errors.ts
+var SwitchboardError = class extends Error {
+  constructor(code, message, o = {}) {
+    super(message, o.cause === void 0 ? void 0 : { cause: o.cause });
+    this.name = "SwitchboardError";
     this.code = code;
+    this.closeCode = o.closeCode;
+    this.status = o.status;
+  }
+};
+var AuthError = class extends SwitchboardError {
+  constructor(code, message, o) {
+    super(code, message, o);
+    this.name = "AuthError";
+  }
+};
+var ForbiddenError = class extends SwitchboardError {
+  constructor(code, message, o) {
+    super(code, message, o);
+    this.name = "ForbiddenError";
+  }
+};
+var GoneError = class extends SwitchboardError {
+  constructor(code, message, o = {}) {
+    super(code, message, o);
+    this.name = "GoneError";
+    this.horizon = o.horizon;
+  }
+};
+var RateLimitedError = class extends SwitchboardError {
+  constructor(code, message, o = {}) {
+    super(code, message, o);
+    this.name = "RateLimitedError";
+    this.retryAfter = o.retryAfter ?? 0;
+  }
+};
+var ServerGoingAwayError = class extends SwitchboardError {
+  constructor(code, message, o) {
+    super(code, message, o);
+    this.name = "ServerGoingAwayError";
+  }
+};
+var CLOSE = {
+  1001: [ServerGoingAwayError, "going_away"],
+  1012: [ServerGoingAwayError, "service_restart"],
+  1013: [RateLimitedError, "try_again_later"],
+  1011: [SwitchboardError, "server_error"],
+  1009: [SwitchboardError, "frame_too_large"],
+  1003: [SwitchboardError, "unsupported_data"],
+  4e3: [SwitchboardError, "ping_timeout"],
+  4001: [SwitchboardError, "hello_timeout"]
+};
+var POLICY = {
+  session_ended: AuthError,
+  session_revoked: AuthError,
+  frame_rate_exceeded: RateLimitedError
+};
+function closeError(code, reason) {
+  if (code === 1e3) return void 0;
+  const o = { closeCode: code };
+  const msg = reason || `closed ${code}`;
+  if (code === 1008) {
+    const c2 = reason.toLowerCase().replace(/[^a-z0-9]+/g, "_").replace(/^_|_$/g, "") || "policy_violation";
+    return new (POLICY[c2] ?? ForbiddenError)(c2, msg, o);
+  }
+  const [C, c] = CLOSE[code] ?? [SwitchboardError, "connection_lost"];
+  return new C(c, msg, o);
+}
+function httpError(e, closeCode, msg, other = "no_ticket") {
+  const s = e instanceof HttpError ? e.status : void 0;
+  const o = { closeCode, status: s, cause: e, retryAfter: e?.retryAfter };
+  if (s === 401) return new AuthError("unauthorized", msg, o);
+  if (s === 403) return new ForbiddenError("forbidden", msg, o);
+  if (s === 429) return new RateLimitedError("rate_limited", msg, o);
+  return new SwitchboardError(s === void 0 ? other : s === 0 ? "network_error" : s >= 500 ? "server_error" : "http_error", msg, o);
+}
+function withError(value, error) {
+  if (error) Object.defineProperty(value, "error", { value: error, configurable: true });
+  return value;
+}
+
+// src/stream.ts
+var StreamError = class extends SwitchboardError {
+  constructor(code, message, stream) {
+    super(code, message);
+    this.name = "StreamError";
     this.stream = stream;
   }
 };
@@ -262,15 +342,79 @@ function buildPath(template, path, query) {
   return p;
 }
 
+// src/room.ts
+var SwitchboardRoom = class {
+  /** @internal sb.room(name) makes these. */
+  constructor(host, name, done) {
+    this.fns = /* @__PURE__ */ new Map();
+    this.host = host;
+    this.name = name;
+    this.done = done;
+  }
+  /** `joining` (asked for: now, or with the next connection), `joined`, or `left` (left, refused or removed:
+   *  the client no longer wants it; the `room` event says why). */
+  get state() {
+    return this.host.state(this.name) ?? "left";
+  }
+  /** This room's stored app events named `event`, each once and in order (the client's `event` events
+   *  with this room). Returns the function that unsubscribes. */
+  on(event, fn) {
+    let set = this.fns.get(event);
+    if (!set) this.fns.set(event, set = /* @__PURE__ */ new Set());
+    set.add(fn);
+    this.unhook ?? (this.unhook = this.host.on("event", (e) => {
+      if (e.room !== this.name) return;
+      for (const f of [...this.fns.get(e.event) ?? []]) {
+        try {
+          f(e);
+        } catch (err) {
+          queueMicrotask(() => {
+            throw err;
+          });
+        }
+      }
+    }));
+    return () => this.off(event, fn);
+  }
+  off(event, fn) {
+    this.fns.get(event)?.delete(fn);
+  }
+  /** `GET /rooms/{room}/members`: the members with `online`. */
+  presence() {
+    return this.host.presence(this.name);
+  }
+  /** Tell the room this user is typing (ephemeral; false when not connected). */
+  typing(payload) {
+    return this.host.typing(this.name, payload);
+  }
+  /** Leave the room (now and on later reconnects) and drop this handle's listeners. */
+  leave() {
+    this.unhook?.();
+    this.unhook = void 0;
+    this.fns.clear();
+    this.done();
+    this.host.leave(this.name);
+  }
+};
+
 // src/client.ts
 var CURSOR_RE = /^[A-Za-z0-9._~-]{1,256}$/;
 var ROOMS_IN_HANDSHAKE = 50;
 var PERSIST_IDS = 256;
 var TOOL_CALL_PREFIX = "tool.call.";
 var PERSIST_STREAMS = 32;
-function defaultBase() {
+function asBase(u) {
+  const b = new URL(String(u));
+  if (!b.pathname.endsWith("/")) b.pathname += "/";
+  return b;
+}
+function pageBase() {
   const doc = globalThis.document;
-  if (doc?.baseURI) return new URL(".", doc.baseURI);
+  return doc?.baseURI ? new URL(".", doc.baseURI) : void 0;
+}
+function defaultBase() {
+  const b = pageBase();
+  if (b) return b;
   throw new Error("SwitchboardClient: pass options.url (there is no page to take it from)");
 }
 function defaultStorage() {
@@ -281,9 +425,14 @@ function defaultStorage() {
     return null;
   }
 }
+var MOVE_ON = [1001, 1012, 1013];
+var frameError = (p) => typeof p.stream === "string" ? new StreamError(p.code, p.message, p.stream) : p.code === "forbidden" || p.code === "forbidden_event" ? new ForbiddenError(p.code, p.message) : p.code === "rate_limited" ? new RateLimitedError(p.code, p.message) : new SwitchboardError(p.code, p.message);
 var SwitchboardClient = class {
   // stream id -> last yielded seq (resume)
   constructor(options = {}) {
+    this.urlIndex = 0;
+    // the next attempt takes the next URL (the last one failed)
+    this.worked = false;
     this.listeners = /* @__PURE__ */ new Map();
     this._state = "closed";
     this.token = null;
@@ -300,6 +449,7 @@ var SwitchboardClient = class {
     this.seen = /* @__PURE__ */ new Set();
     this.floor = 0;
     this.rooms = /* @__PURE__ */ new Map();
+    this.handles = /* @__PURE__ */ new Map();
     this.feeds = /* @__PURE__ */ new Set();
     this.toolFns = /* @__PURE__ */ new Map();
     this.answered = /* @__PURE__ */ new Set();
@@ -312,6 +462,13 @@ var SwitchboardClient = class {
       clearTimeout(this.retryTimer);
       this.attempt = 0;
       void this.open();
+    };
+    this.roomHost = {
+      on: (event, fn) => this.on(event, fn),
+      state: (room) => this.rooms.get(room),
+      presence: (room) => this.presence(room),
+      typing: (room, payload) => this.typing(room, payload),
+      leave: (room) => this.leave(room)
     };
     this.streamHost = {
       send: (f) => this.send(f),
@@ -349,8 +506,11 @@ var SwitchboardClient = class {
       },
       names: () => [...this.toolFns.keys()]
     };
-    this.base = options.url !== void 0 ? new URL(String(options.url)) : defaultBase();
-    if (!this.base.pathname.endsWith("/")) this.base.pathname += "/";
+    const u = options.urls;
+    this.resolver = typeof u === "function" ? u : void 0;
+    this.urls = typeof u === "function" ? [] : (u ?? []).map(asBase);
+    this.moveOn = !!this.resolver;
+    this._base = this.urls[0] ?? (options.url !== void 0 ? asBase(options.url) : this.resolver ? pageBase() : defaultBase());
     this.WS = options.WebSocket ?? globalThis.WebSocket;
     const f = options.fetch ?? globalThis.fetch;
     if (!f) throw new Error("SwitchboardClient: no fetch available; pass options.fetch");
@@ -405,11 +565,17 @@ var SwitchboardClient = class {
   get state() {
     return this._state;
   }
-  transition(to, detail = {}) {
+  /** The API base URL in use: `url`, or with several URLs the one the client connects to now (REST calls
+   *  follow it). With a resolver and no page, it exists once the resolver answered. */
+  get base() {
+    if (!this._base) throw new Error("SwitchboardClient: no URL yet (the resolver has not answered)");
+    return this._base;
+  }
+  transition(to, detail = {}, error) {
     const from = this._state;
     if (from === to) return;
     this._state = to;
-    const change = { from, to, ...detail };
+    const change = withError({ from, to, ...detail }, error);
     this.emit("state", change);
     if (to !== "connected") this.emit(to, change);
   }
@@ -483,7 +649,7 @@ var SwitchboardClient = class {
       if (!this.wanted || this.token === null) return;
       this.refresh().catch((e) => {
         if (!this.wanted) return;
-        if (e instanceof HttpError && e.status === 401) this.stop(4003, `session over: ${e.message}`);
+        if (e instanceof HttpError && e.status === 401) this.sessionOver(e);
         else this.scheduleRefresh(expiresIn / 4);
       });
     }, delay);
@@ -495,7 +661,11 @@ var SwitchboardClient = class {
   }
   /** A JSON call to the API with the bearer token; a 401 triggers one refresh and one retry. */
   async http(method, path, body, o = {}) {
-    const url = new URL(path.replace(/^\//, ""), this.base);
+    if (!this._base) {
+      await this.nextUrl();
+      this.moveOn = false;
+    }
+    const url = new URL(path.replace(/^\//, ""), this._base);
     const call = async () => request(this.fetchFn, url, {
       method,
       body,
@@ -534,6 +704,7 @@ var SwitchboardClient = class {
     this.wanted = true;
     this.attempt = 0;
     this.quick = false;
+    this.worked = false;
     this.transition("connecting");
     globalThis.addEventListener?.("online", this.onOnline);
     void this.open();
@@ -542,7 +713,7 @@ var SwitchboardClient = class {
   disconnect() {
     this.stop(1e3, "client disconnected");
   }
-  stop(code, reason) {
+  stop(code, reason, error) {
     this.wanted = false;
     globalThis.removeEventListener?.("online", this.onOnline);
     this.gen++;
@@ -553,7 +724,12 @@ var SwitchboardClient = class {
     if (ws) this.abandon(ws, 1e3, "bye");
     for (const r of this.rooms.keys()) this.rooms.set(r, "joining");
     this.persist();
-    this.transition("closed", { code, reason });
+    this.transition("closed", { code, reason }, error);
+  }
+  /** The session is over (a ticket or a refresh answered 401/403): closed, 4003, no retry. */
+  sessionOver(e) {
+    const reason = `session over: ${e.message}`;
+    this.stop(4003, reason, httpError(e, 4003, reason));
   }
   abandon(ws, code, reason) {
     ws.onopen = ws.onmessage = ws.onerror = ws.onclose = null;
@@ -569,7 +745,7 @@ var SwitchboardClient = class {
     clearTimeout(this.pongTimer);
   }
   wsUrl(ticket) {
-    const u = new URL("ws", this.base);
+    const u = new URL("ws", this._base);
     u.protocol = u.protocol === "https:" ? "wss:" : "ws:";
     const q = new URLSearchParams({ ticket });
     if (this.cursor !== void 0) q.set("cursor", this.cursor);
@@ -580,8 +756,25 @@ var SwitchboardClient = class {
     u.search = q.toString().replace(/%2C/g, ",");
     return u.href;
   }
+  /** The URL for the next attempt: the next of `urls` in turn, or the resolver's answer. */
+  async nextUrl() {
+    if (this.resolver) this._base = asBase(await this.resolver(this.failed));
+    else if (this.urls.length > 1) this._base = this.urls[this.urlIndex = (this.urlIndex + 1) % this.urls.length];
+  }
   async open() {
     const gen = ++this.gen;
+    if (this.moveOn) {
+      try {
+        await this.nextUrl();
+      } catch (e) {
+        if (gen !== this.gen || !this.wanted) return;
+        const reason = `no URL: ${e?.message ?? e}`;
+        this.lost(4002, reason, 0, httpError(e, 4002, reason, "no_url"));
+        return;
+      }
+      if (gen !== this.gen || !this.wanted) return;
+      this.moveOn = false;
+    }
     let ticket;
     try {
       ticket = (await this.http("POST", "ws/ticket")).ticket;
@@ -589,10 +782,11 @@ var SwitchboardClient = class {
       if (gen !== this.gen || !this.wanted) return;
       const err = e;
       if (err.status === 401 || err.status === 403) {
-        this.stop(4003, `session over: ${err.message}`);
+        this.sessionOver(err);
         return;
       }
-      this.lost(4002, `no ticket: ${err.message}`, (err.retryAfter ?? 0) * 1e3);
+      const reason = `no ticket: ${err.message}`;
+      this.lost(4002, reason, (err.retryAfter ?? 0) * 1e3, httpError(e, 4002, reason));
       return;
     }
     if (gen !== this.gen || !this.wanted) return;
@@ -602,7 +796,8 @@ var SwitchboardClient = class {
     try {
       ws = new this.WS(this.wsUrl(ticket));
     } catch (e) {
-      this.lost(4002, `cannot open a WebSocket: ${e?.message ?? e}`);
+      const reason = `cannot open a WebSocket: ${e?.message ?? e}`;
+      this.lost(4002, reason, 0, new SwitchboardError("connection_lost", reason, { closeCode: 4002, cause: e }));
       return;
     }
     this.ws = ws;
@@ -636,13 +831,18 @@ var SwitchboardClient = class {
     this.persist();
     if (!this.wanted) return;
     if (code === 1008) {
-      this.stop(1008, reason || "policy violation");
+      this.stop(1008, reason || "policy violation", closeError(code, reason));
       return;
     }
-    this.lost(code, reason);
+    this.lost(code, reason, 0, closeError(code, reason));
   }
-  lost(code, reason, atLeastMs = 0) {
+  lost(code, reason, atLeastMs = 0, error) {
     this.clearTimers();
+    if ((this.resolver || this.urls.length > 1) && (!this.worked || MOVE_ON.includes(code))) {
+      this.moveOn = true;
+      this.failed = this._base;
+    }
+    this.worked = false;
     let delay;
     if (code === 1012 && !this.quick) {
       this.quick = true;
@@ -655,8 +855,8 @@ var SwitchboardClient = class {
     }
     delay = Math.max(delay, atLeastMs);
     this.attempt += 1;
-    this.transition("reconnecting", { code, reason });
-    this.emit("retry", { attempt: this.attempt, delayMs: delay, code, reason });
+    this.transition("reconnecting", { code, reason }, error);
+    this.emit("retry", withError({ attempt: this.attempt, delayMs: delay, code, reason }, error));
     clearTimeout(this.retryTimer);
     this.retryTimer = setTimeout(() => {
       if (this.wanted) void this.open();
@@ -737,7 +937,11 @@ var SwitchboardClient = class {
       case "resume_gap": {
         const p = f.payload;
         if (typeof p.cursor === "string" && CURSOR_RE.test(p.cursor)) this.cursor = p.cursor;
-        this.emit("resume_gap", p);
+        this.emit("resume_gap", withError(p, new GoneError(
+          "resume_gap",
+          "missed events were reaped: the replay is incomplete",
+          { horizon: p.horizon }
+        )));
         return;
       }
       case "pong":
@@ -768,6 +972,7 @@ var SwitchboardClient = class {
     var _a;
     const p = f.payload;
     this.helloSeen = true;
+    this.worked = true;
     clearTimeout(this.openTimer);
     if (this.storedUser !== void 0 && this.storedUser !== p.user_id) {
       this.forget();
@@ -833,7 +1038,7 @@ var SwitchboardClient = class {
       this.persist();
       this.emit("room", { room: p.room, state: "refused", reason: p.message });
     }
-    this.emit("error", p);
+    this.emit("error", withError(p, frameError(p)));
   }
   // ---- rooms, typing ------------------------------------------------------------------------
   /** Join a room now (if connected) and on every reconnect, until leave(). */
@@ -860,6 +1065,18 @@ var SwitchboardClient = class {
   unsubscribe(feed) {
     if (!this.feeds.delete(feed)) return;
     this.send({ action: "unsubscribe", feed });
+  }
+  /** A handle on one room: joins it as join() does (now when connected, and in every reconnect's
+   *  handshake) and gives its app events (`on(event, fn)`, typed by the event map), `presence()`,
+   *  `typing()` and `leave()`. The same handle for the same name until it leaves. */
+  room(name) {
+    if (!this.rooms.has(name)) this.join(name);
+    let h = this.handles.get(name);
+    if (!h) {
+      h = new SwitchboardRoom(this.roomHost, name, () => this.handles.delete(name));
+      this.handles.set(name, h);
+    }
+    return h;
   }
   /** The feeds this client asks for. */
   feedNames() {
@@ -1022,10 +1239,16 @@ var SwitchboardClient = class {
 var SERVER_MESSAGES = ["hello", "joined", "left", "resumed", "resumeGap", "pong", "error", "event", "typing", "toolCall", "runUpdated", "subscribed", "streamChunks", "streamEnd", "streamUnsubscribed"];
 var CLIENT_MESSAGES = ["joinAction", "leaveAction", "resumeAction", "typingAction", "toolResultAction", "pingAction", "subscribeAction", "unsubscribeAction", "streamSubscribeAction", "streamUnsubscribeAction", "streamStopAction"];
 export {
+  AuthError,
   CLIENT_MESSAGES,
+  ForbiddenError,
+  GoneError,
   HttpError,
+  RateLimitedError,
   SERVER_MESSAGES,
+  ServerGoingAwayError,
   StreamError,
   SwitchboardClient,
+  SwitchboardError,
   SwitchboardStream
 };
