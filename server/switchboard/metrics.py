@@ -77,7 +77,7 @@ _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
         "Rate-limit checks that failed or timed out and let the request through", ("policy",)),
     "switchboard_ws_closed_total": ("WebSockets closed by the server, by code", ("code",)),
     "switchboard_listen_reconnects_total": ("LISTEN connection (re)connects", ()),
-    # streams/: the stream hub's subscriptions (docs/streams.md)
+    # streams/: the stream hub's subscriptions (docs/how-to/streams.md)
     "switchboard_stream_catch_ups_total": (
         "Stream subscriptions that read on their own (a new one, a full send queue, a gap) before joining the "
         "shared read", ()),
