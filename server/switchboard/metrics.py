@@ -27,7 +27,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import disable_created_metrics, multiprocess
@@ -159,6 +159,25 @@ SNAPSHOT_GAUGES = {
     "live_replicas": "switchboard_live_replicas",
     "notification_queue_usage": "switchboard_notification_queue_usage",
 }
+
+
+class Family(NamedTuple):
+    """One metric family as declared here (docs/reference/metrics.md is written from these)."""
+
+    name: str
+    type: str  # counter, gauge, histogram
+    help: str
+    labels: tuple[str, ...]
+    detail: str  # histogram buckets, or how a gauge's workers combine
+
+
+def families() -> list[Family]:
+    """Every family this module declares, sorted by name."""
+    out = [Family(n, "counter", h, labels, "") for n, (h, labels) in _COUNTERS.items()]
+    out += [Family(n, "histogram", h, labels, "buckets " + ", ".join(f"{b:g}" for b in buckets))
+            for n, (h, labels, buckets) in _HISTOGRAMS.items()]
+    out += [Family(n, "gauge", h, (), f"workers combine: {mode}") for n, (h, mode) in _GAUGES.items()]
+    return sorted(out)
 
 
 def multiprocess_dir() -> str | None:
