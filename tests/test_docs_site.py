@@ -246,3 +246,42 @@ def test_a_marked_example_runs(db: str, tmp_path: Path, where: str, kind: str, o
         out = subprocess.run([psql, "-X", "-v", "ON_ERROR_STOP=1", "-d", db, "-f", "-"],
                              input=psql_statements(block), capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, f"{where}:\n{out.stdout}\n{out.stderr}"
+
+
+# -- switchboard docs ---------------------------------------------------------------------------
+def test_switchboard_docs_says_what_to_install_without_mkdocs(monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from switchboard.cli import docs, main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(docs.importlib.util, "find_spec", lambda name, *a: None if name == "mkdocs" else real(name, *a))
+    with pytest.raises(SystemExit) as exc:
+        main(["docs"])
+    assert exc.value.code == 2
+    assert "mkdocs is not installed: pip install 'mkdocs>=1.6'" in capsys.readouterr().err
+
+
+def test_switchboard_docs_serves_the_site(tmp_path: Path) -> None:
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "switchboard.cli", "docs", "--addr", f"127.0.0.1:{port}"],
+                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT / "server")},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline, body = time.monotonic() + 120, ""
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/reference/cli/", timeout=5) as r:
+                    body = r.read().decode()
+                break
+            except OSError:
+                time.sleep(0.5)
+        assert "switchboard docs" in body, proc.stdout.read() if proc.poll() is not None else "no answer"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
