@@ -103,6 +103,14 @@ echo "scripts/test.sh: ruff check server tests bench scripts" >&2
 python3 -m ruff check --quiet server tests bench scripts || { echo "ruff found problems (above): fix them first" >&2; exit 1; }
 echo "scripts/test.sh: mypy (pyproject.toml [tool.mypy])" >&2
 python3 -m mypy || { echo "mypy found problems (above): fix them first" >&2; exit 1; }
+# The documentation site (mkdocs.yml, docs/): built with --strict into a temporary
+# directory, so a broken link or a page missing from the nav fails here in seconds
+# (tests/test_docs_site.py also checks that the generated reference pages are current).
+echo "scripts/test.sh: mkdocs build --strict" >&2
+docs_site=$(mktemp -d /tmp/switchboard-site.XXXXXX)
+NO_MKDOCS_2_WARNING=1 python3 -m mkdocs build --strict --quiet --site-dir "$docs_site" \
+  || { rm -rf "$docs_site"; echo "mkdocs build --strict failed (above): fix the docs first" >&2; exit 1; }
+rm -rf "$docs_site"
 
 # Debian's Chromium for the browser test (never a downloaded browser).
 if [ -f tests/browser/install.sh ]; then bash tests/browser/install.sh; fi

@@ -33,7 +33,7 @@ from harness import APP_LOGIN, app_url_for  # noqa: E402
 
 # The suite installs Switchboard into many databases of one cluster (a template,
 # its clones, fresh databases for migration/sqitch tests) that all trust each
-# other, so it opts in to sharing the cluster-wide roles (docs/security.md).
+# other, so it opts in to sharing the cluster-wide roles (docs/explanation/security.md).
 # tests/test_trust_boundary.py overrides it to prove the refusal.
 os.environ["PGOPTIONS"] = (os.environ.get("PGOPTIONS", "") + " -c switchboard.shared_roles=on").strip()
 _counter = itertools.count()
@@ -131,7 +131,7 @@ def server_factory(db: str, tmp_path, request):  # type: ignore[no-untyped-def]
 
     With SWITCHBOARD_TEST_PGBOUNCER=1 every server's DATABASE_URL goes through a real
     PgBouncer in transaction mode and its LISTEN connection goes direct
-    (SWITCHBOARD_LISTEN_DATABASE_URL), as docs/operations.md recommends."""
+    (SWITCHBOARD_LISTEN_DATABASE_URL), as docs/how-to/operations/poolers.md recommends."""
     from harness import Server
 
     started: list = []

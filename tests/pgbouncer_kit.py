@@ -7,7 +7,7 @@ is PgBouncer's own). Free port, files in a temp dir removed by ``stop()``.
 Used two ways:
 - ``SWITCHBOARD_TEST_PGBOUNCER=1``: tests/conftest.py's ``server_factory`` starts
   every server with DATABASE_URL through PgBouncer (transaction mode) and
-  SWITCHBOARD_LISTEN_DATABASE_URL direct -- the deployment docs/operations.md
+  SWITCHBOARD_LISTEN_DATABASE_URL direct -- the deployment docs/how-to/operations/poolers.md
   recommends -- so the HTTP/WebSocket server tests run through it unchanged;
 - tests/pgha/test_pgbouncer.py: the suite through PgBouncer, the
   prepared-statement trap, and GET /tasks req/s and jobs/s beside direct.

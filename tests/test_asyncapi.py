@@ -79,7 +79,7 @@ def test_document_shape_and_refs() -> None:
               {"action": "stream.subscribe", "stream": SID, "after": 0}, {"action": "stream.subscribe", "stream": SID},
               {"action": "stream.unsubscribe", "stream": SID}, {"action": "stream.stop", "stream": SID}):
         message_of(doc, f, "sendActions")
-    # the stream frames of docs/streams.md, each exactly one message
+    # the stream frames of docs/how-to/streams.md, each exactly one message
     for f, name in (
         ({"id": None, "event": "stream.chunks", "room": None, "ts": 1,
           "payload": {"stream": SID, "seq": 813, "chunks": ["Hel", "lo"]}}, "streamChunks"),
@@ -203,7 +203,7 @@ def test_real_frames_match_the_document(server_factory, db) -> None:  # type: ig
     ad.recv_until(lambda f: f["event"] == "subscribed" and f["payload"]["feeds"] == ["runs"])
     ad.close()
 
-    # Streams: chunks, the end, unsubscribe, stop (docs/streams.md).
+    # Streams: chunks, the end, unsubscribe, stop (docs/how-to/streams.md).
     s = connect(a_tok)
     with psycopg.connect(db, autocommit=True) as c:
         sid = str(c.execute("SELECT switchboard.stream_open(%s, 'completion')", (alice,)).fetchone()[0])

@@ -91,7 +91,7 @@ def test_node_errors_rooms_urls_unit_suite(built: dict[str, str]) -> None:
 
 
 def test_the_api_lists_in_the_docs_match_the_dts(built: dict[str, str]) -> None:
-    """clients/js/README.md's and docs/frontend.md's member, event, option, room member and error class
+    """clients/js/README.md's and docs/how-to/frontend.md's member, event, option, room member and error class
     tables against dist/*.d.ts, both ways (test/readme-api.test.mjs)."""
     out = run("node", "--test", "test/readme-api.test.mjs", timeout=120)
     assert out.returncode == 0, show(out)
@@ -153,7 +153,7 @@ def _docs_block(path: Path, heading: str, lang: str) -> str:
     return m.group(1)
 
 
-# What docs/frontend.md's first example leaves to the reader's app.
+# What docs/how-to/frontend.md's first example leaves to the reader's app.
 EXAMPLE_PRELUDE = """declare const username: string;
 declare const password: string;
 declare function showLogin(reason?: string): void;
@@ -174,19 +174,19 @@ PACKAGE_README_PRELUDE = EXAMPLE_PRELUDE + """declare function render(from: stri
 """
 
 
-@pytest.mark.parametrize(("doc", "heading", "lang"), [("docs/frontend.md", "## Example", "ts"),
-                                                      ("docs/frontend.md", "## Typed events and rooms", "ts"),
-                                                      ("docs/frontend.md", "## React", "tsx"),
-                                                      ("docs/frontend.md", "## Streams", "ts"),
+@pytest.mark.parametrize(("doc", "heading", "lang"), [("docs/how-to/frontend.md", "## Example", "ts"),
+                                                      ("docs/how-to/frontend.md", "## Typed events and rooms", "ts"),
+                                                      ("docs/how-to/frontend.md", "## React", "tsx"),
+                                                      ("docs/how-to/frontend.md", "## Streams", "ts"),
                                                       ("README.md", "## Frontend", "ts"),
                                                       ("clients/js/README.md", "## Example", "ts")])
 def test_the_examples_in_the_frontend_docs_compile(built: dict[str, str], tmp_path: Path, doc: str, heading: str,
                                                    lang: str) -> None:
-    """docs/frontend.md's examples and the README's, type-checked with the package's own
+    """docs/how-to/frontend.md's examples and the README's, type-checked with the package's own
     TypeScript (strict) against the client's sources and, for React, a minimal ambient
     react (test/docs-check/react.d.ts): no npm dependency, and a doc that drifts from
     the client's API fails here."""
-    prelude = {"README.md": README_PRELUDE, "docs/frontend.md": EXAMPLE_PRELUDE if lang == "ts" else "",
+    prelude = {"README.md": README_PRELUDE, "docs/how-to/frontend.md": EXAMPLE_PRELUDE if lang == "ts" else "",
                "clients/js/README.md": PACKAGE_README_PRELUDE}[doc]
     # A module (top-level await in the README's example): export nothing.
     (tmp_path / "example.tsx").write_text(prelude + _docs_block(ROOT / doc, heading, lang) + "\nexport {};\n")

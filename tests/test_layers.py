@@ -199,7 +199,7 @@ LAYERS = [
     {"switchboard.handlers", "switchboard.handler_context", "switchboard.registry"},
     {"switchboard", "switchboard.db", "switchboard.data", "switchboard.auth", "switchboard.metrics",
      "switchboard.replica", "switchboard.sockets", "switchboard.hints", "switchboard.bounded", "switchboard.cursor",
-     "switchboard.config", "switchboard.migrate", "switchboard.pgtest",
+     "switchboard.config", "switchboard.config_docs", "switchboard.migrate", "switchboard.pgtest",
      "switchboard.domain_errors", "switchboard.rows", "switchboard.latency_trace", "switchboard.memory",
      "switchboard.streams", "switchboard.api", "switchboard.origins", "switchboard.handler_options",
      "switchboard.jobargs", "switchboard.jobargs_nodes", "switchboard.jobargs_bounds"},

@@ -1,6 +1,6 @@
 """examples/orm: switchboard.api from Django and from SQLAlchemy, in the ORM's own transaction.
 
-The api's docstring (and docs/orm.md) say the calls take the driver connection an ORM
+The api's docstring (and docs/how-to/orm.md) say the calls take the driver connection an ORM
 holds: Django's ``django.db.connection.connection``, SQLAlchemy's
 ``session.connection().connection.driver_connection``. Each example is run here as an
 application runs it, connected as a login that holds only ``switchboard_publisher`` and

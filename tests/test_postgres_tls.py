@@ -1,4 +1,4 @@
-"""TLS to PostgreSQL with a private CA, as docs/operations.md §13 documents it.
+"""TLS to PostgreSQL with a private CA, as docs/how-to/operations/extending.md documents it.
 
 A CA and a server certificate are made with openssl; a throwaway PostgreSQL
 runs with ssl=on on that certificate and refuses every connection that is not

@@ -1,6 +1,6 @@
 """The server's own limits (issue 21): per-user tickets, the connection cap, the header cap.
 
-docs/security.md lists them as the defence against floods by one user and slow
+docs/explanation/security.md lists them as the defence against floods by one user and slow
 or many connections. Each is exercised against a real replica with small values,
 and each refusal must be an RFC 9457 body like every other error -- including the
 two that uvicorn answers before the app sees the request (http/protocol.py).

@@ -4,7 +4,7 @@ PostgreSQL has no permissions on NOTIFY channels or advisory locks: every role
 that may connect can pg_notify anything and take any advisory key. These tests
 attack as such a role would — a LOGIN role with nothing but CONNECT, and a
 `sql` task (switchboard_job) — with every payload format the README documents,
-and check that nothing changes (docs/security.md).
+and check that nothing changes (docs/explanation/security.md).
 """
 
 from __future__ import annotations

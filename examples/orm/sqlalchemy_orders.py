@@ -1,5 +1,5 @@
 """Save an order with the SQLAlchemy ORM and, in the same transaction, tell its user
-and queue its invoice (docs/orm.md; tested by tests/test_orm_examples.py).
+and queue its invoice (docs/how-to/orm.md; tested by tests/test_orm_examples.py).
 
 ``switchboard.api`` takes a psycopg 3 connection, so the engine uses the
 ``postgresql+psycopg://`` dialect and the calls go to the driver connection *of the

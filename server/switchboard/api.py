@@ -18,7 +18,7 @@ call is its own transaction, as any statement would be. ::
 
 The target may be a psycopg ``Connection`` / ``AsyncConnection``, a cursor of one,
 or a ``Transaction`` block you are inside. From an ORM, pass the driver's connection,
-inside the ORM's transaction (examples/orm, docs/orm.md; tests/test_orm_examples.py):
+inside the ORM's transaction (examples/orm, docs/how-to/orm.md; tests/test_orm_examples.py):
 
 - Django 4.2+ (psycopg 3 installed): ``django.db.connection.connection`` inside
   ``transaction.atomic()``. It is None until Django connects (atomic() does; outside

@@ -72,7 +72,7 @@ class HandlerContext(Generic[A]):
       max_attempts=None, priority=None, queue=None)`` -> the new job's run id,
       or None when queueing_lock is already held by a queued or running job;
       ``args`` a dict or an args dataclass instance, None options the handler's own.
-    Streams (docs/streams.md): an answer written chunk by chunk to a user on any
+    Streams (docs/how-to/streams.md): an answer written chunk by chunk to a user on any
     replica, resumable and stoppable::
 
         async with ctx.stream(user_id, "completion") as s:

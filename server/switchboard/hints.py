@@ -1,7 +1,7 @@
 """NOTIFY payloads as the relay reads them: untrusted hints, parsed and bounded.
 
 Any role that can connect may NOTIFY anything on any channel, so a payload is a
-hint of *when* to read, never a fact (docs/security.md). ``parse`` turns one
+hint of *when* to read, never a fact (docs/explanation/security.md). ``parse`` turns one
 notification into a typed ``Notice`` or raises ``BadInput`` with a reason from
 a closed set (the relay counts it in switchboard_notify_rejected_total{reason}
 and logs at most once a minute); the relay collects notices into ``Hints``

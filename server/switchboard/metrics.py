@@ -27,7 +27,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import disable_created_metrics, multiprocess
@@ -77,7 +77,7 @@ _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
         "Rate-limit checks that failed or timed out and let the request through", ("policy",)),
     "switchboard_ws_closed_total": ("WebSockets closed by the server, by code", ("code",)),
     "switchboard_listen_reconnects_total": ("LISTEN connection (re)connects", ()),
-    # streams/: the stream hub's subscriptions (docs/streams.md)
+    # streams/: the stream hub's subscriptions (docs/how-to/streams.md)
     "switchboard_stream_catch_ups_total": (
         "Stream subscriptions that read on their own (a new one, a full send queue, a gap) before joining the "
         "shared read", ()),
@@ -159,6 +159,25 @@ SNAPSHOT_GAUGES = {
     "live_replicas": "switchboard_live_replicas",
     "notification_queue_usage": "switchboard_notification_queue_usage",
 }
+
+
+class Family(NamedTuple):
+    """One metric family as declared here (docs/reference/metrics.md is written from these)."""
+
+    name: str
+    type: str  # counter, gauge, histogram
+    help: str
+    labels: tuple[str, ...]
+    detail: str  # histogram buckets, or how a gauge's workers combine
+
+
+def families() -> list[Family]:
+    """Every family this module declares, sorted by name."""
+    out = [Family(n, "counter", h, labels, "") for n, (h, labels) in _COUNTERS.items()]
+    out += [Family(n, "histogram", h, labels, "buckets " + ", ".join(f"{b:g}" for b in buckets))
+            for n, (h, labels, buckets) in _HISTOGRAMS.items()]
+    out += [Family(n, "gauge", h, (), f"workers combine: {mode}") for n, (h, mode) in _GAUGES.items()]
+    return sorted(out)
 
 
 def multiprocess_dir() -> str | None:

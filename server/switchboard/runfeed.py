@@ -10,7 +10,7 @@ at most once per ``interval`` (1 s), and sends what it found as one
 only. A replica with no subscriber runs no query at all.
 
 What one poll reads (FEED_SQL, one statement on a pooled connection; each part an
-index range bounded by LIMIT ``MAX_RUNS``; docs/operations.md §14 has its plan):
+index range bounded by LIMIT ``MAX_RUNS``; docs/how-to/operations/console.md has its plan):
   * new runs: ``id >`` the highest id seen ``LOOKBACK`` s ago (primary key);
   * claims: running runs with ``started_at`` after the previous poll's
     ``now()`` minus ``LOOKBACK`` (task_runs_running: the running rows only);

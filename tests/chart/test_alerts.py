@@ -1,6 +1,6 @@
 """Alert rules and dashboard: promtool checks and unit-tests the rules, the
 chart wraps exactly them in a PrometheusRule scoped to the release, and every
-alert has a runbook in docs/operations.md.
+alert has a runbook in docs/how-to/operations/runbooks.md.
 
 That every metric they read is really exported is proved against a running
 replica in tests/image/test_observability.py."""
@@ -21,7 +21,7 @@ import yaml
 from monitoring import ALERTS, DASHBOARD, ROOT, alert_rules, metric_names
 
 CHART = ROOT / "chart"
-OPERATIONS = ROOT / "docs" / "operations.md"
+OPERATIONS = ROOT / "docs" / "how-to" / "operations" / "runbooks.md"
 PROMTOOL_TESTS = Path(__file__).resolve().parent / "alerts-test.yaml"
 VALUES = {"secrets": {"existingSecret": "switchboard-db"},
           "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
@@ -84,9 +84,9 @@ def test_every_alert_is_labelled_and_has_a_runbook() -> None:
     for rule in rules:
         assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
         assert rule["annotations"]["summary"] and rule["annotations"]["description"]
-        anchor = rule["annotations"]["runbook_url"].removeprefix("docs/operations.md#")
+        anchor = rule["annotations"]["runbook_url"].removeprefix("docs/how-to/operations/runbooks.md#")
         assert anchor == rule["alert"].lower()
-        assert anchor in headings, f"no runbook heading for {rule['alert']} in docs/operations.md"
+        assert anchor in headings, f"no runbook heading for {rule['alert']} in docs/how-to/operations/runbooks.md"
 
 
 def test_prometheus_rule_is_the_rule_file_scoped_to_the_release(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ sidecars, podAnnotations and podLabels (all templated with `tpl`, as bitnami's
 common.tplvalues.render does), `database.tls` (a mounted CA, PGSSLMODE and
 PGSSLROOTCERT), and autoscaling on open WebSockets per pod (an HPA `Pods`
 metric served by prometheus-adapter). Every values file in chart/examples/ is
-linted, rendered and validated, and docs/operations.md quotes each of them
+linted, rendered and validated, and docs/how-to/operations/extending.md quotes each of them
 verbatim. tests/test_postgres_tls.py proves the TLS settings against a real
 PostgreSQL; tests/image/test_extension_points_image.py runs the handler-package init
 container and the mounted CA in the built image.
@@ -83,9 +83,9 @@ def test_example_renders_and_validates(chart: Any, path: Path, version: str) -> 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_operations_guide_quotes_every_example_verbatim(path: Path) -> None:
-    guide = (ROOT / "docs" / "operations.md").read_text()
+    guide = (ROOT / "docs" / "how-to" / "operations" / "extending.md").read_text()
     blocks = re.findall(r"```yaml\n(.*?)```", guide, re.DOTALL)
-    assert path.read_text() in blocks, f"docs/operations.md does not quote chart/examples/{path.name}"
+    assert path.read_text() in blocks, f"docs/how-to/operations/extending.md does not quote chart/examples/{path.name}"
 
 
 def test_defaults_add_nothing(chart: Any) -> None:

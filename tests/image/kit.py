@@ -257,7 +257,7 @@ class Kit:
 def _env_flags(env: dict[str, str]) -> list[str]:
     out: list[str] = []
     # The suite's databases share one cluster and trust each other: pass on its opt-in
-    # to sharing the cluster-wide roles (tests/conftest.py, docs/security.md), or a
+    # to sharing the cluster-wide roles (tests/conftest.py, docs/explanation/security.md), or a
     # container's `switchboard migrate` into a second database is refused.
     if "PGOPTIONS" in os.environ and "PGOPTIONS" not in env:
         env = {**env, "PGOPTIONS": os.environ["PGOPTIONS"]}

@@ -40,7 +40,7 @@ def test_profiles_cover_every_ci_values_file() -> None:
 
 
 def operator_secret(values: dict[str, Any], owner_url: str) -> dict[str, dict[str, str]]:
-    """The Secret an operator creates for this profile (docs/operations.md section 2)."""
+    """The Secret an operator creates for this profile (docs/how-to/operations/install.md)."""
     name = values["secrets"]["existingSecret"]
     keys = {"databaseUrl": "DATABASE_URL", "jwtSecret": "SWITCHBOARD_JWT_SECRET",
             "migrationDatabaseUrl": "SWITCHBOARD_MIGRATION_DATABASE_URL",

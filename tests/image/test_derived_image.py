@@ -1,6 +1,6 @@
-"""The derived-image way to add handler packages, executed as docs/operations.md writes it.
+"""The derived-image way to add handler packages, executed as docs/how-to/operations/extending.md writes it.
 
-The Dockerfile is read from the operations doc ("A derived image", §13), its FROM
+The Dockerfile is read from the operations doc ("A derived image", docs/how-to/operations/extending.md), its FROM
 pointed at the image this run built, and built with buildah over a context holding
 examples/handler_package's wheel in dist/, as the doc says. The result must run as
 the same unprivileged user on a read-only root and find `example.greet` through the
@@ -24,7 +24,7 @@ from kit import RUN_FLAGS, Kit
 
 pytestmark = [pytest.mark.slow, pytest.mark.image]
 
-DOC = ROOT / "docs" / "operations.md"
+DOC = ROOT / "docs" / "how-to" / "operations" / "extending.md"
 EXAMPLE = ROOT / "examples" / "handler_package"
 
 PROBE = """
@@ -39,7 +39,7 @@ def documented_dockerfile() -> str:
     text = DOC.read_text()
     at = text.index("**A derived image**")
     m = re.search(r"```dockerfile\n(.*?)```", text[at:], re.S)
-    assert m, "docs/operations.md: the derived-image Dockerfile block is gone"
+    assert m, "docs/how-to/operations/extending.md: the derived-image Dockerfile block is gone"
     return m.group(1)
 
 
@@ -58,7 +58,7 @@ def test_the_documented_derived_image_serves_the_package_handlers(
     (context / "Dockerfile").write_text(re.sub(r"^FROM \S+", f"FROM {image}", dockerfile, count=1))
     ref = f"localhost/switchboard-with-handlers:{kit.tag}"
     kit.buildah("bud", "--isolation", "chroot", "--layers=false", "-f", str(context / "Dockerfile"),
-                "-t", ref, str(context), timeout=600, what="buildah bud (the derived image of docs/operations.md)")
+                "-t", ref, str(context), timeout=600, what="buildah bud (the derived image of docs/how-to/operations/extending.md)")
 
     out = kit.podman("run", "--rm", *RUN_FLAGS, "--read-only", "--tmpfs", "/tmp", "--entrypoint", "python",
                      ref, "-c", PROBE, timeout=120, what="podman run (derived image)").stdout

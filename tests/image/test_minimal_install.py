@@ -1,7 +1,7 @@
 """The documented smallest install, run literally, from an empty database.
 
 The SQL, the `kubectl create secret`, the `helm install --set` and the
-first-admin command are read from docs/operations.md ("The smallest install,
+first-admin command are read from docs/how-to/operations/install.md ("The smallest install,
 step by step") — and must match the example at the top of chart/values.yaml.
 They run against a fresh PostgreSQL cluster that checks passwords (scram) for
 everyone but the DBA, so the URLs in the Secret really log in. The chart is
@@ -33,7 +33,7 @@ from switchboard.pgtest import ThrowawayPostgres
 pytestmark = [pytest.mark.slow, pytest.mark.image]
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC = ROOT / "docs" / "operations.md"
+DOC = ROOT / "docs" / "how-to" / "operations" / "install.md"
 VALUES = ROOT / "chart" / "values.yaml"
 
 
@@ -41,8 +41,8 @@ VALUES = ROOT / "chart" / "values.yaml"
 def doc_blocks() -> tuple[list[str], str, str]:
     """(SQL statements, the secret+helm shell block, the first-admin command)."""
     text = DOC.read_text()
-    section = text[text.index("### The smallest install, step by step"):]
-    section = section[: section.index("\n### ", 10)]
+    section = text[text.index("## The smallest install, step by step"):]
+    section = section[: section.index("\n## ", 10)]
     blocks = re.findall(r"```(\w+)\n(.*?)```", section, re.DOTALL)
     sql = [b for lang, b in blocks if lang == "sql"]
     sh = [b for lang, b in blocks if lang == "sh"]

@@ -1,6 +1,6 @@
 """Switchboard behind a real PgBouncer in transaction mode (Debian's pgbouncer 1.18).
 
-The deployment docs/operations.md recommends: DATABASE_URL through PgBouncer in
+The deployment docs/how-to/operations/poolers.md recommends: DATABASE_URL through PgBouncer in
 transaction mode for the request pool, SWITCHBOARD_LISTEN_DATABASE_URL direct
 (LISTEN needs a session of its own; a transaction pooler would hand it to
 someone else after the first transaction).

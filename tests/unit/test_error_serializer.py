@@ -82,7 +82,7 @@ def test_database_gone_is_503_with_retry_after(path: str) -> None:
 def test_not_ready_is_a_503_problem_with_reasons() -> None:
     body = problem(app().simulate_get("/ready"), 503, "not-ready")
     assert body["reasons"] == ["shutting_down", "listen_down", "database_unavailable"]
-    assert "replica" not in body  # anonymous: no replica ids (docs/security.md)
+    assert "replica" not in body  # anonymous: no replica ids (docs/explanation/security.md)
 
 
 def test_unknown_path_and_method() -> None:

@@ -1,4 +1,4 @@
-// Streams (docs/streams.md): an answer streamed chunk by chunk over the client's socket,
+// Streams (docs/how-to/streams.md): an answer streamed chunk by chunk over the client's socket,
 // read as an async iterable that yields each chunk once and in order across reconnects.
 //
 // A stream's chunks have seqs 1, 2, 3, ... without gaps. The iterator keeps `last` (the last

@@ -5,7 +5,7 @@
 // ("member", "event", "room member", "option", "error class"); each name is taken from a
 // `code span` of the table's first column (`connect()` / `disconnect()` gives both,
 // `tools.register(name, fn)` gives tools). Checked: the package README (what npm shows) and
-// docs/frontend.md (when the package sits in its Switchboard checkout).
+// docs/how-to/frontend.md (when the package sits in its Switchboard checkout).
 import assert from "node:assert/strict";
 import { existsSync, readFileSync } from "node:fs";
 import { dirname, resolve } from "node:path";
@@ -14,7 +14,7 @@ import { fileURLToPath } from "node:url";
 import ts from "typescript";
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), "..");
-const DOCS = [resolve(root, "README.md"), resolve(root, "../../docs/frontend.md")].filter(existsSync);
+const DOCS = [resolve(root, "README.md"), resolve(root, "../../docs/how-to/frontend.md")].filter(existsSync);
 
 function declarations(file) {
   const src = ts.createSourceFile(file, readFileSync(resolve(root, "dist", file), "utf8"), ts.ScriptTarget.ES2022, true);

@@ -1,4 +1,4 @@
-// sb.stream() / sb.streams() against real replicas (docs/streams.md): the example handler
+// sb.stream() / sb.streams() against real replicas (docs/how-to/streams.md): the example handler
 // ai_chat.complete (examples/ai_chat) runs on r1 only (the scheduler is off on r2 and r3) and
 // streams its answer to a user whose client is on another replica. Asserted is what the client
 // promises -- each chunk once, in order, across a replica's death; `result` says how it ended --

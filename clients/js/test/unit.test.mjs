@@ -382,7 +382,7 @@ test("feeds: in every handshake, subscribe/unsubscribe actions while connected, 
   c.disconnect();
 });
 
-// ---- streams (docs/streams.md) --------------------------------------------------------------------
+// ---- streams (docs/how-to/streams.md) --------------------------------------------------------------------
 const SID = "6f1c1f0e-4b9e-4c1a-9d6a-1b2c3d4e5f60";
 const chunks = (seq, ...data) => ({ id: null, event: "stream.chunks", payload: { stream: SID, seq, chunks: data } });
 const end = (last_seq, status = "done", final = { text: "x" }) =>

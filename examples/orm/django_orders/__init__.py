@@ -1,5 +1,5 @@
 """Save an order with the Django ORM and, in the same transaction, tell its user and
-queue its invoice (docs/orm.md; tested by tests/test_orm_examples.py).
+queue its invoice (docs/how-to/orm.md; tested by tests/test_orm_examples.py).
 
 A minimal Django app usable outside a Django project: in a project, add
 ``"django_orders"`` (or your own app) to ``INSTALLED_APPS`` and call

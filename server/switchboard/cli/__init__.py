@@ -1,8 +1,8 @@
-"""The `switchboard` command line: migrate, serve, dev, user, task, runs, handlers, status.
+"""The `switchboard` command line: migrate, serve, dev, user, task, runs, handlers, status, docs.
 
 One module per command group: common.py (exit codes, one-line failures, migrate),
-serve.py, dev.py, operate.py (the admin chores: user, task, runs, handlers, status)
-with connect.py (their database connection) and output.py (tables, JSON), and
+serve.py, dev.py, docs.py (the documentation site), operate.py (the admin chores: user,
+task, runs, handlers, status) with connect.py (their database connection) and output.py (tables, JSON), and
 parser.py (every command and flag). ``python -m switchboard.cli`` runs __main__.py.
 """
 

@@ -8,6 +8,7 @@ import os
 from .. import __version__
 from .common import cmd_migrate
 from .dev import cmd_dev
+from .docs import cmd_docs
 from .jobs import cmd_enqueue
 from .operate import cmd_handlers, cmd_runs, cmd_status, cmd_task, cmd_user
 from .serve import cmd_serve
@@ -119,4 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="one look at the system: switchboard.status()")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_status)
+
+    dc = sub.add_parser("docs", help="serve the documentation site locally (mkdocs serve; from a checkout)")
+    dc.add_argument("--addr", default="127.0.0.1:8001", help="host:port to serve on")
+    dc.add_argument("--config-file", help="the site's mkdocs.yml (default: the checkout's)")
+    dc.set_defaults(func=cmd_docs)
     return p

@@ -127,7 +127,7 @@ class OperateQueries(PoolBase):
         # pg_notification_queue_usage() beside the snapshot, in the same round trip: a
         # session that LISTENs and never reads (idle in transaction) pins the queue, and
         # when it is full every NOTIFY -- every event, announcement and wake-up -- fails
-        # at COMMIT (docs/operations.md#switchboardnotifyqueuefilling).
+        # at COMMIT (docs/how-to/operations/runbooks.md#switchboardnotifyqueuefilling).
         rows = await self.fetchall("SELECT item, value FROM switchboard.metrics_snapshot() "
                                    "UNION ALL SELECT 'notification_queue_usage', "
                                    "pg_catalog.pg_notification_queue_usage()", timeout=timeout)

@@ -2,7 +2,7 @@
 
 On the relay's dedicated reader connection (not the request pool: a busy pool
 must not delay delivery). NOTIFY payloads are hints; these reads are what a
-replica acts on (docs/security.md). Static methods: the caller passes its
+replica acts on (docs/explanation/security.md). Static methods: the caller passes its
 connection."""
 
 from __future__ import annotations

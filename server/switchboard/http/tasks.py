@@ -3,7 +3,7 @@
 Admin only, reads included: a task holds its args (a sql task its SQL text),
 and its runs hold results and error texts. Members own no tasks (only admins
 create them), so "what is theirs" would always be nothing: 403 says so
-plainly (docs/security.md)."""
+plainly (docs/explanation/security.md)."""
 
 from __future__ import annotations
 

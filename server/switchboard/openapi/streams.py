@@ -1,4 +1,4 @@
-"""The streams' paths (docs/streams.md): your open streams, one stream as Server-Sent
+"""The streams' paths (docs/how-to/streams.md): your open streams, one stream as Server-Sent
 Events, Stop; and /jobs, the admin's one-off enqueue (http/jobs.py)."""
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ publishers do not NOTIFY (event_ticker.publishers_notify off), the ticker loop
 polls event_tick() instead; every idle liveness check ticks too.
 
 Trust: any role that can connect may NOTIFY on these channels, so a payload is
-a hint, never a fact (docs/security.md); the position only moves to rows read.
+a hint, never a fact (docs/explanation/security.md); the position only moves to rows read.
 
 Channels (documented for programs in other languages):
   switchboard_events  {"id": N} (a transaction that published committed; N its first event)

@@ -1,4 +1,4 @@
-// A minimal ambient `react` for type-checking the React example in docs/frontend.md
+// A minimal ambient `react` for type-checking the React example in docs/how-to/frontend.md
 // (tests/test_js_client.py::test_the_react_example_in_the_docs_compiles) without
 // adding an npm dependency. Signatures follow @types/react 19 for what the example
 // uses -- including that there is no global JSX namespace any more (React.JSX).
