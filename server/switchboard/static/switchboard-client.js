@@ -1091,7 +1091,7 @@ var SwitchboardClient = class {
     return this.send({ action: "publish", event: "typing", room, payload });
   }
   // ---- streams -------------------------------------------------------------------------------
-  /** Read a stream (docs/streams.md) as an async iterable of `{seq, data}`: each chunk once and in
+  /** Read a stream (docs/how-to/streams.md) as an async iterable of `{seq, data}`: each chunk once and in
    *  order, across reconnects (it subscribes again after the last seq it has). Subscribes when
    *  connected; `for await` ends at `stream.end`, `break` unsubscribes. One reader per id at a time. */
   stream(id, opts = {}) {
