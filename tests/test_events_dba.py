@@ -1,9 +1,10 @@
 """Events as a DBA meets them from psql, with no replica running (issue 32).
 
-- The README's DBA walkthrough teaches how to read what a user missed. Its SQL is
-  taken from the README itself, so the test follows the docs: a transaction that
+- The docs teach a DBA how to read what a user missed (docs/explanation/event-bus.md;
+  README's DBA walkthrough, "Events", until issue 36). Its SQL is taken from that
+  page itself, so the test follows the docs: a transaction that
   published the lower id commits after the higher id was read, and the reader, who
-  keeps the cursor the README tells it to keep, still gets that event, once.
+  keeps the cursor the page tells it to keep, still gets that event, once.
   (It lost it while the README taught events_since(user_id, after_id): an id
   cursor cannot see an event with a lower id commit late.)
 - reap_events honours keep with no ticker: retention counts from the tick that
@@ -24,11 +25,17 @@ ARGON = "$argon2id$v=19$m=65536,t=3,p=4$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA"
 END = 9223372036854775807
 
 
-# -- the README's walkthrough ---------------------------------------------------------------
+# -- the event bus page's psql ----------------------------------------------------------------
+EVENT_BUS = ROOT / "docs" / "explanation" / "event-bus.md"
+
+
 def _events_blocks() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    start = text.index("\n### Events\n")
-    section = text[start + 1:text.index("\n### ", start + 5)]
+    """The code blocks of the page's text before its first section heading (the whole page
+    while it has none): where it teaches publishing and reading from psql."""
+    text = EVENT_BUS.read_text()
+    assert text.startswith("# The event bus\n"), "docs/explanation/event-bus.md moved: re-point this test"
+    end = text.find("\n## ")
+    section = text if end < 0 else text[:end]
     return re.findall(r"```[a-z]*\n(.*?)```", section, re.S)
 
 
@@ -48,11 +55,11 @@ def _statements(block: str) -> list[str]:
     return out
 
 
-def readme_read_missed() -> list[str]:
-    """The statements the README gives for reading what a user missed: the first code
-    block of the Events section that calls events_since*, its tick, read and checks."""
+def docs_read_missed() -> list[str]:
+    """The statements the event bus page gives for reading what a user missed: its first
+    code block that calls events_since*, its tick, read and checks."""
     blocks = [b for b in _events_blocks() if re.search(r"\bswitchboard\.events_since\w*\(", b)]
-    assert blocks, "README 'Events': no code block reads missed events"
+    assert blocks, "docs/explanation/event-bus.md: no code block reads missed events"
     stmts = [s for s in _statements(blocks[0])
              if re.search(r"switchboard\.(events_since\w*|event_tick|event_window)\(", s)]
     assert any("events_since" in s for s in stmts), blocks[0]
@@ -86,15 +93,15 @@ def _psql_vars(stmt: str, variables: dict[str, object]) -> str:
     return re.sub(r"(?<![:\w]):(\w+)", lambda m: str(variables[m.group(1)]), stmt)
 
 
-class ReadmeReader:
-    """A DBA following the README: run its statements; keep the position the read
+class DocsReader:
+    """A DBA following the docs: run the page's statements; keep the position the read
     returns (the last row's (tick, id), or its id where the function has no tick)."""
 
     def __init__(self, conn: psycopg.Connection, user_id: str) -> None:
         self.conn = conn
         self.user_id = user_id
         self.tick, self.id = 0, 0
-        self.stmts = readme_read_missed()
+        self.stmts = docs_read_missed()
 
     def _bind(self, stmt: str) -> str:
         """The read with the user and this reader's position as its arguments, by the
@@ -103,13 +110,13 @@ class ReadmeReader:
         names = self.conn.execute(
             "SELECT proargnames FROM pg_proc WHERE pronamespace = 'switchboard'::regnamespace AND proname = %s "
             "ORDER BY pronargs DESC LIMIT 1", (fn,)).fetchone()
-        assert names, f"the README reads with switchboard.{fn}, which does not exist"
+        assert names, f"the page reads with switchboard.{fn}, which does not exist"
         values = {"user_id": f"'{self.user_id}'", "after_tick": str(self.tick), "after_id": str(self.id)}
         bound = [values.get(name, text) for name, text in zip(names[0], args)]
         return stmt[:lo] + ", ".join(bound) + stmt[hi:]
 
     def read(self) -> list[dict]:
-        """Run the README's statements once, in order; the rows its read returned."""
+        """Run the page's statements once, in order; the rows its read returned."""
         rows: list[dict] = []
         for stmt in self.stmts:
             q = _psql_vars(stmt, {"alice_id": self.user_id, "tick": self.tick, "id": self.id}).rstrip(";")
@@ -127,18 +134,18 @@ class ReadmeReader:
         return rows
 
 
-def test_readme_statements_are_found() -> None:
-    stmts = readme_read_missed()
+def test_the_docs_statements_are_found() -> None:
+    stmts = docs_read_missed()
     assert any("events_since_v2" in s for s in stmts)
-    assert any("event_tick" in s for s in stmts), "from psql alone, the README must say to tick"
+    assert any("event_tick" in s for s in stmts), "from psql alone, the page must say to tick"
     assert any("event_window" in s and "resume_gap" in s for s in stmts)
 
 
-def test_readme_resume_keeps_an_event_that_commits_after_a_higher_id(db: str) -> None:
+def test_the_docs_resume_keeps_an_event_that_commits_after_a_higher_id(db: str) -> None:
     with psycopg.connect(db, autocommit=True) as c:
         uid = c.execute("SELECT switchboard.create_user('dba-reader', %s)", (ARGON,)).fetchone()[0]
         c.execute("SELECT switchboard.add_room_member('ops', %s)", (uid,))
-        reader = ReadmeReader(c, str(uid))
+        reader = DocsReader(c, str(uid))
         first = c.execute("SELECT switchboard.notify_user(%s, 'before', '{}')", (uid,)).fetchone()[0]
         assert [r["id"] for r in reader.read()] == [first]
 
@@ -155,7 +162,7 @@ def test_readme_resume_keeps_an_event_that_commits_after_a_higher_id(db: str) ->
             a.close()
             b.close()
         # A's event has the lower id and committed after the reader's cursor passed
-        # the higher one: the README's read still returns it, once.
+        # the higher one: the page's read still returns it, once.
         assert [r["id"] for r in reader.read()] == [late]
         assert reader.read() == []
 

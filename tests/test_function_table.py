@@ -1,6 +1,7 @@
-"""The README's function reference cannot drift from the installed catalog.
+"""The psql walkthrough's function reference cannot drift from the installed catalog.
 
-README "Function reference" is the DBA's map of the public API. It drifted once:
+"Function reference" (docs/tutorials/psql-walkthrough.md, README's until issue 36) is
+the DBA's map of the public API. It drifted once:
 it listed login_lookup, auth_snapshot and tool_call_start/take, which the server
 no longer calls, and none of the _v2 / relay functions it does call. So, against
 the migrated template database:
@@ -20,13 +21,13 @@ import psycopg
 
 from harness import ROOT
 
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "tutorials" / "psql-walkthrough.md"
 
 
 def _table_rows() -> list[str]:
-    text = README.read_text()
-    section = text[text.index("### Function reference"):]
-    section = section[: section.index("\n### ", 10)]
+    text = PAGE.read_text()
+    section = text[text.index("\n## Function reference\n"):]
+    section = section[: section.index("\n## ", 10)]
     return [line for line in section.splitlines() if line.startswith("| `")]
 
 
@@ -48,15 +49,15 @@ def _catalog(url: str) -> set[str]:
             "WHERE n.nspname = 'switchboard' AND p.proname NOT LIKE '\\_%'")}
 
 
-def test_readme_function_table_matches_the_catalog(pg, template_db: str) -> None:  # type: ignore[no-untyped-def]
+def test_the_function_table_matches_the_catalog(pg, template_db: str) -> None:  # type: ignore[no-untyped-def]
     rows = _table_rows()
     listed = set().union(*(_names(r.split(" | ")[0]) for r in rows))
     installed = _catalog(pg.url(template_db))
     assert len(installed) > 40
     missing = sorted(installed - listed)
-    assert missing == [], f"add these public functions to README 'Function reference': {missing}"
+    assert missing == [], f"add these public functions to 'Function reference' in {PAGE.name}: {missing}"
     unknown = sorted(listed - installed)
-    assert unknown == [], f"README 'Function reference' lists functions that do not exist: {unknown}"
+    assert unknown == [], f"'Function reference' in {PAGE.name} lists functions that do not exist: {unknown}"
 
 
 def test_previous_release_rows_list_nothing_the_server_calls() -> None:
@@ -70,9 +71,9 @@ def test_previous_release_rows_list_nothing_the_server_calls() -> None:
 def test_the_server_calls_only_listed_functions() -> None:
     listed = set().union(*(_names(r.split(" | ")[0]) for r in _table_rows()))
     unlisted = sorted(n for n in _server_calls() - listed if not n.startswith("_"))
-    assert unlisted == [], f"the server calls functions README 'Function reference' omits: {unlisted}"
+    assert unlisted == [], f"the server calls functions 'Function reference' in {PAGE.name} omits: {unlisted}"
 
 
 def test_the_parser_reads_the_table() -> None:
     assert _names("| `a_b(x)`, `c2(y, z)` — see `not_a_call` |") == {"a_b", "c2"}
-    assert Path(README).exists()
+    assert Path(PAGE).exists()

@@ -160,8 +160,9 @@ declare function showLogin(reason?: string): void;
 """
 
 
-# What the README's "Frontend" example leaves to the reader's app.
-README_PRELUDE = EXAMPLE_PRELUDE + """declare function render(e: unknown): void;
+# What docs/how-to/frontend.md's compact example (README's "Frontend" until issue 36) leaves
+# to the reader's app.
+COMPACT_PRELUDE = EXAMPLE_PRELUDE + """declare function render(e: unknown): void;
 declare function showTyping(room: string | undefined, from: string | undefined): void;
 declare function warn(message: string): void;
 declare function backToLogin(reason?: string): void;
@@ -178,17 +179,19 @@ PACKAGE_README_PRELUDE = EXAMPLE_PRELUDE + """declare function render(from: stri
                                                       ("docs/how-to/frontend.md", "## Typed events and rooms", "ts"),
                                                       ("docs/how-to/frontend.md", "## React", "tsx"),
                                                       ("docs/how-to/frontend.md", "## Streams", "ts"),
-                                                      ("README.md", "## Frontend", "ts"),
+                                                      ("docs/how-to/frontend.md", "## A compact example", "ts"),
                                                       ("clients/js/README.md", "## Example", "ts")])
 def test_the_examples_in_the_frontend_docs_compile(built: dict[str, str], tmp_path: Path, doc: str, heading: str,
                                                    lang: str) -> None:
-    """docs/how-to/frontend.md's examples and the README's, type-checked with the package's own
+    """docs/how-to/frontend.md's examples and the package README's, type-checked with the package's own
     TypeScript (strict) against the client's sources and, for React, a minimal ambient
     react (test/docs-check/react.d.ts): no npm dependency, and a doc that drifts from
     the client's API fails here."""
-    prelude = {"README.md": README_PRELUDE, "docs/how-to/frontend.md": EXAMPLE_PRELUDE if lang == "ts" else "",
+    prelude = {"docs/how-to/frontend.md": EXAMPLE_PRELUDE if lang == "ts" else "",
                "clients/js/README.md": PACKAGE_README_PRELUDE}[doc]
-    # A module (top-level await in the README's example): export nothing.
+    if heading == "## A compact example":
+        prelude = COMPACT_PRELUDE
+    # A module (top-level await in the examples): export nothing.
     (tmp_path / "example.tsx").write_text(prelude + _docs_block(ROOT / doc, heading, lang) + "\nexport {};\n")
     (tmp_path / "tsconfig.json").write_text(json.dumps({
         "compilerOptions": {

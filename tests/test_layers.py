@@ -186,7 +186,7 @@ def test_load_handlers_merges_builtins_entry_points_and_modules(tmp_path: Path,
         load_handlers(["sb_no_such_module_here"], builtins)
 
 
-# README "How it fits together": each module's row; imports go to the same row or below.
+# docs/explanation/architecture.md's layer diagram: each module's row; imports go to the same row or below.
 LAYERS = [
     {"switchboard.asgi", "switchboard.cli", "switchboard.gunicorn_worker"},
     {"switchboard.app"},
@@ -211,7 +211,7 @@ def _layer(mod: str) -> int:
     for i, names in enumerate(LAYERS):
         if mod in names or any(mod.startswith(n + ".") for n in names if n != "switchboard"):
             return i
-    raise AssertionError(f"{mod} is in no layer: add it to LAYERS and to the README diagram")
+    raise AssertionError(f"{mod} is in no layer: add it to LAYERS and to the layer diagram of docs/explanation/architecture.md")
 
 
 def test_imports_only_point_down_the_layers() -> None:

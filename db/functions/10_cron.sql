@@ -1,7 +1,7 @@
 -- Cron schedules: parsing, validation and "next fire time", in PL/pgSQL.
 --
 -- cron_next() runs inside every scheduler claim, so it is built for speed
--- (bench/cron_bench.py: 10-20x faster per call than croniter's get_next). An
+-- (bench/cron_bench.py against croniter's get_next: BENCHMARKS.md figure 8). An
 -- expression is parsed into five bitmasks with plain string functions
 -- (string_to_array, ltrim, split_part; a regexp only off the common path),
 -- and the next fire time is found by jumping field by field -- next matching
@@ -435,8 +435,9 @@ GRANT EXECUTE ON FUNCTION switchboard.cron_next(text, timestamptz, text) TO swit
 -- cron_validate all use it). A zone is valid iff "AT TIME ZONE" accepts it,
 -- which is exactly what cron_next will do with it later: IANA names in any
 -- case (utc, europe/berlin), POSIX zones, abbreviations. PostgreSQL caches
--- loaded zones, so this costs microseconds; the old check scanned
--- pg_timezone_names (reads every zone file: ~30 ms per call) and, being
+-- loaded zones, so this is cheap; the old check scanned pg_timezone_names
+-- (it reads every zone file on every call: BENCHMARKS.md, "December 2026:
+-- same-run before/after", the zone check row) and, being
 -- case-sensitive, refused 'utc' although cron_validate accepted it.
 CREATE OR REPLACE FUNCTION switchboard._check_timezone(timezone text)
 RETURNS void

@@ -420,8 +420,8 @@ REVOKE ALL ON FUNCTION switchboard._tasks_broken() FROM PUBLIC;
 -- ALL (ARRAY(SELECT ... FROM paused_handlers))" is an InitPlan, read once per
 -- statement, and a plain filter on the index scan that keeps the claim's
 -- ordered, LIMITed walk. (A NOT EXISTS anti-join here made the generic plan a
--- hash anti-join over every due queued row plus a sort: 1.5 -> 86 ms per
--- claim with 50,000 queued runs.) A tick passed over keeps
+-- hash anti-join over every due queued row plus a sort: each claim's cost grew
+-- with the backlog.) A tick passed over keeps
 -- its next_run_at, so when the handler is resumed the task catches up by its
 -- own rule: once, not once per missed tick; @every keeps its anchor.
 -- A round that only skipped ticks looks again, since more may be due; a
@@ -433,23 +433,23 @@ REVOKE ALL ON FUNCTION switchboard._tasks_broken() FROM PUBLIC;
 -- caches a generic plan per session; when it is re-made after the queue was
 -- analyzed empty (autovacuum on an idle queue, then a burst), the planner
 -- believes task_runs holds no row and picks a sequential scan, and every
--- claim reads the whole queue until the next autoanalyze: 2.5-3x the
--- PostgreSQL CPU per job in bench/profile_jobs.py (queue-head UPDATE 0.16 ->
--- 2.4 ms per claim; off: as with fresh statistics). An index always exists
+-- claim reads the whole queue until the next autoanalyze: several times the
+-- PostgreSQL CPU per job in bench/profile_jobs.py (BENCHMARKS.md "3b, December
+-- 2026"; off: as with fresh statistics). An index always exists
 -- for these reads, so the setting only removes the wrong choice.
 -- enable_bitmapscan = off (V0015): the paused-handler filter "handler <> ALL
 -- (...)" is estimated from the handler column's statistics; when the backlog is
 -- one handler (the common case: n_distinct = 1), "<>" looks like it keeps no
 -- row, the planner expects one row and picks a bitmap scan of every due queued
--- run plus a sort over them instead of the ordered, LIMITed index walk: 55 ms
--- per claim at 150,000 queued runs (bench/sql.py figure 3a fell from 0.65x to
--- 0.01x of plain SQL). Without bitmap scans the only index path left is that
--- walk, which reads one entry (0.07 ms).
+-- run plus a sort over them instead of the ordered, LIMITed index walk, whose
+-- cost grows with the backlog (bench/sql.py figure 3a collapsed against plain
+-- SQL: BENCHMARKS.md "c23"). Without bitmap scans the only index path left is
+-- that walk, which reads one entry.
 -- (q.handler || '') <> ALL (...) (V0030): the same estimate again, once the
 -- head is read in (priority DESC, run_at, id) order. "handler <> ALL" estimated
 -- from a one-handler backlog's statistics keeps one row, so task_runs_queued
 -- (run_at) plus a sort of every due run looked as cheap as the ordered walk of
--- task_runs_ready (16 ms against 0.05 ms at 30,000 runs). The expression has no
+-- task_runs_ready (a sort growing with the backlog against one entry read). The expression has no
 -- statistics: the planner uses its default selectivity (most rows kept) and
 -- walks task_runs_ready. tests/test_batch_claim.py counts the buffers.
 CREATE OR REPLACE FUNCTION switchboard.claim_due_task(worker text, lease interval DEFAULT '60 seconds')

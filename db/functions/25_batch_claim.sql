@@ -3,8 +3,9 @@
 --
 -- End to end, a job costs two round trips (claim, finish) and the server
 -- CPU of two function calls; with short handlers that, not scheduling, is the
--- limit (py-spy: 46% of a replica's time in the claim round trip, 30% in the
--- finish). claim_due_tasks() takes the first unit through claim_due_task()
+-- limit (py-spy: most of a replica's time in the claim and finish round trips;
+-- BENCHMARKS.md "3b: jobs drained per second vs procrastinate").
+-- claim_due_tasks() takes the first unit through claim_due_task()
 -- (oldest due first across ticks and queued runs, lease rescue, tick
 -- skipping), then fills the remaining slots with further queued runs in one
 -- UPDATE over FOR UPDATE SKIP LOCKED, so concurrent replicas still never get
@@ -19,8 +20,8 @@
 -- the queue's head, and the fill below the next max_runs - 1 runs of the same
 -- ordered walk; one UPDATE ... LIMIT max_runs takes the same runs. That skips a
 -- nested SECURITY DEFINER call (its SET clauses, its checks, its own UPDATE)
--- per batch: ~39 of ~170 us of PostgreSQL CPU per drained job
--- (bench/profile_jobs.py --pgss, pg_stat_user_functions). The probes are
+-- per batch, a sizeable share of the PostgreSQL CPU per drained job
+-- (bench/profile_jobs.py --pgss, pg_stat_user_functions; BENCHMARKS.md "j23"). The probes are
 -- claim_due_task's own (expired lease: status = 'running' AND lease_expires_at
 -- < now; oldest due tick: active, next_run_at <= now, handler not paused; the
 -- queue head's run_at, read only when a tick is due) and so is the rule: the
@@ -103,11 +104,10 @@ GRANT EXECUTE ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) T
 -- Planned at each call (V0018: EXECUTE, a one-shot plan), here and in
 -- claim_due_tasks' UPDATE: an idle replica polls, so cached generic plans of
 -- both were often made while the queue was empty, where every path costs the same. A burst then ran on them:
--- finish_runs as a sequential scan of task_runs under a hash join (2.9 ms for
--- 8 runs at 20,000 rows), the batch claim's outer UPDATE through
--- task_runs_by_handler (handler, id DESC) with id = ANY(...) as a qual on its
--- second column, a walk of the whole index (9.5 ms per claim; 934 us of
--- PostgreSQL time per job in one bench/profile_jobs.py run). A custom plan is
+-- finish_runs as a sequential scan of task_runs under a hash join, the batch
+-- claim's outer UPDATE through task_runs_by_handler (handler, id DESC) with
+-- id = ANY(...) as a qual on its second column, a walk of the whole index (both
+-- growing with the table; bench/profile_jobs.py, BENCHMARKS.md "j23"). A custom plan is
 -- made for the table as it is at each call (its current size, even with
 -- empty-table statistics) and takes the primary key; planning is a few tens of
 -- microseconds per call, once per batch. (plan_cache_mode = force_custom_plan on

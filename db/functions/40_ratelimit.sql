@@ -33,7 +33,7 @@ $$;
 REVOKE ALL ON FUNCTION switchboard._rate_check_raise(text, double precision, integer, integer) FROM PUBLIC;
 
 -- Each top-level call is its own transaction, and PL/pgSQL prepares every
--- simple expression again in each new transaction (~1-2 us each): the body
+-- simple expression again in each new transaction (each costs): the body
 -- keeps their number down (one combined argument check, no copies of the
 -- arguments). Profile and floor: V0013 and BENCHMARKS.md "Scale".
 CREATE OR REPLACE FUNCTION switchboard.rate_check(

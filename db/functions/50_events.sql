@@ -32,10 +32,12 @@
 -- that pin search_path.
 --
 -- The label rule is "1 to 128 characters, the first not . : -". Written as
--- '^[...][...]{0,127}$' (before V0023) it cost ~7-11 us a call: PostgreSQL's regex
--- engine expands a bounded repeat into 127 copies of the state and builds the DFA
--- afresh on every match. length() <= 128 plus '*' is the same rule in ~0.4 us (the
--- classes are ASCII, so characters are bytes; '$' is the end of the string).
+-- '^[...][...]{0,127}$' (before V0023) it was a measurable part of a publish:
+-- PostgreSQL's regex engine expands a bounded repeat into 127 copies of the state
+-- and builds the DFA afresh on every match. length() <= 128 plus '*' is the same
+-- rule at a fraction of the cost (BENCHMARKS.md "Issue 31: the single event's
+-- CPU"; the classes are ASCII, so characters are bytes; '$' is the end of the
+-- string).
 CREATE OR REPLACE FUNCTION switchboard._event_ok(event text, payload jsonb, max_bytes integer)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE
@@ -305,8 +307,8 @@ BEGIN
     -- with it" (V0014). As NOT EXISTS (... WHERE e.xid >= pg_snapshot_xmax(v_prev)) the
     -- cached generic plan of this function chose a sequential scan that stops at the
     -- first match -- and the usual answer is "no match", so every call read the whole
-    -- retained table: 17 ms at 80,000 events, 3 replicas x every wake-up, which was
-    -- most of the COMMIT -> frame latency (BENCHMARKS.md, event delivery). ORDER BY
+    -- retained table, 3 replicas x every wake-up, which was most of the COMMIT ->
+    -- frame latency (BENCHMARKS.md "Issue 18: publishers without a lock"). ORDER BY
     -- xid DESC LIMIT 1 is one descent of events_xid under any plan.
     SELECT k.snap INTO v_prev FROM switchboard.event_ticks k ORDER BY k.tick DESC LIMIT 1;
     IF v_prev IS NOT NULL AND NOT switchboard._events_unticked(v_prev) THEN
@@ -353,9 +355,9 @@ GRANT EXECUTE ON FUNCTION switchboard.event_tick() TO switchboard_app;
 -- wake-up. Under the default (auto) PL/pgSQL compared the generic plan of the
 -- main query (estimated for any window) with the custom ones (estimated for a
 -- window of a few ticks), kept choosing custom plans, and so planned the
--- LATERAL join again on every call: ~0.6 ms of a ~0.9 ms call whose statements
--- execute in ~0.05 ms (pgbench, 20,000 events: 0.96-1.8 ms per call under
--- auto, 0.26-0.42 ms forced generic, alternating). The generic plans are the
+-- LATERAL join again on every call: most of the call was planning, not executing
+-- (pgbench, auto against forced generic, alternating: BENCHMARKS.md "Issue 18:
+-- publishers without a lock", V0014). The generic plans are the
 -- same index paths (events_xid bitmap, event_ticks_pkey).
 CREATE OR REPLACE FUNCTION switchboard._events_after(
     only_user uuid, rooms text[], after_tick bigint, after_id bigint, through_tick bigint, max_rows integer)

@@ -430,8 +430,9 @@ GRANT EXECUTE ON FUNCTION switchboard.stream_read(uuid, integer, integer, uuid) 
 
 -- The relay's read: for each stream one row, its state and its chunks after the
 -- given seq as one array, in one statement (one snapshot: the state and the chunks
--- agree). One row per stream, not per chunk (V0024): the replica turned ~12 % of its
--- CPU into per-row objects (a UUID per chunk row) under load.
+-- agree). One row per stream, not per chunk (V0024): the replica turned a sizeable
+-- share of its CPU into per-row objects (a UUID per chunk row) under load
+-- (BENCHMARKS.md "Issue 31: streams", product problems found).
 -- Planned for each call (V0024): the hub's reader session is long-lived, and a
 -- generic plan cached while stream_chunks was analyzed empty scanned the whole
 -- table per stream.

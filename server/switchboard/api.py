@@ -29,7 +29,7 @@ inside the ORM's transaction (examples/orm, docs/how-to/orm.md; tests/test_orm_e
   .get_raw_connection()).driver_connection`` for the ``*_async`` twins.
 
 The rules (labels, sizes, SQLSTATEs and HINTs) are the SQL functions' own
-(README "SQL functions"): a refusal is the ``psycopg.Error`` they raise, with
+(docs/reference/sql.md): a refusal is the ``psycopg.Error`` they raise, with
 ``.sqlstate`` and ``.diag.message_hint``, and leaves your transaction aborted as any
 failed statement does. Arguments Python can check without the database (a user id
 that is not a UUID, a payload that is not JSON) raise ``TypeError`` / ``ValueError``

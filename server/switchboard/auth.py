@@ -80,8 +80,9 @@ class AuthState:
         self.users: dict[uuid.UUID, tuple[str, bool, int]] = {}
         # Verified tokens -> (claims, user id). A client sends the same bearer token on
         # every request and the HS256 check is deterministic, so it is done once per
-        # token, not per request (PyJWT's decode was ~16% of a GET /tasks). Expiry,
-        # revocation and the user's role/disabled flag are still checked every time.
+        # token, not per request (PyJWT's decode was a large share of a GET /tasks:
+        # BENCHMARKS.md, 'Changes made to Switchboard from these measurements').
+        # Expiry, revocation and the user's role/disabled flag are still checked every time.
         self._verified: OrderedDict[str, tuple[dict[str, Any], uuid.UUID]] = OrderedDict()
 
     def issue(self, user_id: uuid.UUID, username: str, role: str, epoch: int = 0,

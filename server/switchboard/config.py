@@ -1,4 +1,5 @@
-"""Settings, read from the environment once (see README "Configuration")."""
+"""Settings, read from the environment once (docs/reference/configuration.md, generated
+from config_docs.py)."""
 
 from __future__ import annotations
 
@@ -140,10 +141,10 @@ def ws_compression_enabled() -> bool:
     """SWITCHBOARD_WS_COMPRESSION (default off): negotiate permessage-deflate on /ws.
 
     Off by default: every compressed socket keeps a zlib context on each side
-    (RSS of one replica with 1,000 idle browser sockets: ~71 MiB with it, ~33 MiB
-    without, see BENCHMARKS.md), and Switchboard's frames are small JSON that
-    barely compress. Turn it on when clients sit behind slow links and
-    payloads are large."""
+    (it roughly doubles a replica's RSS per idle browser socket: BENCHMARKS.md,
+    "Changes made to Switchboard from these measurements"), and Switchboard's
+    frames are small JSON that barely compress. Turn it on when clients sit behind
+    slow links and payloads are large."""
     return os.environ.get("SWITCHBOARD_WS_COMPRESSION", "off").lower() in ("1", "on", "true", "yes")
 
 
@@ -153,8 +154,8 @@ def uvloop_enabled() -> bool:
     ``standard`` extra, dependencies of the package). Off: the pure-Python asyncio
     loop and h11, set explicitly, so installing uvloop changes nothing by itself.
     WebSocket framing is the websockets library either way. Opt-in, not the
-    default: it costs ~40 % less CPU per HTTP request (BENCHMARKS.md "uvloop and
-    httptools"), but httptools does not apply SWITCHBOARD_MAX_HEADER_BYTES, and in
+    default: it costs markedly less CPU per HTTP request (BENCHMARKS.md "uvloop and
+    httptools" has the figure), but httptools does not apply SWITCHBOARD_MAX_HEADER_BYTES, and in
     one CI run two replicas serving with uvloop exited without a word right after a
     PostgreSQL failover (not reproduced, not explained). (Its refusals of malformed
     header bytes are problem+json now, as h11's are: http/protocol.py.)"""

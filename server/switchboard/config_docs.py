@@ -1,9 +1,9 @@
 """Every environment variable the server reads: its default and what it means.
 
 The one place these are written down. ``scripts/gen_docs.py`` writes
-docs/reference/configuration.md from it, tests/test_docs_site.py checks README's
-"Configuration" table against it and checks that every ``SWITCHBOARD_*`` name the
-package reads is here, and config.py reads the values. ``default`` and ``meaning``
+docs/reference/configuration.md from it (the one settings table: tests/test_docs_site.py
+checks that page current, that README carries no copy, and that every ``SWITCHBOARD_*``
+name the package reads is here), and config.py reads the values. ``default`` and ``meaning``
 are Markdown; links in them are relative to the repository root (``docs/...``).
 """
 
@@ -18,7 +18,7 @@ class Setting(NamedTuple):
     meaning: str
 
 
-# The server's settings, in the order README's "Configuration" table lists them.
+# The server's settings, in the order docs/reference/configuration.md lists them.
 SETTINGS: tuple[Setting, ...] = (
     Setting(('DATABASE_URL',),
             '— (required outside `dev`)',

@@ -7,7 +7,7 @@ with its traceback server-side and answered with a bare 500.
 
 Every error leaves as ``application/problem+json``:
 ``{"type", "title", "status", "detail", ...extensions}``. ``type`` is
-``https://switchboard.dev/problems/<slug>`` (README "Errors" lists the
+``https://switchboard.dev/problems/<slug>`` (docs/how-to/http-api.md, "Errors", lists the
 slugs); extension members (``known_handlers``, ``active_run``, ``reasons``,
 ``sqlstate``) are top-level. For one release the body also keeps
 ``description`` (= ``detail``) for clients written against the old

@@ -92,10 +92,11 @@ def parse(channel: str, payload: str) -> Notice:
         raise BadInput("unknown_channel", "not a channel the relay listens to")
     if channel == "switchboard_events":
         # The payload every publish sends, byte for byte as 50_events.sql writes it: one
-        # regex match instead of bounded.loads (a JSONDecoder built per call: ~5x the
-        # cost, on every replica for every event). Only this exact shape; anything else
-        # (spaces, leading zeros, other keys) takes the general path below, so every
-        # input gets the same Notice or the same BadInput as before.
+        # regex match instead of bounded.loads (a JSONDecoder built per call: several
+        # times the cost, on every replica for every event; BENCHMARKS.md "l18"). Only
+        # this exact shape; anything else (spaces, leading zeros, other keys) takes the
+        # general path below, so every input gets the same Notice or the same BadInput
+        # as before.
         m = _EVENTS_HINT.match(payload)
         if m is not None:
             return Notice(_EVENTS_KIND[m[1]], id=bounded.bigint(int(m[2]), name=m[1], minimum=1))

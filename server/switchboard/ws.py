@@ -3,7 +3,7 @@
 The ticket (and Origin) are checked before accept(): closing before accept
 refuses the handshake with HTTP 403. After accept, a sender task drains the
 socket's bounded queue; the receive loop enforces frame size and rate, and
-only the client actions README "HTTP and WebSocket API" lists. Bad frames get an error frame, or a
+only the client actions docs/reference/websocket.md lists. Bad frames get an error frame, or a
 close with 1003/1007/1008/1009 -- never an exception out of the relay.
 """
 

@@ -19,7 +19,7 @@ def _die(msg: str, code: int = EXIT_USAGE) -> NoReturn:
 def _require_env(name: str) -> str:
     val = os.environ.get(name)
     if not val:
-        _die(f"{name} is not set (required); see README 'Configuration'")
+        _die(f"{name} is not set (required); see docs/reference/configuration.md")
     return val
 
 

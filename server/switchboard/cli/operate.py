@@ -93,7 +93,7 @@ def _next_run(t: Task) -> str:
     if t.schedule is None:
         return "-"
     # A scheduled task whose next_run_at cannot be shown is parked ('infinity', the
-    # README's way to park a task for good) or was set to a date out of range by hand.
+    # documented way to park a task for good) or was set to a date out of range by hand.
     return "never (parked)"
 
 

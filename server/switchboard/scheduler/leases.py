@@ -123,9 +123,9 @@ class LeaseKeeper:
         """Start the run's guards (heartbeat; lease watch while in the handler) when its
         first heartbeat is due: lease/3 after the claim was sent, not with the run. Until
         then neither has anything to do (the watch fires at lease - margin > lease/3), and
-        most jobs are done long before. Two tasks created and cancelled per run were a third
-        of the scheduler's own CPU per short job (cProfile on process time,
-        bench/profile_jobs.py); a timer handle costs a fraction of that."""
+        most jobs are done long before. Two tasks created and cancelled per run were a large
+        share of the scheduler's own CPU per short job (cProfile on process time,
+        bench/profile_jobs.py; BENCHMARKS.md "j23"); a timer handle costs a fraction of that."""
         first_due = slot.lease_until - self.cfg.lease_seconds + self._interval()
         slot.guard_timer = asyncio.get_running_loop().call_later(
             max(0.0, first_due - time.time()), self._start_guards, slot)
