@@ -52,7 +52,7 @@ PROMISES: dict[str, tuple[str, tuple[str, ...]]] = {
         "every event after the position exactly once, in delivery order, under any commit order", (
             "tests/test_events.py::test_publishers_never_wait_and_resume_is_exact_under_out_of_order_commits",
             "tests/test_events.py::test_cursor_is_complete_under_concurrent_publishers",
-            "tests/test_events_dba.py::test_readme_resume_keeps_an_event_that_commits_after_a_higher_id")),
+            "tests/test_events_dba.py::test_the_docs_resume_keeps_an_event_that_commits_after_a_higher_id")),
     "switchboard.event_window()": (
         "a position above first_tick (or all of it) is complete; older ones get resume_gap", (
             "tests/test_events.py::test_reap_events_counts_retention_from_the_tick_and_advances_the_window",

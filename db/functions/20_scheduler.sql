@@ -45,7 +45,10 @@ LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF handler IS NULL OR handler !~ '^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$' THEN
+    -- length() and an unbounded class, not {0,127}: a bounded repeat costs the regex
+    -- engine several microseconds per match, on every enqueue (BENCHMARKS.md, "Issue 33:
+    -- enqueue from application code"; V0023 did the same for event labels).
+    IF handler IS NULL OR length(handler) > 128 OR handler !~ '^[A-Za-z_][A-Za-z0-9_.:-]*$' THEN
         RAISE EXCEPTION 'invalid handler name "%"', handler
             USING ERRCODE = '22023',
                   HINT = 'A handler is a name like sql, notify, maintenance or myapp.send_mail (letters, digits, _ . : -).';
