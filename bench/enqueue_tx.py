@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Enqueue from application code, in the caller's transaction (issue 33), one run.
 
-    python bench/enqueue_tx.py [--jobs 5000] [--clients 1,4] [--rounds 3] [--iterations 3000]
+    python bench/enqueue_tx.py [--jobs 5000] [--clients 1,4] [--rounds 5] [--iterations 3000]
                                [--quick] [--durable]
 
 One throwaway PostgreSQL (common.Cluster: a clone of the migrated template) holds
@@ -24,7 +24,7 @@ every run). No worker runs: this measures putting a job in, not draining it
                       its PsycopgConnector (1 connection per process), one
                       transaction per defer
    - ``procr_conn``   ``with conn.transaction(): task.configure(connection=conn).defer(i=i)``
-                      (procrastinate >= 3.6 defers on a caller-owned connection)
+                      (procrastinate 3.10 defers on a caller-owned connection)
    - ``order``        ``with conn.transaction(): INSERT INTO orders`` (the ceiling)
    - ``sb_order``     the INSERT + ``api.enqueue`` in one transaction
    - ``procr_order``  the INSERT + procrastinate's defer on that connection
@@ -36,10 +36,13 @@ every run). No worker runs: this measures putting a job in, not draining it
 2. What enqueue adds to a web request's transaction (µs, one connection, this
    process): ``INSERT INTO orders ... RETURNING id`` alone, then + ``api.enqueue``,
    + ``api.notify_user``, + both, + a plain second INSERT into ``order_lines``
-   (the reference: what a second INSERT costs) and + procrastinate's defer on the
-   connection. ``--iterations`` cycles, each running every variant once, the
-   order rotating per cycle so drift hits all alike. Median and p95 per
-   transaction, and the added µs (difference of medians against the INSERT alone).
+   (the reference: what a second INSERT costs), + a bare ``SELECT 1`` (one round
+   trip) and + procrastinate's defer on the connection. ``--iterations`` cycles,
+   each running every variant once, the order rotating per cycle so drift hits
+   all alike. Median and p95 per transaction, the added µs (difference of
+   medians against the INSERT alone) and the median of the same cycle's
+   differences. Then, in a separate pass with ``track_functions = all``, the
+   server time inside each SQL function per call.
 
 The cluster runs with fsync and synchronous_commit off (common.Cluster's
 defaults: CPU-bound, as the other job figures); --durable turns them on.
@@ -355,7 +358,10 @@ def part2(cluster: Cluster, db: str, admin: psycopg.Connection[Any], listener: p
     out: dict[str, Any] = {"iterations": iterations, "loadavg_before": load, "loadavg_after": loadavg()}
     for v, s in samples.items():
         m = median(s)
-        out[v] = {"median_us": round(m, 1), "p95_us": round(pct(s, 95), 1), "added_us": round(m - base, 1)}
+        # also the median of the same cycle's differences: steadier when the box's load moves
+        paired = median([x - b for x, b in zip(s, samples["insert"])])
+        out[v] = {"median_us": round(m, 1), "p95_us": round(pct(s, 95), 1), "added_us": round(m - base, 1),
+                  "added_paired_us": round(paired, 1)}
     return out
 
 
@@ -400,11 +406,13 @@ def report(res: dict[str, Any]) -> None:
             print(f"    {ours} / {base:<12} jobs/s {r['median']:.2f}x (rounds {r['per_round']}), "
                   f"CPU per job {r['cpu_per_job_median']:.2f}x")
     p2 = res["part2"]
-    print(f"\nPart 2: one web request's transaction, {p2['iterations']:,} interleaved cycles (us)")
-    print(f"    {'variant':<14} {'median':>8} {'p95':>8} {'added (median - insert)':>24}")
+    print(f"\nPart 2: one web request's transaction, {p2['iterations']:,} interleaved cycles (us; load "
+          f"{p2['loadavg_before']:.1f} -> {p2['loadavg_after']:.1f})")
+    print(f"    {'variant':<14} {'median':>8} {'p95':>8} {'added (median - insert)':>24} {'same-cycle added':>17}")
     for v in TX_VARIANTS:
         x = p2[v]
-        print(f"    {v:<14} {x['median_us']:>8.1f} {x['p95_us']:>8.1f} {x['added_us']:>+24.1f}")
+        print(f"    {v:<14} {x['median_us']:>8.1f} {x['p95_us']:>8.1f} {x['added_us']:>+24.1f}"
+              f" {x['added_paired_us']:>+17.1f}")
     print("\nPart 2b: server time inside each function per call (us; track_functions, a separate pass)")
     for name, x in res.get("server_time", {}).items():
         print(f"    {name:<60} total {x['total_us_per_call']:>7.1f}  self {x['self_us_per_call']:>7.1f}"
