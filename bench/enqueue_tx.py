@@ -270,7 +270,7 @@ def part1(cluster: Cluster, db: str, admin: psycopg.Connection[Any], listener: p
         try:
             for v in JOB_VARIANTS:  # untimed: every path once in fresh processes and backends
                 _reset(admin)
-                _, err = cl.run(v, min(jobs, 200))
+                _, err = cl.run(v, min(200, max(50, jobs // 10)))
                 if err:
                     raise RuntimeError(f"{v} with {n} client(s): {err}")
             for r in range(rounds):
@@ -425,11 +425,11 @@ def main() -> None:
     ap.add_argument("--clients", default="1,4", help="client process counts (part 1)")
     ap.add_argument("--rounds", type=int, default=5, help="rounds per client count (part 1)")
     ap.add_argument("--iterations", type=int, default=3000, help="cycles of all variants (part 2)")
-    ap.add_argument("--quick", action="store_true", help="a smoke run: 500 jobs, 1 round, 300 cycles")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 200 jobs, 1 round, 100 cycles")
     ap.add_argument("--durable", action="store_true", help="fsync and synchronous_commit on")
     a = ap.parse_args()
     if a.quick:
-        a.jobs, a.rounds, a.iterations = 500, 1, 300
+        a.jobs, a.rounds, a.iterations = 200, 1, 100
     clients = [int(x) for x in a.clients.split(",") if x]
     t_start = time.time()
     on = "on" if a.durable else "off"
