@@ -100,8 +100,8 @@ def test_named_queues_are_claimed_only_by_their_own_slots(db: str) -> None:
         got2 = {r[0] for r in c.execute("SELECT id FROM switchboard.claim_due_tasks('w2', '60 seconds', "
                                         "'{emails}', '{10}')")}
         assert got2 == mail - set(got)
-        for bad, match in ((("{emails}", "{1,2}"), "one length"), (("{emails,emails}", "{1,2}"), "invalid slots"),
-                           (("{emails}", "{-1}"), "invalid slots"), (("{Emails}", "{1}"), "invalid queue")):
+        for bad, match in ((("{emails}", "{1,2}"), "one length"), (("{emails}", "{-1}"), "invalid slots"),
+                           (("{emails}", "{1001}"), "invalid slots"), (("{emails}", "{NULL}"), "invalid slots")):
             throws_ok(c, "SELECT * FROM switchboard.claim_due_tasks('w', '60 seconds', %s::text[], %s::integer[])",
                       "22023", bad, match=match)
 
@@ -190,3 +190,25 @@ def test_the_handlers_view_shows_the_stored_options(db: str) -> None:
         _opts(c, "opt.view", '{"priority": 3}')
         assert c.execute("SELECT queue, priority, timeout FROM switchboard.handler_options "
                          "WHERE handler = 'opt.view'").fetchone() == ("default", 3, None)
+
+
+def test_the_queue_claim_still_takes_due_ticks_and_rescues_expired_leases(db: str) -> None:
+    """The four-argument claim takes every queue's share in one UPDATE only when the
+    default queue's own rules allow it: a due tick ahead of the queue, or an expired
+    lease, goes through the default queue's claim (ticks, rescue) first."""
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("UPDATE switchboard.tasks SET is_active = false")
+        tid = c.execute("SELECT id FROM switchboard.create_task('opt.tick', '@every 1 hour', 'noop')").fetchone()[0]
+        c.execute("UPDATE switchboard.tasks SET next_run_at = now() - interval '1 hour' WHERE id = %s", (tid,))
+        _opts(c, "opt.mail", '{"queue": "emails"}')
+        job = c.execute("SELECT id FROM switchboard.enqueue('opt.plain')").fetchone()[0]
+        mail = c.execute("SELECT id FROM switchboard.enqueue('opt.mail')").fetchone()[0]
+        rows = c.execute("SELECT id, task_id, queue FROM switchboard.claim_due_tasks('w1', '60 seconds', "
+                         "'{default,emails}', '{2,1}')").fetchall()
+        assert {r[0] for r in rows} >= {job, mail} and any(r[1] == tid for r in rows), rows
+        # an expired lease is rescued (abandoned, retried) by the same call
+        c.execute("UPDATE switchboard.task_runs SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
+                  (mail,))
+        c.execute("SELECT * FROM switchboard.claim_due_tasks('w2', '60 seconds', '{default,emails}', '{1,1}')")
+        assert c.execute("SELECT status FROM switchboard.task_runs WHERE id = %s", (mail,)).fetchone() == ("abandoned",)
+        assert c.execute("SELECT count(*) FROM switchboard.task_runs WHERE retry_of = %s", (mail,)).fetchone() == (1,)

@@ -183,12 +183,12 @@ GRANT EXECUTE ON FUNCTION switchboard.finish_and_claim(text, bigint[], jsonb[], 
 
 -- Named queues (V0030). A replica gives each queue it serves its own slots
 -- (SWITCHBOARD_QUEUES), so a slow queue cannot take the slots of a fast one.
--- queues[i] gets at most slots[i] runs: the default queue's through
--- claim_due_tasks(worker, lease, n) above (ticks, lease rescue, the fast path),
--- every other queue's in one UPDATE whose LATERAL subquery walks each queue's
--- head of task_runs_ready (highest priority, then oldest due first) with
--- FOR UPDATE SKIP LOCKED, as the default queue's claim does. A replica that
--- serves only the default queue calls the three-argument form, unchanged.
+-- queues[i] gets at most slots[i] runs, taken by one UPDATE whose LATERAL subquery
+-- walks each queue's head of task_runs_ready (highest priority, then oldest due
+-- first) with FOR UPDATE SKIP LOCKED, as the default queue's claim does; the default
+-- queue goes through claim_due_tasks(worker, lease, n) above instead when a lease
+-- expired or a tick is due before its head. A replica that serves only the default
+-- queue calls the three-argument form, unchanged.
 CREATE OR REPLACE FUNCTION switchboard._check_queue_slots(queues text[], slots integer[])
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
@@ -212,6 +212,13 @@ END
 $$;
 REVOKE ALL ON FUNCTION switchboard._check_queue_slots(text[], integer[]) FROM PUBLIC;
 
+-- The common case in one statement, as the three-argument form's fast path: when no
+-- lease has expired and no task tick is due before the default queue's head, every
+-- queue's share, the default queue's included, is taken by one UPDATE. Otherwise the
+-- default queue goes through claim_due_tasks(worker, lease, n) (ticks, lease rescue)
+-- and the same UPDATE takes the named queues' share. The arguments are checked by one
+-- expression on the way in; _check_queue_slots, which says what is wrong, runs only
+-- when it fails (a queue name that matches nothing claims nothing).
 CREATE OR REPLACE FUNCTION switchboard.claim_due_tasks(
     worker text, lease interval, queues text[], slots integer[])
 RETURNS SETOF switchboard.task_runs
@@ -221,37 +228,71 @@ SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$
 DECLARE
-    v_default integer;
+    v_default integer := 0;
+    v_pos integer;
     v_now timestamptz := now();
+    v_task_at timestamptz;
+    v_queued_at timestamptz;
+    v_all boolean := true;      -- the default queue's share goes in the one UPDATE
 BEGIN
-    PERFORM switchboard._check_queue_slots(queues, slots);
-    v_default := coalesce((SELECT w.n FROM unnest(queues, slots) AS w(q, n) WHERE w.q = 'default'), 0);
+    IF queues IS NULL OR slots IS NULL OR cardinality(queues) <> cardinality(slots)
+       OR cardinality(queues) NOT BETWEEN 1 AND 64
+       OR (0 <= ALL (slots) AND 1000 >= ALL (slots)) IS NOT TRUE THEN
+        PERFORM switchboard._check_queue_slots(queues, slots);   -- raises, naming what is wrong
+    END IF;
+    IF claim_due_tasks.worker IS NULL OR length(claim_due_tasks.worker) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'invalid worker name "%"', claim_due_tasks.worker USING ERRCODE = '22023',
+            HINT = 'Worker names are unique per process, e.g. host:pid:random.';
+    END IF;
+    IF claim_due_tasks.lease IS NULL OR claim_due_tasks.lease <= interval '0'
+       OR claim_due_tasks.lease > interval '1 day' THEN
+        PERFORM switchboard._check_lease(claim_due_tasks.lease);   -- raises
+    END IF;
+    v_pos := array_position(queues, 'default');
+    IF v_pos IS NOT NULL THEN
+        v_default := slots[array_lower(slots, 1) + v_pos - array_lower(queues, 1)];
+    END IF;
     IF v_default > 0 THEN
-        RETURN QUERY SELECT * FROM switchboard.claim_due_tasks(claim_due_tasks.worker, claim_due_tasks.lease,
-                                                               v_default);
-    ELSE
-        PERFORM switchboard._check_lease(claim_due_tasks.lease);
-        IF claim_due_tasks.worker IS NULL OR length(claim_due_tasks.worker) NOT BETWEEN 1 AND 200 THEN
-            RAISE EXCEPTION 'invalid worker name "%"', claim_due_tasks.worker USING ERRCODE = '22023',
-                HINT = 'Worker names are unique per process, e.g. host:pid:random.';
+        IF EXISTS (SELECT 1 FROM switchboard.task_runs e WHERE e.status = 'running' AND e.lease_expires_at < v_now) THEN
+            v_all := false;
+        ELSE
+            SELECT t.next_run_at INTO v_task_at FROM switchboard.tasks t
+             WHERE t.is_active AND t.next_run_at <= v_now
+               AND t.handler <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
+             ORDER BY t.next_run_at LIMIT 1;
+            IF v_task_at IS NOT NULL THEN
+                SELECT q.run_at INTO v_queued_at FROM switchboard.task_runs q
+                 WHERE q.status = 'queued' AND q.queue = 'default' AND q.run_at <= v_now
+                   AND (q.handler || '') <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
+                 ORDER BY q.priority DESC, q.run_at, q.id LIMIT 1;
+                v_all := coalesce(v_queued_at < v_task_at, false);
+            END IF;
+        END IF;
+        IF NOT v_all THEN
+            RETURN QUERY SELECT * FROM switchboard.claim_due_tasks(claim_due_tasks.worker, claim_due_tasks.lease,
+                                                                   v_default);
         END IF;
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(queues, slots) AS w(q, n) WHERE w.q <> 'default' AND w.n > 0) THEN
-        -- Dynamic, planned at each call (see finish_runs' comment).
-        RETURN QUERY EXECUTE
-        'UPDATE switchboard.task_runs r
-            SET status = ''running'', worker = $1, lease_expires_at = $2 + $3, started_at = $2
-          WHERE r.id = ANY (ARRAY(
-                SELECT x.id FROM unnest($4::text[], $5::integer[]) AS w(queue, n)
-                CROSS JOIN LATERAL (
-                    SELECT q.id FROM switchboard.task_runs q
-                     WHERE q.status = ''queued'' AND q.queue = w.queue AND q.run_at <= $2
-                       AND (q.handler || '''') <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
-                     ORDER BY q.priority DESC, q.run_at, q.id
-                     LIMIT w.n FOR UPDATE OF q SKIP LOCKED) AS x
-                 WHERE w.queue <> ''default'' AND w.n > 0))
-        RETURNING r.*'
-        USING claim_due_tasks.worker, v_now, claim_due_tasks.lease, queues, slots;
+    -- Dynamic, planned at each call (see finish_runs' comment).
+    RETURN QUERY EXECUTE
+    'UPDATE switchboard.task_runs r
+        SET status = ''running'', worker = $1, lease_expires_at = $2 + $3, started_at = $2
+      WHERE r.id = ANY (ARRAY(
+            SELECT x.id FROM unnest($4::text[], $5::integer[]) AS w(queue, n)
+            CROSS JOIN LATERAL (
+                SELECT q.id FROM switchboard.task_runs q
+                 WHERE q.status = ''queued'' AND q.queue = w.queue AND q.run_at <= $2
+                   AND (q.handler || '''') <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
+                 ORDER BY q.priority DESC, q.run_at, q.id
+                 LIMIT w.n FOR UPDATE OF q SKIP LOCKED) AS x
+             WHERE w.n > 0 AND (w.queue <> ''default'' OR $6)))
+    RETURNING r.*'
+    USING claim_due_tasks.worker, v_now, claim_due_tasks.lease, queues, slots, v_all;
+    -- As the three-argument form: a tick due behind a default-queue head that other
+    -- workers hold is taken when this call found nothing else.
+    IF NOT FOUND AND v_all AND v_task_at IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM switchboard.claim_due_tasks(claim_due_tasks.worker, claim_due_tasks.lease,
+                                                               v_default);
     END IF;
 END
 $$;
@@ -270,14 +311,13 @@ DECLARE
     v_done switchboard.task_runs;
     v_id bigint;
 BEGIN
-    PERFORM switchboard._check_queue_slots(queues, slots);
     v_done.status := 'succeeded';
     FOR v_id IN SELECT f FROM switchboard.finish_runs(finish_and_claim.worker, finish_and_claim.run_ids,
                                                      finish_and_claim.results) AS f LOOP
         v_done.id := v_id;
         RETURN NEXT v_done;
     END LOOP;
-    IF (SELECT sum(n) FROM unnest(slots) AS n) > 0 THEN
+    IF queues IS NULL OR slots IS NULL OR 0 < ANY (slots) IS NOT FALSE THEN   -- the claim checks them
         RETURN QUERY SELECT * FROM switchboard.claim_due_tasks(finish_and_claim.worker, finish_and_claim.lease,
                                                                finish_and_claim.queues, finish_and_claim.slots);
     END IF;
