@@ -2,8 +2,8 @@
 """Issue 33: figure 3b's job drain with 3 queues and priorities, against today's single
 queue, side by side in one run on one cluster.
 
-    python bench/queues_ab.py [--pairs 6] [--jobs 21000] [--order abab|abba] [--quick]
-                              [--track-functions]
+    python bench/queues_ab.py [--pairs 5] [--jobs 21000] [--order abab|abba] [--quick]
+                              [--a-spread 0] [--b-spread 5] [--track-functions] [--pgss]
 
 A (today's single queue): 2 replicas with SWITCHBOARD_SCHEDULER_CONCURRENCY=8 drain M
 built-in `noop` jobs, all in the default queue at priority 0 (the replicas serve only
@@ -20,16 +20,23 @@ Each side has a database of its own in the same cluster, and all four replicas s
 for the whole run, so every drain sees the same idle neighbours. A drain is figure 3b's
 (bench/e2e.py _sb_jobs_run): task_runs emptied and analysed, the M jobs enqueued in one
 transaction, the clock from its COMMIT to the last finished_at, CPU of the side's
-replicas and of every PostgreSQL process over the drain (common.CpuMeter). Every run is
-checked: each job succeeded exactly once (no failure, no retry, no duplicate), in the
-queue its handler names (B), at the priority it was given; B also reports how well the
-claims followed the priorities (corr(priority, started_at) per queue: -1 is perfect).
+replicas and of every PostgreSQL process over the drain (common.CpuMeter). One
+difference: the end is polled through the partial indexes, not with figure 3b's count
+of the whole table (see PENDING). Every run is checked: each job succeeded exactly once
+(no failure, no retry, no duplicate), in the queue its handler names, at a priority in
+the given range; B also reports how well the claims followed the priorities
+(corr(priority, started_at) per queue: -1 is perfect) and its rate while every queue
+still had work (its 2/3/3 split over equal thirds leaves a default-queue tail on 4 of
+16 slots: "all busy").
 After one unmeasured warm-up drain per side, the pairs run A B A B ... (--order abba
 flips every other pair, which cancels a steady drift); reported per pair and as
 medians: jobs/s, CPU per job, and the ratio B/A (the issue's bar: median >= 0.9x).
---track-functions turns track_functions on in both databases and adds, per drain, the
-calls and self time per job of the claim and finish functions (pg_stat_user_functions;
-off by default: it is not figure 3b's setting). Raw results: bench/results/queues_ab.json.
+Decomposition and diagnosis (not the issue's figure): --a-spread / --b-spread set the
+sides' priority ranges (B without priorities: --b-spread 0; both with: --a-spread 5);
+--track-functions (track_functions = pl; adds 11 s per drain) and --pgss
+(pg_stat_statements, nested statements included) add per drain the calls, time and
+buffers per job of the claim and finish functions and statements. Raw results:
+bench/results/queues_ab.json.
 """
 
 from __future__ import annotations
@@ -60,13 +67,30 @@ from e2e import _cpu_per_job, _start
 
 QUEUE_OF = {"noop": "default", "bench.qa": "qa", "bench.qb": "qb"}
 HANDLERS = {"A": ["noop"], "B": list(QUEUE_OF)}
-# A: exactly figure 3b's enqueue. B: handler i % 3, priority uniform in -5..5 (setseed'd
-# per drain), the queue from handler_options.
-ENQUEUE = {
-    "A": "SELECT count(*) FROM (SELECT switchboard.enqueue('noop') FROM generate_series(1, %s)) s",
-    "B": "SELECT count(*) FROM (SELECT switchboard.enqueue((%s::text[])[1 + i %% 3],"
-         " priority => floor(random() * 11)::integer - 5) FROM generate_series(0, %s - 1) AS i) s",
-}
+
+
+def enqueue_sql(side: str, spread: int) -> str:
+    """A (spread 0): exactly figure 3b's enqueue. B: handler i % 3, the queue from
+    handler_options. With a spread, each job's priority is uniform in -spread..spread
+    (random(), setseed'd per drain); B's default spread is 5, A's 0 (--a-spread,
+    --b-spread: a decomposition of the cost)."""
+    prio = f", priority => floor(random() * {2 * spread + 1})::integer - {spread}" if spread else ""
+    if side == "A":
+        return ("SELECT count(*) FROM (SELECT switchboard.enqueue('noop'" + prio + ")"
+                " FROM generate_series(1, %s)) s")
+    return ("SELECT count(*) FROM (SELECT switchboard.enqueue((%s::text[])[1 + i %% 3]" + prio + ")"
+            " FROM generate_series(0, %s - 1) AS i) s")
+
+
+# Polled every 100 ms during a drain: through the partial indexes (queued; running with a
+# lease), a few buffers. Figure 3b's poll (PROGRESS below, a count of the whole table) took
+# 25-40 ms per call at 10,000-21,000 rows on the loaded 2-core box, i.e. CPU that grows
+# with the drain's length (so it taxed the slower side more) and a snapshot held for a
+# third of every 100 ms, which keeps the claims' dead index entries from being killed.
+PENDING = """
+SELECT EXISTS (SELECT 1 FROM switchboard.task_runs WHERE status = 'queued' AND handler = ANY (%s))
+    OR EXISTS (SELECT 1 FROM switchboard.task_runs
+                WHERE status = 'running' AND lease_expires_at IS NOT NULL AND handler = ANY (%s))"""
 PROGRESS = """
 SELECT count(*) FILTER (WHERE status = 'succeeded'),
        count(*) FILTER (WHERE status IN ('failed', 'abandoned')),
@@ -87,10 +111,15 @@ SELECT funcid::regprocedure::text, calls, self_time, total_time
   FROM pg_stat_user_functions
  WHERE schemaname = 'switchboard'
    AND funcname IN ('claim_due_tasks', 'claim_due_task', 'finish_and_claim', 'finish_runs', 'finish_run')"""
+PGSS = """
+SELECT regexp_replace(query, '\\s+', ' ', 'g'), calls, total_exec_time, rows, shared_blks_hit + shared_blks_read
+  FROM pg_stat_statements
+ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+ ORDER BY total_exec_time DESC LIMIT 12"""
 
 
-def drain(cluster: Cluster, db: str, side: str, m: int, pids: list[int], seed: float,
-          track_functions: bool) -> dict[str, Any]:
+def drain(cluster: Cluster, db: str, side: str, m: int, pids: list[int], seed: float, spread: int,
+          track_functions: bool = False, pgss: bool = False) -> dict[str, Any]:
     """One figure-3b drain of M jobs (side A or B) by the replicas ``pids``; checked."""
     url, handlers = cluster.url(db), HANDLERS[side]
     with psycopg.connect(url, autocommit=True) as c:
@@ -101,9 +130,11 @@ def drain(cluster: Cluster, db: str, side: str, m: int, pids: list[int], seed: f
     timeout = max(120.0, m / 50)
     with psycopg.connect(url) as c:
         c.execute("SELECT setseed(%s)", (seed,))
-        n = c.execute(ENQUEUE[side], (m,) if side == "A" else (handlers, m)).fetchone()[0]
+        n = c.execute(enqueue_sql(side, spread), (m,) if side == "A" else (handlers, m)).fetchone()[0]
         if n != m:
             raise RuntimeError(f"{side}: enqueued {n} jobs, not {m}")
+        if pgss:
+            c.execute("SELECT pg_stat_statements_reset()")  # not transactional: the enqueue is left out
         load = loadavg()
         c.commit()
         t0 = time.time()
@@ -112,10 +143,10 @@ def drain(cluster: Cluster, db: str, side: str, m: int, pids: list[int], seed: f
         deadline = t0 + timeout
         while True:
             time.sleep(0.1)
-            done, bad, retried, total, distinct, last, workers = c.execute(PROGRESS, (handlers,)).fetchone()
-            if done + bad >= m or time.time() > deadline:
+            if not c.execute(PENDING, (handlers, handlers)).fetchone()[0] or time.time() > deadline:
                 break
         cpu = meter.stop()
+        done, bad, retried, total, distinct, last, workers = c.execute(PROGRESS, (handlers,)).fetchone()
         per_handler = [dict(zip(("handler", "queue", "rows", "succeeded", "min_priority", "max_priority",
                                  "corr_priority_started", "last_finished_s"), r))
                        for r in c.execute(PER_HANDLER, (handlers,)).fetchall()]
@@ -136,6 +167,12 @@ def drain(cluster: Cluster, db: str, side: str, m: int, pids: list[int], seed: f
             funcs = {f: {"calls": calls, "self_us_per_job": round(self_ms * 1000 / m, 1),
                          "total_us_per_job": round(total_ms * 1000 / m, 1)}
                      for f, calls, self_ms, total_ms in c.execute(FUNCS).fetchall()}
+        statements = None
+        if pgss:
+            statements = [{"query": q[:400], "calls": calls, "us_per_job": round(ms * 1000 / m, 1),
+                           "us_per_call": round(ms * 1000 / max(calls, 1), 1), "rows": rows,
+                           "blocks_per_call": round(blks / max(calls, 1), 1)}
+                          for q, calls, ms, rows, blks in c.execute(PGSS).fetchall()]
     secs = (last or time.time()) - t0
     res = {"side": side, "jobs": m, "succeeded": done, "failed_or_abandoned": bad, "retried": retried,
            "rows": total, "duplicates": total - distinct, "workers": workers,
@@ -144,14 +181,17 @@ def drain(cluster: Cluster, db: str, side: str, m: int, pids: list[int], seed: f
            "all_queues_busy": busy}
     if funcs is not None:
         res["functions"] = funcs
-    res["problems"] = problems(res, side, m)
+    if statements is not None:
+        res["statements"] = statements
+    res["priority_spread"] = spread
+    res["problems"] = problems(res, side, m, spread)
     res["ok"] = not res["problems"]
     return res
 
 
-def problems(res: dict[str, Any], side: str, m: int) -> list[str]:
+def problems(res: dict[str, Any], side: str, m: int, spread: int) -> list[str]:
     """What is wrong with a drain: every job succeeded exactly once, in its handler's queue
-    (A: the default queue at priority 0; B: its handler's queue, priorities in -5..5)."""
+    (A: the default queue), at a priority in -spread..spread."""
     out = []
     if res["succeeded"] != m or res["rows"] != m:
         out.append(f"{res['succeeded']} of {m} jobs succeeded ({res['rows']} rows)")
@@ -165,8 +205,7 @@ def problems(res: dict[str, Any], side: str, m: int) -> list[str]:
             out.append(f"{g['rows']} {g['handler']} jobs in queue {g['queue']}")
         if g["rows"] != share[g["handler"]]:
             out.append(f"{g['rows']} {g['handler']} jobs, not {share[g['handler']]}")
-        lo, hi = (0, 0) if side == "A" else (-5, 5)
-        if g["min_priority"] < lo or g["max_priority"] > hi:
+        if g["min_priority"] < -spread or g["max_priority"] > spread:
             out.append(f"{g['handler']} priorities {g['min_priority']}..{g['max_priority']}")
     return out
 
@@ -195,6 +234,15 @@ def line(r: dict[str, Any], label: str) -> str:
     return (f"{label} {r['side']} {r['jobs_per_s']:>8,.0f} jobs/s ({r['seconds']:.2f} s)  CPU/job replicas "
             f"{r['workers_cpu_us_per_job']} us + postgres {r['postgres_cpu_us_per_job']} us  "
             f"{'ok' if r['ok'] else 'BAD: ' + '; '.join(r['problems'])} (load {r['loadavg_before']:.1f}){extra}")
+
+
+def details(r: dict[str, Any]) -> None:
+    for f, v in sorted(r.get("functions", {}).items()):
+        log(f"   {f:<70} {v['calls'] / r['jobs']:.3f} calls/job  self {v['self_us_per_job']:7.1f} us/job  "
+            f"total {v['total_us_per_job']:7.1f} us/job")
+    for st in r.get("statements", []):
+        log(f"   pgss {st['us_per_job']:7.1f} us/job {st['us_per_call']:8.1f} us/call {st['calls']:>7} calls "
+            f"{st['blocks_per_call']:7.1f} blocks/call  {st['query'][:160]}")
 
 
 def table(pairs: list[dict[str, Any]], summary: dict[str, Any]) -> str:
@@ -233,7 +281,7 @@ def summarize(pairs: list[dict[str, Any]], target: float) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pairs", type=int, default=None, help="measured A/B pairs (default 6; --quick 3)")
+    ap.add_argument("--pairs", type=int, default=None, help="measured A/B pairs (default 5; --quick 3)")
     ap.add_argument("--jobs", type=int, default=None, help="jobs per drain (default 21000; --quick 2000)")
     ap.add_argument("--order", choices=("abab", "abba"), default="abab")
     ap.add_argument("--quick", action="store_true", help="a short run (under a minute): 3 pairs of 2,000 jobs")
@@ -243,16 +291,22 @@ def main() -> None:
     ap.add_argument("--b-queues", default="qa=3,qb=3", help="B: SWITCHBOARD_QUEUES")
     ap.add_argument("--track-functions", action="store_true",
                     help="per drain, calls and self time of the claim/finish functions (adds 11 s per drain)")
+    ap.add_argument("--pgss", action="store_true",
+                    help="per drain, the top statements (pg_stat_statements, track = all, nested ones included)")
+    ap.add_argument("--a-spread", type=int, default=0, help="A: priorities in -N..N (default 0: figure 3b)")
+    ap.add_argument("--b-spread", type=int, default=5, help="B: priorities in -N..N (default 5)")
     ap.add_argument("--target", type=float, default=0.9)
     a = ap.parse_args()
-    pairs_n = a.pairs or (3 if a.quick else 6)
+    spread = {"A": a.a_spread, "B": a.b_spread}
+    pairs_n = a.pairs or (3 if a.quick else 5)
     m = a.jobs or (2000 if a.quick else 21000)
     b_slots = a.b_default + sum(int(x.split("=")[1]) for x in a.b_queues.split(",") if x.strip())
     if b_slots != a.concurrency:
         log(f"note: B has {b_slots} slots per replica, A {a.concurrency}")
     out: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "loadavg_start": loadavg(),
                            "args": vars(a) | {"pairs": pairs_n, "jobs": m}, "pairs": [], "warmup": []}
-    cluster = Cluster()
+    cluster = Cluster({"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all"}
+                      if a.pgss else None)
     procs: dict[str, list[Proc]] = {}
     dbs: dict[str, str] = {}
     env = {"A": {"SWITCHBOARD_SCHEDULER_CONCURRENCY": str(a.concurrency)},
@@ -265,6 +319,9 @@ def main() -> None:
             if a.track_functions:
                 with psycopg.connect(cluster.url(), autocommit=True) as c:
                     c.execute(f'ALTER DATABASE "{dbs[side]}" SET track_functions = \'pl\'')
+            if a.pgss:
+                with psycopg.connect(cluster.url(dbs[side]), autocommit=True) as c:
+                    c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
             procs[side] = _start([replica(cluster, dbs[side], f"queues-ab-{side.lower()}-r{i}", env=env[side])
                                   for i in range(a.processes)])
         wait_options(cluster, dbs["B"])
@@ -272,7 +329,8 @@ def main() -> None:
         pids = {side: [p.pid for p in ps] for side, ps in procs.items()}
         log(f"{a.processes} replicas per side; A: {env['A']}; B: {env['B']}; {m} jobs per drain, {pairs_n} pairs")
         for side in ("A", "B"):
-            r = drain(cluster, dbs[side], side, max(m // 4, 300), pids[side], 0.5, a.track_functions)
+            r = drain(cluster, dbs[side], side, max(m // 4, 300), pids[side], 0.5, spread[side],
+                      a.track_functions, a.pgss)
             out["warmup"].append(r)
             log(line(r, "warm-up"))
         for i in range(pairs_n):
@@ -280,8 +338,9 @@ def main() -> None:
             pair: dict[str, Any] = {"pair": i + 1, "order": "".join(order)}
             for side in order:
                 pair[side] = drain(cluster, dbs[side], side, m, pids[side], (i + 1) / (pairs_n + 1),
-                                   a.track_functions)
+                                   spread[side], a.track_functions, a.pgss)
                 log(line(pair[side], f"pair {i + 1}"))
+                details(pair[side])
             pair["b_over_a"] = round(pair["B"]["jobs_per_s"] / pair["A"]["jobs_per_s"], 3)
             pair["busy_b_over_a"] = round(pair["B"]["all_queues_busy"]["jobs_per_s"]
                                           / pair["A"]["all_queues_busy"]["jobs_per_s"], 3)
