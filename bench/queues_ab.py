@@ -78,8 +78,14 @@ def enqueue_sql(side: str, spread: int) -> str:
     if side == "A":
         return ("SELECT count(*) FROM (SELECT switchboard.enqueue('noop'" + prio + ")"
                 " FROM generate_series(1, %s)) s")
-    return ("SELECT count(*) FROM (SELECT switchboard.enqueue((%s::text[])[1 + i %% 3]" + prio + ")"
+    return ("SELECT count(*) FROM (SELECT switchboard.enqueue((%s::text[])[1 + i %% %s]" + prio + ")"
             " FROM generate_series(0, %s - 1) AS i) s")
+
+
+def pattern(side: str, weights: tuple[int, ...]) -> list[str]:
+    """Job i goes to handler pattern[i % len(pattern)]: B's handlers, each repeated by its
+    weight (1,1,1: even thirds, the issue's figure; 2,3,3: in proportion to the slots)."""
+    return [h for h, w in zip(HANDLERS[side], weights if side == "B" else (1,)) for _ in range(w)]
 
 
 # Polled every 100 ms during a drain: through the partial indexes (queued; running with a
@@ -119,10 +125,17 @@ SELECT regexp_replace(query, '\\s+', ' ', 'g'), calls, total_exec_time, rows, sh
 
 
 def drain(cluster: Cluster, db: str, side: str, m: int, pids: list[int], seed: float, spread: int,
-          track_functions: bool = False, pgss: bool = False) -> dict[str, Any]:
-    """One figure-3b drain of M jobs (side A or B) by the replicas ``pids``; checked."""
+          track_functions: bool = False, pgss: bool = False, analyzed_history: bool = False,
+          weights: tuple[int, ...] = (1, 1, 1)) -> dict[str, Any]:
+    """One figure-3b drain of M jobs (side A or B) by the replicas ``pids``; checked.
+    ``analyzed_history``: ANALYZE the table while it holds the previous drain's finished
+    runs before emptying it (ANALYZE of an empty table keeps the column statistics), so
+    the planner sees what autoanalyze leaves on a production table: nearly every run
+    finished, almost none queued."""
     url, handlers = cluster.url(db), HANDLERS[side]
     with psycopg.connect(url, autocommit=True) as c:
+        if analyzed_history:
+            c.execute("ANALYZE switchboard.task_runs")
         c.execute("TRUNCATE switchboard.task_runs")
         c.execute("VACUUM ANALYZE switchboard.task_runs")
         if track_functions:
@@ -130,7 +143,8 @@ def drain(cluster: Cluster, db: str, side: str, m: int, pids: list[int], seed: f
     timeout = max(120.0, m / 50)
     with psycopg.connect(url) as c:
         c.execute("SELECT setseed(%s)", (seed,))
-        n = c.execute(enqueue_sql(side, spread), (m,) if side == "A" else (handlers, m)).fetchone()[0]
+        pat = pattern(side, weights)
+        n = c.execute(enqueue_sql(side, spread), (m,) if side == "A" else (pat, len(pat), m)).fetchone()[0]
         if n != m:
             raise RuntimeError(f"{side}: enqueued {n} jobs, not {m}")
         if pgss:
@@ -184,12 +198,13 @@ def drain(cluster: Cluster, db: str, side: str, m: int, pids: list[int], seed: f
     if statements is not None:
         res["statements"] = statements
     res["priority_spread"] = spread
-    res["problems"] = problems(res, side, m, spread)
+    res["weights"] = list(weights) if side == "B" else [1]
+    res["problems"] = problems(res, side, m, spread, pat)
     res["ok"] = not res["problems"]
     return res
 
 
-def problems(res: dict[str, Any], side: str, m: int, spread: int) -> list[str]:
+def problems(res: dict[str, Any], side: str, m: int, spread: int, pat: list[str]) -> list[str]:
     """What is wrong with a drain: every job succeeded exactly once, in its handler's queue
     (A: the default queue), at a priority in -spread..spread."""
     out = []
@@ -198,8 +213,7 @@ def problems(res: dict[str, Any], side: str, m: int, spread: int) -> list[str]:
     for key in ("failed_or_abandoned", "retried", "duplicates"):
         if res[key]:
             out.append(f"{res[key]} {key}")
-    share = {h: m // len(HANDLERS[side]) + (1 if i < m % len(HANDLERS[side]) else 0)
-             for i, h in enumerate(HANDLERS[side])}
+    share = {h: sum(1 for i in range(m) if pat[i % len(pat)] == h) for h in HANDLERS[side]}
     for g in res["per_handler"]:
         if g["queue"] != QUEUE_OF[g["handler"]]:
             out.append(f"{g['rows']} {g['handler']} jobs in queue {g['queue']}")
@@ -295,9 +309,22 @@ def main() -> None:
                     help="per drain, the top statements (pg_stat_statements, track = all, nested ones included)")
     ap.add_argument("--a-spread", type=int, default=0, help="A: priorities in -N..N (default 0: figure 3b)")
     ap.add_argument("--b-spread", type=int, default=5, help="B: priorities in -N..N (default 5)")
+    ap.add_argument("--analyzed-history", action="store_true",
+                    help="each drain starts with the statistics autoanalyze leaves on a production table "
+                         "(the previous drain's finished runs analysed): the planner believes almost no "
+                         "run is queued")
+    ap.add_argument("--b-weights", default="1,1,1",
+                    help="B: shares of the jobs for noop, bench.qa, bench.qb (default even thirds; 2,3,3 "
+                         "splits them as the slots are, so no queue drains on its own at the end)")
+    ap.add_argument("--b-sql", type=Path, default=None,
+                    help="SQL run in B's database before its replicas start: a prototype of a change to "
+                         "the claim, measured without touching the tree's functions")
     ap.add_argument("--target", type=float, default=0.9)
     a = ap.parse_args()
     spread = {"A": a.a_spread, "B": a.b_spread}
+    weights = tuple(int(x) for x in a.b_weights.split(","))
+    if len(weights) != 3 or min(weights) < 1:
+        ap.error("--b-weights: three whole numbers of at least 1, e.g. 2,3,3")
     pairs_n = a.pairs or (3 if a.quick else 5)
     m = a.jobs or (2000 if a.quick else 21000)
     b_slots = a.b_default + sum(int(x.split("=")[1]) for x in a.b_queues.split(",") if x.strip())
@@ -322,6 +349,9 @@ def main() -> None:
             if a.pgss:
                 with psycopg.connect(cluster.url(dbs[side]), autocommit=True) as c:
                     c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            if side == "B" and a.b_sql:
+                with psycopg.connect(cluster.url(dbs[side]), autocommit=True) as c:
+                    c.execute(a.b_sql.read_text())  # a prototype to measure: trusted input
             procs[side] = _start([replica(cluster, dbs[side], f"queues-ab-{side.lower()}-r{i}", env=env[side])
                                   for i in range(a.processes)])
         wait_options(cluster, dbs["B"])
@@ -330,7 +360,7 @@ def main() -> None:
         log(f"{a.processes} replicas per side; A: {env['A']}; B: {env['B']}; {m} jobs per drain, {pairs_n} pairs")
         for side in ("A", "B"):
             r = drain(cluster, dbs[side], side, max(m // 4, 300), pids[side], 0.5, spread[side],
-                      a.track_functions, a.pgss)
+                      a.track_functions, a.pgss, a.analyzed_history, weights)
             out["warmup"].append(r)
             log(line(r, "warm-up"))
         for i in range(pairs_n):
@@ -338,7 +368,7 @@ def main() -> None:
             pair: dict[str, Any] = {"pair": i + 1, "order": "".join(order)}
             for side in order:
                 pair[side] = drain(cluster, dbs[side], side, m, pids[side], (i + 1) / (pairs_n + 1),
-                                   spread[side], a.track_functions, a.pgss)
+                                   spread[side], a.track_functions, a.pgss, a.analyzed_history, weights)
                 log(line(pair[side], f"pair {i + 1}"))
                 details(pair[side])
             pair["b_over_a"] = round(pair["B"]["jobs_per_s"] / pair["A"]["jobs_per_s"], 3)
