@@ -212,3 +212,42 @@ def test_the_queue_claim_still_takes_due_ticks_and_rescues_expired_leases(db: st
         c.execute("SELECT * FROM switchboard.claim_due_tasks('w2', '60 seconds', '{default,emails}', '{1,1}')")
         assert c.execute("SELECT status FROM switchboard.task_runs WHERE id = %s", (mail,)).fetchone() == ("abandoned",)
         assert c.execute("SELECT count(*) FROM switchboard.task_runs WHERE retry_of = %s", (mail,)).fetchone() == (1,)
+
+
+def _buffers(plan: dict) -> int:
+    p = plan["Plan"]
+    return int(p.get("Shared Hit Blocks", 0)) + int(p.get("Shared Read Blocks", 0))
+
+
+def test_claims_walk_the_index_head_after_an_analyze_that_saw_no_queued_run(db: str) -> None:
+    """Autoanalyze between bursts sees a table of finished runs: the planner then believes
+    about one run is queued, and reading every due run through task_runs_queued plus a
+    sort by (priority DESC, run_at, id) looked as cheap as the ordered walk of
+    task_runs_ready -- a claim read the whole backlog (bench/queues_ab.py
+    --analyzed-history). Counted in buffers, so it holds on any machine."""
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("UPDATE switchboard.tasks SET is_active = false")
+        _opts(c, "opt.qa", '{"queue": "qa"}')
+        c.execute("""INSERT INTO switchboard.task_runs (handler, args, status, trigger, max_attempts, run_at,
+                                                       finished_at, queue, priority)
+                     SELECT CASE WHEN i % 2 = 0 THEN 'noop' ELSE 'opt.qa' END, '{}', 'succeeded', 'enqueue', 3,
+                            now() - interval '1 hour', now(), CASE WHEN i % 2 = 0 THEN 'default' ELSE 'qa' END,
+                            (i % 11) - 5
+                       FROM generate_series(1, 60000) i""")
+        c.execute("ANALYZE switchboard.task_runs")          # what autoanalyze saw: nothing queued
+        c.execute("TRUNCATE switchboard.task_runs")         # the finished runs reaped; ANALYZE of an
+        c.execute("VACUUM ANALYZE switchboard.task_runs")   # empty table keeps those statistics
+        c.execute("""INSERT INTO switchboard.task_runs (handler, args, status, trigger, max_attempts, run_at,
+                                                       queue, priority)
+                     SELECT CASE WHEN i % 2 = 0 THEN 'noop' ELSE 'opt.qa' END, '{}', 'queued', 'enqueue', 3,
+                            now() - interval '1 minute', CASE WHEN i % 2 = 0 THEN 'default' ELSE 'qa' END,
+                            (i % 11) - 5
+                       FROM generate_series(1, 60000) i""")
+        backlog_pages = c.execute("SELECT pg_relation_size('switchboard.task_runs') / 8192").fetchone()[0]
+        assert backlog_pages > 600
+        for call in ("claim_due_task('w1')", "claim_due_tasks('w2', '60 seconds', 4)",
+                     "claim_due_tasks('w3', '60 seconds', '{default,qa}', '{2,3}')"):
+            c.execute(f"SELECT * FROM switchboard.{call}")
+            used = [_buffers(c.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM switchboard.{call}"
+                                       ).fetchone()[0][0]) for _ in range(6)]
+            assert max(used) < backlog_pages / 4, (call, used, backlog_pages)

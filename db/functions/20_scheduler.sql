@@ -455,12 +455,21 @@ REVOKE ALL ON FUNCTION switchboard._tasks_broken() FROM PUBLIC;
 -- task_runs_ready (a sort growing with the backlog against one entry read). The expression has no
 -- statistics: the planner uses its default selectivity (most rows kept) and
 -- walks task_runs_ready. tests/test_batch_claim.py counts the buffers.
+-- enable_sort = off (V0030): the estimate that still misleads is the table's own.
+-- After an ANALYZE of a task_runs whose runs had nearly all finished (autoanalyze
+-- between bursts; bench/queues_ab.py --analyzed-history), the planner believes about
+-- one run is queued: reading every due run through task_runs_queued and sorting them
+-- by (priority DESC, run_at, id) then looks as cheap as the ordered walk, and a claim
+-- read the whole backlog (BENCHMARKS.md, "Issue 33: queues and priorities in the
+-- drain"). Every claim statement has an index that gives its order, so the setting
+-- only removes the wrong choice, as the two above do.
 CREATE OR REPLACE FUNCTION switchboard.claim_due_task(worker text, lease interval DEFAULT '60 seconds')
 RETURNS SETOF switchboard.task_runs
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 SET enable_bitmapscan = off
+SET enable_sort = off
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -39,6 +39,7 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 SET enable_bitmapscan = off
+SET enable_sort = off
 AS $$
 DECLARE
     v_first switchboard.task_runs;
@@ -226,6 +227,7 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 SET enable_bitmapscan = off
+SET enable_sort = off
 AS $$
 DECLARE
     v_default integer := 0;
