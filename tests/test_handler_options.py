@@ -175,11 +175,11 @@ def test_finish_run_with_retry_false_fails_for_good(db: str) -> None:
         throws_ok(c, "SELECT switchboard.finish_run(1, 'w', false, NULL, 'x', NULL)", "22023")
 
 
-def test_the_handlers_view_shows_the_stored_options(db: str) -> None:
+def test_the_stored_options_are_read_back_and_a_restart_writes_nothing(db: str) -> None:
     with psycopg.connect(db, autocommit=True) as c:
         _opts(c, "opt.view", '{"queue": "emails", "timeout": 30, "backoff_jitter": 0.25}')
         row = c.execute("SELECT queue, priority, max_attempts, backoff_base, backoff_cap, backoff_jitter, timeout "
-                        "FROM switchboard.handlers WHERE handler = 'opt.view'").fetchone()
+                        "FROM switchboard.handler_options WHERE handler = 'opt.view'").fetchone()
         assert row == ("emails", 0, 3, timedelta(seconds=1), timedelta(hours=1), 0.25, timedelta(seconds=30))
         # the same registration again writes nothing (a restart is not an update) ...
         before = c.execute("SELECT xmin::text FROM switchboard.handler_options WHERE handler = 'opt.view'").fetchone()

@@ -174,7 +174,7 @@ def test_cancel_stops_a_handler_on_another_replica(db: str, server_factory) -> N
         assert after["error"].endswith(f"while running on {run['worker']}")
         assert h.get("/runs", headers=admin, params={"handler": "sleep"}).json()["runs"] == [
             {k: v for k, v in after.items() if k not in ("args", "result", "lease_expires_at", "scheduled_for",
-                                                         "queueing_lock")}]
+                                                         "queueing_lock", "queue", "priority")}]
     assert "cancelled by an operator; stopping its handler" in a.log()
     print(f"cancel on replica B: answered in {t_answer * 1000:.0f} ms; replica A's handler stopped "
           f"(slot free) {stopped * 1000:.0f} ms after the request (includes the 1 s grace)")

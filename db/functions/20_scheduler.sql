@@ -653,7 +653,11 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_run switchboard.task_runs;
-    v_opt switchboard.handler_options;
+    -- the handler's options as scalars: no variable of handler_options' type (V0030),
+    -- which does not exist at an older migration target the function files load at
+    v_opt_attempts integer;
+    v_opt_priority integer;
+    v_opt_queue text;
     v_attempts integer;
     v_priority integer;
     v_queue text;
@@ -667,19 +671,20 @@ BEGIN
         RAISE EXCEPTION 'invalid queueing_lock "%"', enqueue.queueing_lock USING ERRCODE = '22023',
             HINT = 'A queueing lock is 1 to 200 characters.';
     END IF;
-    SELECT * INTO v_opt FROM switchboard.handler_options o WHERE o.handler = enqueue.handler;
-    v_attempts := coalesce(enqueue.max_attempts, v_opt.max_attempts, 3);
+    SELECT o.max_attempts, o.priority, o.queue INTO v_opt_attempts, v_opt_priority, v_opt_queue
+      FROM switchboard.handler_options o WHERE o.handler = enqueue.handler;
+    v_attempts := coalesce(enqueue.max_attempts, v_opt_attempts, 3);
     IF v_attempts NOT BETWEEN 1 AND 100 THEN
         RAISE EXCEPTION 'invalid max_attempts %', v_attempts
             USING ERRCODE = '22023', HINT = 'max_attempts is between 1 and 100.';
     END IF;
-    v_priority := coalesce(enqueue.priority, v_opt.priority, 0);
+    v_priority := coalesce(enqueue.priority, v_opt_priority, 0);
     IF v_priority NOT BETWEEN -100 AND 100 THEN
         RAISE EXCEPTION 'invalid priority %', v_priority USING ERRCODE = '22023',
             HINT = 'priority is between -100 and 100; a higher priority is claimed first within its queue.';
     END IF;
-    v_queue := coalesce(enqueue.queue, v_opt.queue, 'default');
-    IF enqueue.queue IS NOT NULL AND v_queue IS DISTINCT FROM v_opt.queue AND v_queue <> 'default' THEN
+    v_queue := coalesce(enqueue.queue, v_opt_queue, 'default');
+    IF enqueue.queue IS NOT NULL AND v_queue IS DISTINCT FROM v_opt_queue AND v_queue <> 'default' THEN
         PERFORM switchboard._check_queue(v_queue);
         IF NOT EXISTS (SELECT 1 FROM switchboard.handler_options o WHERE o.queue = v_queue) THEN
             RAISE EXCEPTION 'queue "%" does not exist', v_queue USING ERRCODE = '22023',

@@ -33,16 +33,24 @@ REVOKE ALL ON FUNCTION switchboard._check_queue(text) FROM PUBLIC;
 -- overflows long before the cap applies.
 CREATE OR REPLACE FUNCTION switchboard._retry_delay(handler text, attempt integer)
 RETURNS interval
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT make_interval(secs =>
-               least(extract(epoch FROM coalesce(o.backoff_cap, interval '1 hour'))::double precision,
-                     extract(epoch FROM coalesce(o.backoff_base, interval '1 second'))::double precision
+-- PL/pgSQL, not SQL: its body is not resolved when the function files are applied at a
+-- migration target older than V0030 (no handler_options table yet).
+DECLARE
+    v_base interval;
+    v_cap interval;
+    v_jitter real;
+BEGIN
+    SELECT o.backoff_base, o.backoff_cap, o.backoff_jitter INTO v_base, v_cap, v_jitter
+      FROM switchboard.handler_options o WHERE o.handler = _retry_delay.handler;
+    RETURN make_interval(secs =>
+               least(extract(epoch FROM coalesce(v_cap, interval '1 hour'))::double precision,
+                     extract(epoch FROM coalesce(v_base, interval '1 second'))::double precision
                      * power(2::double precision, least(greatest(_retry_delay.attempt, 0), 60)))
-               * (1 - coalesce(o.backoff_jitter, 0) * random()))
-      FROM (SELECT 1) AS one
-      LEFT JOIN switchboard.handler_options o ON o.handler = _retry_delay.handler
+               * (1 - coalesce(v_jitter, 0) * random()));
+END
 $$;
 REVOKE ALL ON FUNCTION switchboard._retry_delay(text, integer) FROM PUBLIC;
 COMMENT ON FUNCTION switchboard._retry_delay(text, integer) IS
@@ -92,17 +100,27 @@ REVOKE ALL ON FUNCTION switchboard._option_int(jsonb, text, integer, integer, in
 
 -- set_handler_options: what a replica calls at start for each handler it runs
 -- (the whole registration: a key left out takes its default). The last writer
--- wins; during a rolling update that is the newest replica to start.
+-- wins; during a rolling update that is the newest replica to start. Returns
+-- whether the stored row changed. No variable or result of the table's type: the
+-- function files are applied at HEAD even at an older migration target (pgmigrate
+-- -t N), where the table does not exist yet.
 CREATE OR REPLACE FUNCTION switchboard.set_handler_options(handler text, options jsonb, set_by text DEFAULT NULL)
-RETURNS switchboard.handler_options
+RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_variable
 DECLARE
-    v switchboard.handler_options;
     v_key text;
-    v_jitter jsonb;
+    v_queue text;
+    v_priority integer;
+    v_attempts integer;
+    v_base interval;
+    v_cap interval;
+    v_jitter real := 0;
+    v_timeout interval;
+    v_jitter_json jsonb;
+    v_n integer;
 BEGIN
     PERFORM switchboard._check_handler(handler);
     IF options IS NULL OR jsonb_typeof(options) <> 'object' THEN
@@ -119,37 +137,34 @@ BEGIN
     IF set_by IS NOT NULL AND length(set_by) > 200 THEN
         RAISE EXCEPTION 'set_by is longer than 200 characters' USING ERRCODE = '22023';
     END IF;
-    v.handler := handler;
-    v.queue := coalesce(options ->> 'queue', 'default');
     IF jsonb_typeof(options -> 'queue') NOT IN ('string', 'null') THEN
         RAISE EXCEPTION 'invalid handler option queue: %', left((options -> 'queue')::text, 40) USING ERRCODE = '22023',
             HINT = 'queue is a name such as "emails".';
     END IF;
-    PERFORM switchboard._check_queue(v.queue);
-    v.priority := switchboard._option_int(options, 'priority', -100, 100, 0);
-    v.max_attempts := switchboard._option_int(options, 'max_attempts', 1, 100, 3);
-    v.backoff_base := coalesce(switchboard._option_seconds(options, 'backoff_base', 0, 86400), interval '1 second');
-    v.backoff_cap := coalesce(switchboard._option_seconds(options, 'backoff_cap', 0, 604800), interval '1 hour');
-    IF v.backoff_cap < v.backoff_base THEN
-        RAISE EXCEPTION 'invalid handler options: backoff_cap % is less than backoff_base %', v.backoff_cap,
-                        v.backoff_base USING ERRCODE = '22023', HINT = 'The cap is the longest wait: at least the base.';
+    v_queue := coalesce(options ->> 'queue', 'default');
+    PERFORM switchboard._check_queue(v_queue);
+    v_priority := switchboard._option_int(options, 'priority', -100, 100, 0);
+    v_attempts := switchboard._option_int(options, 'max_attempts', 1, 100, 3);
+    v_base := coalesce(switchboard._option_seconds(options, 'backoff_base', 0, 86400), interval '1 second');
+    v_cap := coalesce(switchboard._option_seconds(options, 'backoff_cap', 0, 604800), interval '1 hour');
+    IF v_cap < v_base THEN
+        RAISE EXCEPTION 'invalid handler options: backoff_cap % is less than backoff_base %', v_cap, v_base
+            USING ERRCODE = '22023', HINT = 'The cap is the longest wait: at least the base.';
     END IF;
-    v_jitter := options -> 'backoff_jitter';
-    IF v_jitter IS NOT NULL AND jsonb_typeof(v_jitter) <> 'null' THEN
-        IF jsonb_typeof(v_jitter) <> 'number' OR v_jitter::text::numeric NOT BETWEEN 0 AND 1 THEN
-            RAISE EXCEPTION 'invalid handler option backoff_jitter: %', left(v_jitter::text, 40) USING ERRCODE = '22023',
-                HINT = 'backoff_jitter is the share of the wait taken off at random: 0 to 1.';
+    v_jitter_json := options -> 'backoff_jitter';
+    IF v_jitter_json IS NOT NULL AND jsonb_typeof(v_jitter_json) <> 'null' THEN
+        IF jsonb_typeof(v_jitter_json) <> 'number' OR v_jitter_json::text::numeric NOT BETWEEN 0 AND 1 THEN
+            RAISE EXCEPTION 'invalid handler option backoff_jitter: %', left(v_jitter_json::text, 40)
+                USING ERRCODE = '22023', HINT = 'backoff_jitter is the share of the wait taken off at random: 0 to 1.';
         END IF;
-        v.backoff_jitter := v_jitter::text::numeric::real;
-    ELSE
-        v.backoff_jitter := 0;
+        v_jitter := v_jitter_json::text::numeric::real;
     END IF;
-    v.timeout := switchboard._option_seconds(options, 'timeout', 0, 86400);
+    v_timeout := switchboard._option_seconds(options, 'timeout', 0, 86400);
     INSERT INTO switchboard.handler_options AS o
         (handler, queue, priority, max_attempts, backoff_base, backoff_cap, backoff_jitter, timeout,
          updated_at, updated_by)
-    VALUES (v.handler, v.queue, v.priority, v.max_attempts, v.backoff_base, v.backoff_cap, v.backoff_jitter,
-            v.timeout, now(), coalesce(set_by, session_user))
+    VALUES (handler, v_queue, v_priority, v_attempts, v_base, v_cap, v_jitter, v_timeout, now(),
+            coalesce(set_by, session_user))
     ON CONFLICT ON CONSTRAINT handler_options_pkey DO UPDATE
        SET queue = EXCLUDED.queue, priority = EXCLUDED.priority, max_attempts = EXCLUDED.max_attempts,
            backoff_base = EXCLUDED.backoff_base, backoff_cap = EXCLUDED.backoff_cap,
@@ -158,15 +173,12 @@ BEGIN
      -- a replica restarting with the same registration writes nothing
      WHERE (o.queue, o.priority, o.max_attempts, o.backoff_base, o.backoff_cap, o.backoff_jitter, o.timeout)
            IS DISTINCT FROM (EXCLUDED.queue, EXCLUDED.priority, EXCLUDED.max_attempts, EXCLUDED.backoff_base,
-                             EXCLUDED.backoff_cap, EXCLUDED.backoff_jitter, EXCLUDED.timeout)
-    RETURNING * INTO v;
-    IF NOT FOUND THEN
-        SELECT * INTO v FROM switchboard.handler_options o WHERE o.handler = set_handler_options.handler;
-    END IF;
-    RETURN v;
+                             EXCLUDED.backoff_cap, EXCLUDED.backoff_jitter, EXCLUDED.timeout);
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n > 0;
 END
 $$;
 COMMENT ON FUNCTION switchboard.set_handler_options(text, jsonb, text) IS
-    'Store a handler''s registration (replicas call it at start): options is a JSON object with any of queue, priority (-100..100), max_attempts (1..100), backoff_base and backoff_cap (seconds), backoff_jitter (0..1), timeout (seconds or null); a key left out takes its default. Replaces the whole row. 22023 names a bad key or value.';
+    'Store a handler''s registration (replicas call it at start): options is a JSON object with any of queue, priority (-100..100), max_attempts (1..100), backoff_base and backoff_cap (seconds), backoff_jitter (0..1), timeout (seconds or null); a key left out takes its default. Replaces the whole row; true if it changed. 22023 names a bad key or value.';
 REVOKE ALL ON FUNCTION switchboard.set_handler_options(text, jsonb, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.set_handler_options(text, jsonb, text) TO switchboard_app;

@@ -25,7 +25,7 @@ CREATE OR REPLACE VIEW switchboard.runs AS
            (extract(epoch FROM coalesce(r.finished_at, CASE WHEN r.status = 'running' THEN now() END)
                                - r.started_at) * 1000)::bigint AS duration_ms,
            r.error, r.retry_of, r.lease_expires_at, r.scheduled_for, r.queueing_lock,
-           r.args, r.result, r.queue, r.priority
+           r.args, r.result
       FROM switchboard.task_runs r
       LEFT JOIN switchboard.tasks t ON t.id = r.task_id;
 COMMENT ON VIEW switchboard.runs IS
@@ -52,8 +52,6 @@ COMMENT ON COLUMN switchboard.runs.scheduled_for IS 'The tick this run is for (s
 COMMENT ON COLUMN switchboard.runs.queueing_lock IS 'enqueue()''s queueing lock, if any.';
 COMMENT ON COLUMN switchboard.runs.args IS 'JSON arguments.';
 COMMENT ON COLUMN switchboard.runs.result IS 'JSON result of a succeeded run.';
-COMMENT ON COLUMN switchboard.runs.queue IS 'Its queue (default unless the handler''s options or enqueue() named another).';
-COMMENT ON COLUMN switchboard.runs.priority IS 'Its priority within the queue (-100 to 100, higher first).';
 GRANT SELECT ON switchboard.runs TO switchboard_app;
 
 CREATE OR REPLACE FUNCTION switchboard._check_run_status(status text)

@@ -210,26 +210,18 @@ CREATE OR REPLACE VIEW switchboard.handlers AS
                  WHERE r.status IN ('queued', 'running') GROUP BY r.handler) AS w
          GROUP BY w.handler
     )
-    SELECT coalesce(s.handler, w.handler, p.handler, o.handler) AS handler,
+    SELECT coalesce(s.handler, w.handler, p.handler) AS handler,
            s.handler IS NOT NULL AS served,
            coalesce(s.live_replicas, 0) AS live_replicas,
            coalesce(s.versions, '{}') AS versions,
            coalesce(w.active_tasks, 0) AS active_tasks,
            coalesce(w.pending_runs, 0) AS pending_runs,
            p.handler IS NOT NULL AS paused,
-           p.paused_at,
-           coalesce(o.queue, 'default') AS queue,
-           coalesce(o.priority, 0) AS priority,
-           coalesce(o.max_attempts, 3) AS max_attempts,
-           coalesce(o.backoff_base, interval '1 second') AS backoff_base,
-           coalesce(o.backoff_cap, interval '1 hour') AS backoff_cap,
-           coalesce(o.backoff_jitter, 0) AS backoff_jitter,
-           o.timeout
+           p.paused_at
       FROM served s FULL JOIN wanted w ON w.handler = s.handler
-      FULL JOIN switchboard.paused_handlers p ON p.handler = coalesce(s.handler, w.handler)
-      FULL JOIN switchboard.handler_options o ON o.handler = coalesce(s.handler, w.handler, p.handler);
+      FULL JOIN switchboard.paused_handlers p ON p.handler = coalesce(s.handler, w.handler);
 COMMENT ON VIEW switchboard.handlers IS
-    'Task handlers served by live replicas, wanted by active tasks or queued/running runs, paused, or registered (handler_options, whose values it shows); served = false means no live replica runs it, paused = true that claims skip its work (pause_handler()).';
+    'Task handlers served by live replicas, wanted by active tasks or queued/running runs, or paused; served = false means no live replica runs it, paused = true that claims skip its work (pause_handler()).';
 COMMENT ON COLUMN switchboard.handlers.handler IS 'Handler name.';
 COMMENT ON COLUMN switchboard.handlers.served IS 'Some live replica runs it.';
 COMMENT ON COLUMN switchboard.handlers.live_replicas IS 'How many live replicas run it.';
@@ -238,13 +230,6 @@ COMMENT ON COLUMN switchboard.handlers.active_tasks IS 'Active tasks with this h
 COMMENT ON COLUMN switchboard.handlers.pending_runs IS 'Queued or running runs with this handler.';
 COMMENT ON COLUMN switchboard.handlers.paused IS 'Paused by pause_handler(): claims skip its queued runs and due ticks.';
 COMMENT ON COLUMN switchboard.handlers.paused_at IS 'When it was paused.';
-COMMENT ON COLUMN switchboard.handlers.queue IS 'Queue of its jobs (handler_options; default without a row).';
-COMMENT ON COLUMN switchboard.handlers.priority IS 'Priority of its jobs (handler_options).';
-COMMENT ON COLUMN switchboard.handlers.max_attempts IS 'Attempts of its jobs unless enqueue() says otherwise (handler_options).';
-COMMENT ON COLUMN switchboard.handlers.backoff_base IS 'Retry backoff base: retry N+1 waits least(backoff_cap, backoff_base * 2^N), less up to backoff_jitter of it.';
-COMMENT ON COLUMN switchboard.handlers.backoff_cap IS 'Longest wait before a retry.';
-COMMENT ON COLUMN switchboard.handlers.backoff_jitter IS 'Share of the wait taken off at random (0 to 1).';
-COMMENT ON COLUMN switchboard.handlers.timeout IS 'Runs still in the handler after this long fail (NULL: none).';
 GRANT SELECT ON switchboard.handlers TO switchboard_app;
 
 -- Tool bridge. tool_call_send (50_events.sql) registers the call (who it went

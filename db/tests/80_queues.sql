@@ -13,8 +13,7 @@ SELECT plan(31);
 
 -- The API and the layout a DBA reads with \d+.
 SELECT has_function('switchboard', 'set_handler_options', ARRAY['text', 'jsonb', 'text']);
-SELECT function_returns('switchboard', 'set_handler_options', ARRAY['text', 'jsonb', 'text'],
-                        'switchboard.handler_options');
+SELECT function_returns('switchboard', 'set_handler_options', ARRAY['text', 'jsonb', 'text'], 'boolean');
 SELECT has_function('switchboard', 'claim_due_tasks', ARRAY['text', 'interval', 'text[]', 'integer[]']);
 SELECT has_function('switchboard', 'finish_and_claim',
                     ARRAY['text', 'bigint[]', 'jsonb[]', 'interval', 'text[]', 'integer[]']);
@@ -30,11 +29,11 @@ SELECT function_privs_are('switchboard', 'set_handler_options', ARRAY['text', 'j
                           'switchboard_publisher', ARRAY[]::text[], 'a publisher cannot change handler options');
 
 -- Options are stored and read back through the handlers view.
-SELECT is((SELECT queue FROM switchboard.set_handler_options('pgtap.mail',
-              '{"queue": "pgtap_mail", "priority": 5, "max_attempts": 6, "timeout": 30}')),
-          'pgtap_mail', 'set_handler_options stores the queue');
-SELECT is((SELECT (queue, priority, max_attempts, timeout)::text FROM switchboard.handlers
-            WHERE handler = 'pgtap.mail'), '(pgtap_mail,5,6,00:00:30)', 'the handlers view shows the options');
+SELECT ok(switchboard.set_handler_options('pgtap.mail',
+              '{"queue": "pgtap_mail", "priority": 5, "max_attempts": 6, "timeout": 30}'),
+          'set_handler_options stores a new registration (true: changed)');
+SELECT is((SELECT (queue, priority, max_attempts, timeout)::text FROM switchboard.handler_options
+            WHERE handler = 'pgtap.mail'), '(pgtap_mail,5,6,00:00:30)', 'the options are stored');
 
 -- Bad options: 22023, naming the value.
 SELECT throws_like($$SELECT switchboard.set_handler_options('pgtap.x', '{"prio": 1}')$$,

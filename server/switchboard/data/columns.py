@@ -25,7 +25,11 @@ RUN_VIEW_COLUMNS = (
     f"{_ts('run_at')}, started_at, finished_at, duration_ms, error, retry_of"
 )
 RUN_DETAIL_COLUMNS = (
-    f"{RUN_VIEW_COLUMNS}, lease_expires_at, {_ts('scheduled_for')}, queueing_lock, args, result, queue, priority"
+    f"{RUN_VIEW_COLUMNS}, lease_expires_at, {_ts('scheduled_for')}, queueing_lock, args, result, "
+    # not in the runs view: the function files (the view among them) load at older migration
+    # targets too, where task_runs has no such columns (V0030)
+    "(SELECT t.queue FROM switchboard.task_runs t WHERE t.id = runs.id) AS queue, "
+    "(SELECT t.priority FROM switchboard.task_runs t WHERE t.id = runs.id) AS priority"
 )
 HANDLER_COLUMNS = "handler AS name, paused, paused_at, served, live_replicas AS replicas, versions, " \
                   "active_tasks, pending_runs"
