@@ -251,3 +251,11 @@ def test_claims_walk_the_index_head_after_an_analyze_that_saw_no_queued_run(db: 
             used = [_buffers(c.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM switchboard.{call}"
                                        ).fetchone()[0][0]) for _ in range(6)]
             assert max(used) < backlog_pages / 4, (call, used, backlog_pages)
+
+
+def test_a_huge_queue_or_handler_name_is_refused_without_being_echoed_whole(conn: psycopg.Connection) -> None:
+    for sql in ("SELECT switchboard.enqueue('opt.x', queue => repeat('q', 1000000))",
+                "SELECT switchboard.enqueue(repeat('h', 1000000))",
+                "SELECT switchboard.set_handler_options('opt.x', jsonb_build_object('queue', repeat('q', 1000000)))"):
+        exc = throws_ok(conn, sql, "22023")
+        assert len(str(exc)) < 2000, len(str(exc))

@@ -49,7 +49,7 @@ BEGIN
     -- engine several microseconds per match, on every enqueue (BENCHMARKS.md, "Issue 33:
     -- enqueue from application code"; V0023 did the same for event labels).
     IF handler IS NULL OR length(handler) > 128 OR handler !~ '^[A-Za-z_][A-Za-z0-9_.:-]*$' THEN
-        RAISE EXCEPTION 'invalid handler name "%"', handler
+        RAISE EXCEPTION 'invalid handler name "%"', left(handler, 200)
             USING ERRCODE = '22023',
                   HINT = 'A handler is a name like sql, notify, maintenance or myapp.send_mail (letters, digits, _ . : -).';
     END IF;

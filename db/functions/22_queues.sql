@@ -19,7 +19,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF queue IS NULL OR queue !~ '^[a-z][a-z0-9_.-]{0,62}$' THEN
-        RAISE EXCEPTION 'invalid queue name "%"', queue USING ERRCODE = '22023',
+        RAISE EXCEPTION 'invalid queue name "%"', left(queue, 80) USING ERRCODE = '22023',
             HINT = 'A queue is a lower-case name of up to 63 characters: letters, digits, _ . - (e.g. default, emails).';
     END IF;
 END
