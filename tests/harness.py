@@ -62,6 +62,19 @@ def make_user(url: str, username: str, password: str = "pw-" + "s" * 12, role: s
                              (username, hash_pw(password), role)).fetchone()[0])
 
 
+def tick_covering_everything(url: str, timeout: float = 30) -> None:
+    """Take a tick that covers every event committed before this call. event_tick()
+    answers -1 while a relay holds the ticker row, and that relay's snapshot may predate
+    the caller's last publish, so a caller that needs its own events covered (a test
+    about to reap them) asks again until it gets a tick (> 0) or "already covered" (0)."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(url, autocommit=True) as c:
+        while c.execute("SELECT switchboard.event_tick()").fetchone()[0] < 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the ticker row stayed held for %ss" % timeout)
+            time.sleep(0.01)
+
+
 class Server:
     """One replica: `switchboard serve` in its own process."""
 
