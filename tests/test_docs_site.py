@@ -11,12 +11,25 @@ Examples: an HTML comment right before a fenced block marks it for this suite
     <!-- test: python prelude=NAME -->     the same after PRELUDES[NAME] (what the page leaves
                                            to the reader's app: a connection string, a table)
     <!-- test: psql -->                    the statements of a psql transcript (output lines
-                                           skipped), run by psql with ON_ERROR_STOP
+                                           skipped), run by psql; the errors it raises must be
+                                           exactly the `ERROR:` lines the transcript shows
+    <!-- test: psql session=NAME -->       the page's blocks of session NAME run in order in one
+                                           psql session (later blocks use the variables earlier ones set)
+    <!-- test: ts [prelude=NAME] -->       type-checked by tsc --strict against the client's src/
+    <!-- test: excerpt of=PATH -->         the block's code lines (comments and indentation aside)
+                                           are lines of PATH, in order: a quote that cannot drift
+                                           from a file another test runs
+    <!-- fragment: WHY -->                 not a complete program (a sketch, a config excerpt):
+                                           said so, so no runnable block is left unmarked
+
+Every python, ts, tsx and sql block, and every unlabelled block that holds a psql
+statement, carries one of these (test_every_runnable_block_is_marked).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -178,7 +191,9 @@ def test_the_link_check_sees_a_broken_link(tmp_path: Path) -> None:
 
 
 # -- examples that run -------------------------------------------------------------------------
-MARK = re.compile(r"^<!-- test: (python|psql)((?: \w+=\S+)*) -->\n```(\w*)\n(.*?)^```", re.M | re.S)
+MARK = re.compile(r"^<!-- test: (python|psql|ts|excerpt)((?: \w+=\S+)*) -->$")
+FRAGMENT = re.compile(r"^<!-- fragment: \S.* -->$")
+PSQL_STATEMENT = re.compile(r"^(SELECT|INSERT|UPDATE|DELETE|CALL|WITH|BEGIN|COMMIT|ROLLBACK|SET|GRANT|CREATE|LISTEN|\\)")
 
 PRELUDES = {
     # docs/how-to/publish-from-python.md: the reader's own table, user and connection string
@@ -192,8 +207,55 @@ with psycopg.connect(dsn, autocommit=True) as _c:
     user_id = _c.execute("SELECT switchboard.create_user('ada', %s, 'member')",
                          ("$argon2id$v=19$m=65536,t=3,p=4$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA",)).fetchone()[0]
 """,
+    # docs/how-to/streams.md: the user an answer is for
+    "admin": """
+import os
+import psycopg
+with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as _c:
+    ADMIN_ID = str(_c.execute("SELECT switchboard.create_user('admin', %s, 'admin')",
+                              ("$argon2id$v=19$m=65536,t=3,p=4$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA",)).fetchone()[0])
+""",
+    # a page's free names in a browser app: what the reader's own code provides
+    "browser": """
+export {};
+declare global {
+  const username: string, password: string;
+  function showLogin(reason?: string): void;
+  function backToLogin(reason?: string): void;
+  function render(e: unknown): void;
+  function showTyping(room: string, from: string): void;
+  function warn(message: string): void;
+  function ask(message: unknown): Promise<boolean>;
+  function discover(): Promise<string[]>;
+  const answer: { append(text: string): void }, stopButton: HTMLButtonElement;
+  interface ImportMeta { readonly env: Record<string, string> }
 }
+""",
+    # docs/how-to/streams.md: the Next.js route's own helpers
+    "next": """
+export {};
+declare global {
+  const SWITCHBOARD: string;
+  function openStreamOfChat(chatId: string): Promise<string | null>;
+  function tokenFor(req: Request): Promise<string>;
+}
+""",
+}
+# psql: what the page assumes its reader already has (a user, a hash; the roles it grants to)
+PSQL_PRELUDES = {
+    "alice": """SELECT switchboard.create_user('alice', :'argon2_hash', 'member') AS alice_id \\gset
+""",
+    "admin": """SELECT switchboard.create_user('admin', :'argon2_hash', 'admin') AS admin_id \\gset
+""",
+    "roles": "CREATE ROLE grafana;\nCREATE ROLE alice;\n",
+}
+ARGON2 = "$argon2id$v=19$m=65536,t=3,p=4$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA"
+
 EPILOGUES = {
+    "admin": """
+with psycopg.connect(os.environ["DATABASE_URL"]) as _c:
+    assert _c.execute("SELECT string_agg(c.data, '') FROM switchboard.stream_chunks c").fetchone()[0] == "Hello"
+""",
     "publish": """
 with psycopg.connect(dsn) as _c:
     assert _c.execute("SELECT count(*) FROM switchboard.events WHERE event = 'order.saved'").fetchone()[0] == 1
@@ -202,28 +264,82 @@ with psycopg.connect(dsn) as _c:
 }
 
 
-def marked_blocks() -> list[tuple[str, str, dict[str, str], str]]:
-    out = []
-    for page in sorted(DOCS.rglob("*.md")):
-        for m in MARK.finditer(page.read_text()):
-            opts = dict(o.split("=", 1) for o in m.group(2).split())
-            line = page.read_text()[: m.start()].count("\n") + 1
-            out.append((f"{page.relative_to(DOCS)}:{line}", m.group(1), opts, m.group(4)))
+class Block:
+    """A fenced block of a page and the marker line above it (None when there is none)."""
+
+    def __init__(self, page: Path, line: int, lang: str, body: str, marker: str | None) -> None:
+        self.page, self.line, self.lang, self.body, self.marker = page, line, lang, body, marker
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(DOCS)}:{self.line}"
+
+    def test(self) -> tuple[str, dict[str, str]] | None:
+        m = MARK.match(self.marker or "")
+        return (m.group(1), dict(o.split("=", 1) for o in m.group(2).split())) if m else None
+
+
+def page_blocks(page: Path) -> list[Block]:
+    lines, out, i = page.read_text().splitlines(), [], 0
+    while i < len(lines):
+        if lines[i].startswith("```"):
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+            above = lines[i - 1] if i and lines[i - 1].startswith("<!--") else None
+            out.append(Block(page, i + 1, lines[i][3:].strip(), "\n".join(lines[i + 1:end]) + "\n", above))
+            i = end + 1
+        else:
+            i += 1
     return out
 
 
+def site_blocks() -> list[Block]:
+    return [b for page in sorted(DOCS.rglob("*.md")) if "reference" not in page.parts for b in page_blocks(page)]
+
+
+def runnable(b: Block) -> bool:
+    """A block a reader could paste and run: code, or a psql transcript."""
+    if b.lang in ("python", "ts", "tsx", "sql"):
+        return True
+    return b.lang == "" and any(re.match(r"^SELECT switchboard\.", line) for line in b.body.splitlines())
+
+
+def test_every_runnable_block_is_marked() -> None:
+    unmarked = [b.where for b in site_blocks()
+                if runnable(b) and b.test() is None and not FRAGMENT.match(b.marker or "")]
+    assert unmarked == [], "mark each with <!-- test: ... --> or <!-- fragment: why -->"
+
+
 def test_the_key_examples_are_marked() -> None:
-    where = {(w.split(":")[0], kind) for w, kind, _, _ in marked_blocks()}
+    where = {(b.where.split(":")[0], t[0]) for b in site_blocks() if (t := b.test())}
     assert {("how-to/publish-from-python.md", "python"), ("how-to/write-a-handler.md", "python"),
-            ("how-to/test-a-handler.md", "python"), ("tutorials/psql-walkthrough.md", "psql")} <= where
+            ("how-to/test-a-handler.md", "python"), ("tutorials/psql-walkthrough.md", "psql"),
+            ("how-to/frontend.md", "ts")} <= where
+
+
+def cases() -> list[tuple[str, str, dict[str, str], list[Block]]]:
+    """One case per marked block, except a page's psql blocks of one session: one case for them all."""
+    out: list[tuple[str, str, dict[str, str], list[Block]]] = []
+    sessions: dict[tuple[Path, str], list[Block]] = {}
+    for b in site_blocks():
+        if (t := b.test()) is None:
+            continue
+        kind, opts = t
+        if kind == "psql" and "session" in opts:
+            key = (b.page, opts["session"])
+            if key not in sessions:
+                sessions[key] = []
+                out.append((b.where, kind, opts, sessions[key]))
+            sessions[key].append(b)
+        else:
+            out.append((b.where, kind, opts, [b]))
+    return out
 
 
 def psql_statements(transcript: str) -> str:
     """The input of a psql transcript: statements and meta-commands, not the output."""
     out, current = [], []
     for line in transcript.splitlines():
-        if not current and not re.match(r"^(SELECT|INSERT|UPDATE|DELETE|CALL|WITH|BEGIN|COMMIT|ROLLBACK|\\)",
-                                        line):
+        if not current and not PSQL_STATEMENT.match(line):
             continue  # output
         current.append(line)
         code = line.split("--")[0].rstrip()
@@ -233,20 +349,105 @@ def psql_statements(transcript: str) -> str:
     return "\n".join(out) + "\n"
 
 
-@pytest.mark.parametrize(("where", "kind", "opts", "block"), marked_blocks(), ids=[b[0] for b in marked_blocks()])
+def shown_errors(transcript: str) -> list[str]:
+    return [line.split(":", 1)[1].strip() for line in transcript.splitlines() if line.startswith("ERROR:")]
+
+
+def test_the_psql_check_compares_the_errors_shown() -> None:
+    t = "SELECT 1;\n ?column?\nSELECT x;\nERROR:  column \"x\" does not exist\n"
+    assert psql_statements(t) == "SELECT 1;\nSELECT x;\n"
+    assert shown_errors(t) == ['column "x" does not exist']
+
+
+def run_psql(db: str, blocks: list[Block], opts: dict[str, str], env: dict[str, str]) -> None:
+    """rollback=yes: the whole session in one transaction rolled back (a page that creates roles,
+    which are cluster-wide, leaves nothing behind)."""
+    script = f"\\set argon2_hash '{ARGON2}'\n" + PSQL_PRELUDES.get(opts.get("prelude", ""), "")
+    script += "".join(psql_statements(b.body) for b in blocks)
+    if opts.get("rollback") == "yes":
+        script = "BEGIN;\n" + script + "ROLLBACK;\n"
+    psql = shutil.which("psql") or os.path.join(find_bindir(), "psql")
+    out = subprocess.run([psql, "-X", "-v", "ON_ERROR_STOP=0", "-d", db, "-f", "-"],
+                         input=script, capture_output=True, text=True, timeout=120, env=env)
+    raised = [m.group(1).strip() for m in re.finditer(r"ERROR:  (.*)", out.stderr)]
+    shown = [e for b in blocks for e in shown_errors(b.body)]
+    assert out.returncode == 0 and raised == shown, f"{blocks[0].where}:\n{out.stdout}\n{out.stderr}"
+
+
+def code_lines(text: str) -> list[str]:
+    """Python lines without comments and indentation (a naive cut at '  #', enough for quotes)."""
+    out = []
+    for line in text.splitlines():
+        code = re.split(r"(?:^|\s)#", line, maxsplit=1)[0].strip()
+        if code:
+            out.append(code)
+    return out
+
+
+def excerpt_problems(block: str, source: str) -> list[str]:
+    """The lines of block not found, in order, among the lines of source."""
+    lines, i, missing = code_lines(source), 0, []
+    for line in code_lines(block):
+        if line in lines[i:]:
+            i = lines.index(line, i) + 1
+        else:
+            missing.append(line)
+    return missing
+
+
+def test_the_excerpt_check_sees_a_changed_line() -> None:
+    source = "def f(x):\n    y = x + 1   # one more\n    return y\n"
+    assert excerpt_problems("y = x + 1\nreturn y   # the answer\n", source) == []
+    assert excerpt_problems("return y\ny = x + 1\n", source) == ["y = x + 1"]
+    assert excerpt_problems("y = x + 2\n", source) == ["y = x + 2"]
+
+
+def run_ts(tmp_path: Path, block: Block, opts: dict[str, str]) -> None:
+    js = ROOT / "clients" / "js"
+    tsc = js / "node_modules" / "typescript" / "bin" / "tsc"
+    if not tsc.exists():
+        pytest.fail("clients/js/node_modules is missing: scripts/test.sh runs npm ci there", pytrace=False)
+    name = "example.tsx" if block.lang == "tsx" else "example.ts"
+    body = block.body if re.search(r"^(import|export) ", block.body, re.M) else block.body + "export {};\n"
+    (tmp_path / name).write_text(body)
+    files = [name]
+    if "prelude" in opts:
+        (tmp_path / "prelude.ts").write_text(PRELUDES[opts["prelude"]])
+        files.append("prelude.ts")
+    (tmp_path / "tsconfig.json").write_text(json.dumps({
+        "compilerOptions": {
+            "target": "ES2022", "module": "ESNext", "moduleResolution": "bundler", "lib": ["ES2022", "DOM"],
+            "strict": True, "noEmit": True, "skipLibCheck": True, "jsx": "react-jsx",
+            "typeRoots": [str(js / "node_modules" / "@types")], "types": [],
+            "paths": {"@switchboard/client": [str(js / "src" / "index.ts")],
+                      "react": [str(js / "node_modules" / "@types" / "react" / "index.d.ts")],
+                      "react/jsx-runtime": [str(js / "node_modules" / "@types" / "react" / "jsx-runtime.d.ts")]},
+        },
+        "files": files,
+    }))
+    out = subprocess.run(["node", str(tsc), "-p", "tsconfig.json"], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, f"{block.where}:\n{out.stdout}\n{out.stderr}"
+
+
+@pytest.mark.parametrize(("where", "kind", "opts", "blocks"), cases(), ids=[c[0] for c in cases()])
 def test_a_marked_example_runs(db: str, tmp_path: Path, where: str, kind: str, opts: dict[str, str],
-                               block: str) -> None:
+                               blocks: list[Block]) -> None:
     env = {**os.environ, "DATABASE_URL": db, "PYTHONPATH": str(ROOT / "server")}
-    if kind == "python":
-        prelude = opts.get("prelude")
-        program = PRELUDES.get(prelude or "", "") + block + EPILOGUES.get(prelude or "", "")
-        (tmp_path / "example.py").write_text(program)
-        out = subprocess.run([sys.executable, str(tmp_path / "example.py")], capture_output=True, text=True,
-                             timeout=300, env=env, cwd=tmp_path)
-    else:
-        psql = shutil.which("psql") or os.path.join(find_bindir(), "psql")
-        out = subprocess.run([psql, "-X", "-v", "ON_ERROR_STOP=1", "-d", db, "-f", "-"],
-                             input=psql_statements(block), capture_output=True, text=True, timeout=120, env=env)
+    if kind == "psql":
+        run_psql(db, blocks, opts, env)
+        return
+    if kind == "ts":
+        run_ts(tmp_path, blocks[0], opts)
+        return
+    if kind == "excerpt":
+        assert excerpt_problems(blocks[0].body, (ROOT / opts["of"]).read_text()) == [], f"{where} vs {opts['of']}"
+        return
+    prelude = opts.get("prelude")
+    program = PRELUDES.get(prelude or "", "") + blocks[0].body + EPILOGUES.get(prelude or "", "")
+    (tmp_path / "example.py").write_text(program)
+    out = subprocess.run([sys.executable, str(tmp_path / "example.py")], capture_output=True, text=True,
+                         timeout=300, env=env, cwd=tmp_path)
     assert out.returncode == 0, f"{where}:\n{out.stdout}\n{out.stderr}"
 
 
