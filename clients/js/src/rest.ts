@@ -614,7 +614,7 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
-        /** @description RFC 9457 problem details. Extension members are top-level; README "Errors" lists the types. */
+        /** @description RFC 9457 problem details. Extension members are top-level; docs/how-to/http-api.md ("Errors") lists the types. */
         Problem: {
             /**
              * Format: uri

@@ -47,7 +47,7 @@ TASK_WRITE = {
 }
 PROBLEM_SCHEMA = {
     "type": "object",
-    "description": "RFC 9457 problem details. Extension members are top-level; README \"Errors\" lists the types.",
+    "description": "RFC 9457 problem details. Extension members are top-level; docs/how-to/http-api.md (\"Errors\") lists the types.",
     "properties": {
         "type": {"type": "string", "format": "uri",
                  "description": "https://switchboard.dev/problems/<slug>: stable, compare it, not the title"},
