@@ -239,11 +239,30 @@ def cli_page() -> str:
                 "its arguments and options, with the help `--help` prints.", body)
 
 
+def usage_part(a: argparse.Action) -> str:
+    """One action as `usage:` shows it, built here rather than read from argparse's formatter,
+    whose layout is not the same on every Python version."""
+    if isinstance(a, argparse._SubParsersAction):
+        return "{" + ",".join(a.choices) + "} ..."
+    if not a.option_strings:
+        name = "{" + ",".join(map(str, a.choices)) + "}" if a.choices else str(a.metavar or a.dest)
+        return {"?": f"[{name}]", "*": f"[{name} ...]", "+": f"{name} [{name} ...]"}.get(str(a.nargs), name)
+    flag = a.option_strings[0]
+    if a.nargs == 0:
+        return flag if a.required else f"[{flag}]"
+    if a.choices:
+        metavar = "{" + ",".join(map(str, a.choices)) + "}"
+    else:
+        metavar = str(a.metavar or a.dest.upper())
+    arg = f"{flag} {metavar}" + (f" [{metavar} ...]" if a.nargs in ("*", "+") else "")
+    return arg if a.required else f"[{arg}]"
+
+
 def cli_command(parser: argparse.ArgumentParser, words: list[str], help_: str, body: list[str]) -> None:
     subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     level = "#" * min(len(words) + 1, 4)
-    usage = " ".join(parser.format_usage().split())[len("usage: "):]
-    usage = usage.replace(parser.prog, " ".join(words), 1)
+    ordered = [a for a in parser._actions if a.option_strings] + [a for a in parser._actions if not a.option_strings]
+    usage = " ".join([*words, *(usage_part(a) for a in ordered)])
     text = [f"{level} `{' '.join(words)}`\n", prose(help_ or parser.description or "") + "\n",
             f"```text\n{usage}\n```\n"]
     rows = []
