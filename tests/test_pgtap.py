@@ -88,3 +88,8 @@ def test_the_docs_state_the_planned_count() -> None:
     stated = (re.findall(r"`db/tests/\*\.sql` \((\d+)", releases)
               + re.findall(r"`pg_prove` \((\d+) pgTAP tests\)", proves))
     assert len(stated) == 2 and set(map(int, stated)) == {_planned()}, stated
+    # and the sample pg_prove run lists today's files and totals (it showed 5 files, 228 tests for long)
+    sample = releases[releases.index("$ pg_prove"):]
+    files = sorted(p.relative_to(root).as_posix() for p in (root / "db" / "tests").glob("*.sql"))
+    assert re.findall(r"^(db/tests/\S+\.sql) \.+ ok$", sample, re.M) == files
+    assert re.search(r"^Files=(\d+), Tests=(\d+),", sample, re.M).groups() == (str(len(files)), str(_planned()))
