@@ -42,7 +42,7 @@ frame arrived (or 10 s after the last publication):
   receiver's when the frame is read; same host, same clock).
 
 --gaps G[,G2]: notify mode also runs with SWITCHBOARD_RELAY_READ_GAP = G ms (at
-most one event read per G ms per replica; BENCHMARKS.md "Many replicas"),
+most one event read per G ms per replica; docs/explanation/benchmark-journal.md "Many replicas"),
 alternating base (gap 0: reads back to back, as before the gap shipped), gap,
 base, gap per replica count. Without --gaps the replicas run the product's
 default gap.

@@ -154,7 +154,7 @@ def uvloop_enabled() -> bool:
     ``standard`` extra, dependencies of the package). Off: the pure-Python asyncio
     loop and h11, set explicitly, so installing uvloop changes nothing by itself.
     WebSocket framing is the websockets library either way. Opt-in, not the
-    default: it costs markedly less CPU per HTTP request (BENCHMARKS.md "uvloop and
+    default: it costs markedly less CPU per HTTP request (docs/explanation/benchmark-journal.md "uvloop and
     httptools" has the figure), but httptools does not apply SWITCHBOARD_MAX_HEADER_BYTES, and in
     one CI run two replicas serving with uvloop exited without a word right after a
     PostgreSQL failover (not reproduced, not explained). (Its refusals of malformed

@@ -93,7 +93,7 @@ def parse(channel: str, payload: str) -> Notice:
     if channel == "switchboard_events":
         # The payload every publish sends, byte for byte as 50_events.sql writes it: one
         # regex match instead of bounded.loads (a JSONDecoder built per call: several
-        # times the cost, on every replica for every event; BENCHMARKS.md "l18"). Only
+        # times the cost, on every replica for every event; docs/explanation/benchmark-journal.md "l18"). Only
         # this exact shape; anything else (spaces, leading zeros, other keys) takes the
         # general path below, so every input gets the same Notice or the same BadInput
         # as before.

@@ -222,7 +222,7 @@ class Relay:
         Notices that arrive during a read fold into the next one; an event read starts no
         sooner than the gap after the previous one started, and what arrives meanwhile
         lands in the same read (statements per replica stay bounded whatever the event
-        rate: BENCHMARKS.md, "l18"). Announcements never wait for the gap."""
+        rate: docs/explanation/benchmark-journal.md, "l18"). Announcements never wait for the gap."""
         loop = asyncio.get_running_loop()
         wake = self.dispatch.wake
         last = float("-inf")
@@ -242,7 +242,7 @@ class Relay:
                 await self._read(hints, woke)
                 # Let the socket senders write what this read offered BEFORE the next read
                 # is sent: under a steady rate the wake is already set again, and the next
-                # query's backend would take this process's CPU first (BENCHMARKS.md "l18").
+                # query's backend would take this process's CPU first (docs/explanation/benchmark-journal.md "l18").
                 await asyncio.sleep(0)
 
     async def _pause(self, wait: float, last: float) -> None:

@@ -16,7 +16,7 @@ session and each readable event drains libpq's queue (consume_input,
 notifies: C calls), as asyncpg's listener does. psycopg's ``notifies()``
 generator instead registers and unregisters the socket and arms a timeout for
 every batch: with one or two notifications per batch that machinery was a
-large share of a replica's CPU under figure 5's load (py-spy; BENCHMARKS.md,
+large share of a replica's CPU under figure 5's load (py-spy; docs/explanation/benchmark-journal.md,
 "The live path, fifth session"). When nothing was
 heard for ``check_interval`` seconds a ``SELECT 1`` proves the connection alive
 (bounded without cancelling: see ``bounded_wait``), so a half-open TCP

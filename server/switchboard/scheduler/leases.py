@@ -125,7 +125,7 @@ class LeaseKeeper:
         then neither has anything to do (the watch fires at lease - margin > lease/3), and
         most jobs are done long before. Two tasks created and cancelled per run were a large
         share of the scheduler's own CPU per short job (cProfile on process time,
-        bench/profile_jobs.py; BENCHMARKS.md "j23"); a timer handle costs a fraction of that."""
+        bench/profile_jobs.py; docs/explanation/benchmark-journal.md "j23"); a timer handle costs a fraction of that."""
         first_due = slot.lease_until - self.cfg.lease_seconds + self._interval()
         slot.guard_timer = asyncio.get_running_loop().call_later(
             max(0.0, first_due - time.time()), self._start_guards, slot)
