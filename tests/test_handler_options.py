@@ -5,6 +5,7 @@ finish_run() honour, and every bad value is refused with 22023 naming it."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
 import psycopg
@@ -137,6 +138,54 @@ def test_racing_queue_claims_take_each_run_exactly_once(db: str) -> None:
     assert len(every) == n_runs and len(set(every)) == n_runs, "every run claimed exactly once"
     with psycopg.connect(db) as c:
         assert c.execute("SELECT count(*) FROM switchboard.task_runs WHERE status = 'running'").fetchone() == (n_runs,)
+
+
+def test_a_handler_that_moves_queue_takes_its_backlog_while_claims_race(db: str) -> None:
+    """V0034: set_handler_options() with a new queue moves the handler's queued runs out of
+    the old one (which no replica serves once no handler names it) while a rolling update
+    is under way: half the workers still claim the old queue, half the new one. Every run
+    is claimed exactly once, none is left in the old queue, and a run enqueued into a
+    queue the caller chose stays there."""
+    n_runs, n_workers = 400, 6
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("UPDATE switchboard.tasks SET is_active = false")
+        _opts(c, "opt.mover", '{"queue": "before"}')
+        _opts(c, "opt.other", '{"queue": "chosen"}')
+        c.execute("SELECT switchboard.enqueue('opt.mover', jsonb_build_object('i', i)) "
+                  "FROM generate_series(1, %s) i", (n_runs,))
+        kept = c.execute("SELECT id FROM switchboard.enqueue('opt.mover', '{}', queue => 'chosen')").fetchone()[0]
+    claimed: list[list[int]] = [[] for _ in range(n_workers)]
+    start = threading.Barrier(n_workers + 1)
+
+    def worker(i: int) -> None:
+        with psycopg.connect(db, autocommit=True) as c:
+            start.wait()
+            deadline = time.monotonic() + 60     # a stranded run shows as fewer than n_runs claims
+            while sum(map(len, claimed)) < n_runs and time.monotonic() < deadline:
+                rows = c.execute("SELECT id FROM switchboard.claim_due_tasks(%s, '60 seconds', %s::text[], "
+                                 "'{2}')", (f"w{i}", ["before" if i % 2 else "after"])).fetchall()
+                claimed[i] += [r[0] for r in rows]
+                if not rows:
+                    time.sleep(0.01)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n_workers)]
+    for t in threads:
+        t.start()
+    with psycopg.connect(db, autocommit=True) as c:
+        start.wait()
+        assert c.execute("SELECT switchboard.set_handler_options('opt.mover', '{\"queue\": \"after\"}')"
+                         ).fetchone() == (True,)
+        assert c.execute("SELECT count(*) FROM switchboard.task_runs WHERE handler = 'opt.mover' "
+                         "AND status = 'queued' AND queue = 'before'").fetchone() == (0,)
+    for t in threads:
+        t.join(120)
+    every = [rid for ids in claimed for rid in ids]
+    assert len(every) == len(set(every)) == n_runs, "every run claimed exactly once, none stranded"
+    with psycopg.connect(db) as c:
+        assert c.execute("SELECT status, queue FROM switchboard.task_runs WHERE id = %s", (kept,)).fetchone() \
+            == ("queued", "chosen")
+        assert c.execute("SELECT count(*) FROM switchboard.task_runs WHERE status = 'queued' "
+                         "AND handler = 'opt.mover'").fetchone() == (1,)
 
 
 def test_a_failed_run_waits_its_handlers_backoff_and_keeps_queue_and_priority(db: str) -> None:

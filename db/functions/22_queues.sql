@@ -121,6 +121,7 @@ DECLARE
     v_timeout interval;
     v_jitter_json jsonb;
     v_n integer;
+    v_old_queue text;
 BEGIN
     PERFORM switchboard._check_handler(handler);
     IF options IS NULL OR jsonb_typeof(options) <> 'object' THEN
@@ -160,6 +161,7 @@ BEGIN
         v_jitter := v_jitter_json::text::numeric::real;
     END IF;
     v_timeout := switchboard._option_seconds(options, 'timeout', 0, 86400);
+    SELECT o.queue INTO v_old_queue FROM switchboard.handler_options o WHERE o.handler = handler FOR UPDATE;
     INSERT INTO switchboard.handler_options AS o
         (handler, queue, priority, max_attempts, backoff_base, backoff_cap, backoff_jitter, timeout,
          updated_at, updated_by)
@@ -175,10 +177,19 @@ BEGIN
            IS DISTINCT FROM (EXCLUDED.queue, EXCLUDED.priority, EXCLUDED.max_attempts, EXCLUDED.backoff_base,
                              EXCLUDED.backoff_cap, EXCLUDED.backoff_jitter, EXCLUDED.timeout);
     GET DIAGNOSTICS v_n = ROW_COUNT;
+    -- The handler moved to another queue (V0034): its queued runs that were in the old
+    -- one (before its first registration: the default queue, where enqueue() put them)
+    -- follow it. No replica serves a queue that no handler names, so they would wait
+    -- there forever. A run enqueued into a queue of its own choosing stays put.
+    v_old_queue := coalesce(v_old_queue, 'default');
+    IF v_n > 0 AND v_old_queue <> v_queue THEN
+        UPDATE switchboard.task_runs r SET queue = v_queue
+         WHERE r.handler = handler AND r.status = 'queued' AND r.queue = v_old_queue;
+    END IF;
     RETURN v_n > 0;
 END
 $$;
 COMMENT ON FUNCTION switchboard.set_handler_options(text, jsonb, text) IS
-    'Store a handler''s registration (replicas call it at start): options is a JSON object with any of queue, priority (-100..100), max_attempts (1..100), backoff_base and backoff_cap (seconds), backoff_jitter (0..1), timeout (seconds or null); a key left out takes its default. Replaces the whole row; true if it changed. 22023 names a bad key or value.';
+    'Store a handler''s registration (replicas call it at start): options is a JSON object with any of queue, priority (-100..100), max_attempts (1..100), backoff_base and backoff_cap (seconds), backoff_jitter (0..1), timeout (seconds or null); a key left out takes its default. Replaces the whole row; true if it changed. When the queue changes, the handler''s queued runs in the old queue move to the new one (in the same statement), so none is left in a queue no replica serves. 22023 names a bad key or value.';
 REVOKE ALL ON FUNCTION switchboard.set_handler_options(text, jsonb, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.set_handler_options(text, jsonb, text) TO switchboard_app;

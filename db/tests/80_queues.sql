@@ -9,7 +9,7 @@
 \pset pager off
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
-SELECT plan(31);
+SELECT plan(33);
 
 -- The API and the layout a DBA reads with \d+.
 SELECT has_function('switchboard', 'set_handler_options', ARRAY['text', 'jsonb', 'text']);
@@ -81,6 +81,15 @@ SELECT ok(switchboard.finish_run((SELECT id FROM switchboard.task_runs WHERE wor
 SELECT is((SELECT (queue, priority, attempt)::text FROM switchboard.task_runs
             WHERE retry_of = (SELECT id FROM switchboard.task_runs WHERE worker = 'pgtap-w2')),
           '(pgtap_mail,5,2)', 'its retry keeps the queue and the priority');
+
+-- A handler that moves to another queue takes its queued runs along (V0034); a run
+-- enqueued into a queue of its own choosing stays.
+SELECT lives_ok($$SELECT switchboard.enqueue('pgtap.mover', '{"n": 1}'), switchboard.enqueue('pgtap.mover', '{"n": 2}'),
+                         switchboard.enqueue('pgtap.mover', '{"n": 3}', queue => 'pgtap_mail')$$,
+                'two runs in the default queue, one in a named queue');
+SELECT switchboard.set_handler_options('pgtap.mover', '{"queue": "pgtap_moved"}');
+SELECT is((SELECT string_agg(queue, ',' ORDER BY args->>'n') FROM switchboard.task_runs WHERE handler = 'pgtap.mover'),
+          'pgtap_moved,pgtap_moved,pgtap_mail', 'the runs left in the old queue follow the handler; the chosen queue stays');
 
 SELECT * FROM finish();
 ROLLBACK;
