@@ -128,10 +128,11 @@ def main() -> None:
                         name="worker").start()
         servers.append(worker)
         standby_pid = pair.proc.pid if pair.proc else -1
-        res: dict[str, dict[str, list[float]]] = {k: {"lat": [], "cpu": [], "rate": [], "standby_cpu": []}
-                                                  for k in ("replica", "primary")}
+        res: dict[str, dict[str, list[float]]] = {k: {"lat": [], "cpu": [], "rate": [], "standby_cpu": [],
+                                                      "rps": []} for k in ("replica", "primary")}
         for i in range(a.rounds * 2):
-            which, s = (("replica", on_replica), ("primary", on_primary))[i % 2]
+            # A B B A ...: the drain slows as it goes, so neither reader always goes first
+            which, s = (("replica", on_replica), ("primary", on_primary))[(i + i // 2) % 2]
             done0, cpu0, scpu0, t0 = finished(url), tree_cpu(pair.primary.pid or -1), tree_cpu(standby_pid), \
                 time.perf_counter()
             lat = round_of(s, headers, a.requests)
@@ -140,29 +141,36 @@ def main() -> None:
             res[which]["cpu"].append((tree_cpu(pair.primary.pid or -1) - cpu0) / dt)
             res[which]["standby_cpu"].append((tree_cpu(standby_pid) - scpu0) / dt)
             res[which]["rate"].append((finished(url) - done0) / dt)
+            res[which]["rps"].append(a.requests / dt)
             log(f"round {i}: {which} p50 {median(lat) * 1000:.1f} ms p99 {pct(lat, 99) * 1000:.1f} ms, "
                 f"drain {res[which]['rate'][-1]:.0f}/s")
         left = a.jobs + a.history - finished(url)
         served = httpx.get(on_replica.base + "/metrics", timeout=30).text
         out = {k: {"p50_ms": median(v["lat"]) * 1000, "p99_ms": pct(v["lat"], 99) * 1000,
                    "drain_per_s": median(v["rate"]), "primary_cores": median(v["cpu"]),
-                   "standby_cores": median(v["standby_cpu"]), "requests": len(v["lat"])}
+                   "standby_cores": median(v["standby_cpu"]), "requests": len(v["lat"]),
+                   "requests_per_s": median(v["rps"])}
                for k, v in res.items()}
         out["ratio_p99_replica_over_primary"] = out["replica"]["p99_ms"] / out["primary"]["p99_ms"]  # type: ignore[assignment]
         out["ratio_p50_replica_over_primary"] = out["replica"]["p50_ms"] / out["primary"]["p50_ms"]  # type: ignore[assignment]
         out["jobs_left_at_end"] = left  # type: ignore[assignment]
+        # primary CPU a GET /runs costs when the primary serves it (the difference of the two, per request)
+        rp, rr = out["primary"], out["replica"]
+        out["primary_ms_per_request"] = 1000 * (rp["primary_cores"] - rr["primary_cores"]) / rp["requests_per_s"]  # type: ignore[assignment]
         out["replica_reads"] = [ln for ln in served.splitlines()  # type: ignore[assignment]
                                 if ln.startswith(("switchboard_history_reads_total", "switchboard_read_fallbacks"))]
         results = ROOT / "bench" / "results"
         results.mkdir(exist_ok=True)
         (results / "read_replica.json").write_text(json.dumps({"args": vars(a), "results": out}, indent=2))
-        print("| reader | p50 ms | p99 ms | drain jobs/s | primary cores | standby cores |\n|---|---|---|---|---|---|")
+        print("| reader | req/s | p50 ms | p99 ms | drain jobs/s | primary cores | standby cores |\n"
+              "|---|---|---|---|---|---|---|")
         for k in ("replica", "primary"):
             r: Any = out[k]
-            print(f"| GET /runs on the {k} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['drain_per_s']:.0f} | "
+            print(f"| GET /runs on the {k} | {r['requests_per_s']:.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['drain_per_s']:.0f} | "
                   f"{r['primary_cores']:.2f} | {r['standby_cores']:.2f} |")
         print(f"\np99 replica/primary: {out['ratio_p99_replica_over_primary']:.2f}; "
-              f"p50: {out['ratio_p50_replica_over_primary']:.2f}; jobs left at the end: {left}")
+              f"p50: {out['ratio_p50_replica_over_primary']:.2f}; jobs left at the end: {left}; primary CPU per "
+              f"GET /runs served there: {out['primary_ms_per_request']:.2f} ms")
         print("\n".join(out["replica_reads"]))  # type: ignore[arg-type]
     finally:
         for s in servers:

@@ -6,7 +6,8 @@ replica while it keeps up; a replica that stops replaying is skipped once it is
 over the lag bound and the reads return what the primary has; a run created a
 moment ago is never a 404; a resume from far back, with a replica that has not
 replayed the newest events, delivers every event once, in order (the replica's
-part, then the primary's); a stopped replica is skipped without an error.
+part, then the primary's); a stopped replica is skipped without an error, and
+used again once it is back.
 """
 
 from __future__ import annotations
@@ -197,3 +198,9 @@ def test_an_unreachable_replica_is_skipped_without_errors(pair: PrimaryAndStandb
         assert "Traceback" not in s.log()
     finally:
         pair.start_standby()
+    # back: the replica is used again (its pool reconnects; nothing to restart)
+    pair.wait_replayed(DB)
+    served = metric(s, "switchboard_history_reads_total", read="runs", served="replica")
+    wait_for(lambda: run_ids(s, admin) and metric(s, "switchboard_history_reads_total", read="runs",
+                                                  served="replica") > served,
+             "the restarted replica was not used again")
