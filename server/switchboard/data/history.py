@@ -102,7 +102,7 @@ class LagWatch:
         if self._pending is None or self._pending.done():
             self._pending = asyncio.ensure_future(self._sample_once())
             self._pending.add_done_callback(lambda f: f.cancelled() or f.exception())
-        bound = max(1.0, 2 * self.interval)
+        bound = max(2.0, 4 * self.interval)
         done, _ = await asyncio.wait({self._pending}, timeout=bound)
         if not done:
             self.failed()
