@@ -273,14 +273,18 @@ class HistoryReads:
         if through - after_tick < min_ticks:
             return None
         rep = self.pick()
+        tick = after_tick
+        if rep is not None:
+            try:
+                tick = int((await rep.event_window())["last_tick"])
+            except (psycopg.Error, OSError) as exc:
+                self.failed(exc)
+                rep = None
+            else:
+                if tick - after_tick < min_ticks:
+                    self.fallback("lagging")
+                    rep = None
         if rep is None:
-            return None
-        try:
-            tick = int((await rep.event_window())["last_tick"])
-        except (psycopg.Error, OSError) as exc:
-            self.failed(exc)
-            return None
-        if tick - after_tick < min_ticks:
-            self.fallback("lagging")
+            self.served("resume", "primary")
             return None
         return rep, min(tick, through)
