@@ -4,7 +4,8 @@ A primary and a hot standby made with pg_basebackup (standby_kit.py), a real
 `switchboard serve` reading history from the standby. Proven here: reads go to the
 replica while it keeps up; a replica that stops replaying is skipped once it is
 over the lag bound and the reads return what the primary has; a run created a
-moment ago is never a 404; a resume from far back, with a replica that has not
+moment ago is never a 404; the console's run feed scans on the replica and sees
+a job's running and succeeded states; a resume from far back, with a replica that has not
 replayed the newest events, delivers every event once, in order (the replica's
 part, then the primary's); a stopped replica is skipped without an error, and
 used again once it is back.
@@ -134,6 +135,34 @@ def test_reads_go_to_the_replica_and_skip_it_once_it_stops_replaying(pair: Prima
     wait_for(lambda: run_ids(s, admin) and metric(s, "switchboard_history_reads_total", read="runs",
                                                   served="replica") > served,
              "the caught-up replica was not used again")
+
+
+def test_the_run_feed_scans_on_the_replica_and_still_sees_every_state(pair: PrimaryAndStandby,
+                                                                         serve: Any) -> None:
+    """The console's run feed: its version scan runs on the standby (its windows follow the
+    standby's replay time), and a job's queued, running and succeeded states all arrive."""
+    s = serve("5")
+    admin_token = s.login("admin")
+    admin = auth(admin_token)
+    wait_for(lambda: metric(s, "switchboard_read_replica_usable") == 1, "replica not in use")
+    ws = WS(connect(f"{s.ws_base}/ws?ticket={s.ticket(admin_token)}&feeds=runs", open_timeout=10))
+    try:
+        assert ws.hello["payload"]["feeds"] == ["runs"]
+        r = httpx.post(s.base + "/jobs", headers=admin, json={"handler": "sleep", "args": {"seconds": 2.5}},
+                       timeout=30)
+        assert r.status_code == 201, r.text
+        run_id = r.json()["run"]["id"]
+        seen: set[str] = set()
+
+        def saw(f: dict) -> bool:
+            if f["event"] == "run.updated":
+                seen.update(run["status"] for run in f["payload"]["runs"] if run["id"] == run_id)
+            return "succeeded" in seen
+        ws.recv_until(saw, timeout=30)
+        assert {"running", "succeeded"} <= seen
+        assert metric(s, "switchboard_history_reads_total", read="runfeed", served="replica") > 0
+    finally:
+        ws.close()
 
 
 def publish_ticked(url: str, user_id: str, first: int, n: int) -> list[int]:
