@@ -192,8 +192,8 @@ so `helm template` / `helm install` stop before anything is applied.
 {{- end }}
 {{- $s := .Values.secrets }}
 {{- if $s.existingSecret }}
-{{- if or $s.databaseUrl $s.jwtSecret $s.migrationDatabaseUrl $s.listenDatabaseUrl }}
-{{- fail "secrets.existingSecret is set: leave secrets.databaseUrl, jwtSecret, migrationDatabaseUrl and listenDatabaseUrl empty (put them in that Secret instead)" }}
+{{- if or $s.databaseUrl $s.jwtSecret $s.migrationDatabaseUrl $s.listenDatabaseUrl $s.readDatabaseUrl }}
+{{- fail "secrets.existingSecret is set: leave secrets.databaseUrl, jwtSecret, migrationDatabaseUrl, listenDatabaseUrl and readDatabaseUrl empty (put them in that Secret instead)" }}
 {{- end }}
 {{- else }}
 {{- if not (and $s.databaseUrl $s.jwtSecret) }}

@@ -232,6 +232,9 @@ class Config:
     database_url: str
     jwt_secret: str
     listen_database_url: str | None = None
+    read_database_url: str | None = None   # a streaming replica for history reads (data/history.py)
+    read_max_lag: float = 5.0
+    read_pool_size: int = 4
     migration_database_url: str | None = None
     trusted_proxies: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = field(default_factory=list)
     allowed_origins: list[str] = field(default_factory=list)  # [] = own origin; ["*"] = any
@@ -317,6 +320,9 @@ class Config:
             database_url=db,
             jwt_secret=secret,
             listen_database_url=listen_url,
+            read_database_url=os.environ.get("SWITCHBOARD_READ_DATABASE_URL") or None,
+            read_max_lag=_float("SWITCHBOARD_READ_MAX_LAG", 5.0, 0.1, 3600),
+            read_pool_size=_int("SWITCHBOARD_READ_POOL_SIZE", 4, 1, 100),
             migration_database_url=os.environ.get("SWITCHBOARD_MIGRATION_DATABASE_URL") or None,
             trusted_proxies=proxies,
             allowed_origins=_origins(_list("SWITCHBOARD_ALLOWED_ORIGINS", "*" if dev else "")),

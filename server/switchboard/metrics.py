@@ -86,6 +86,14 @@ _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     # runfeed.py: the admin console's live run updates (polls only while an admin subscribes)
     "switchboard_runfeed_polls_total": ("Polls of the admin run feed, by outcome (ok, failed)", ("outcome",)),
     "switchboard_runfeed_frames_total": ("run.updated frames offered to subscribed admin sockets", ()),
+    # data/history.py: history reads and the read replica (SWITCHBOARD_READ_DATABASE_URL)
+    "switchboard_history_reads_total": (
+        "History reads (read: runs, run, task_runs, runfeed, resume) by where they were served (replica, "
+        "primary); counted only while a read replica is configured", ("read", "served")),
+    "switchboard_read_fallbacks_total": (
+        "History reads sent to the primary instead of the read replica, by reason (unknown: not sampled yet, "
+        "lagging, not_in_recovery, unreachable, error: the read failed there, not_found: a run the replica "
+        "does not have yet)", ("reason",)),
     # bounded.SOURCES x bounded.REASONS: closed label sets, whatever the input was
     "switchboard_bad_input_total": ("Outside inputs refused by their bounds, by entry point and reason",
                                     ("source", "reason")),
@@ -136,6 +144,12 @@ _GAUGES: dict[str, tuple[str, _Mode]] = {
     "switchboard_ws_queued_bytes": ("Bytes queued in the send queues of this replica's sockets", "livesum"),
     "switchboard_streams_producing": ("Streams this replica's producers have open", "livesum"),
     "switchboard_stream_subscriptions": ("Stream subscriptions (WebSocket and SSE) on this replica", "livesum"),
+    "switchboard_read_replica_lag_seconds": (
+        "How far the read replica is behind the primary, by WAL position (NaN: none configured, unreachable "
+        "or not in recovery)", "livemax"),
+    "switchboard_read_replica_usable": (
+        "1 while history reads go to the read replica (configured, in recovery, answering, within "
+        "SWITCHBOARD_READ_MAX_LAG)", "livemin"),
     # From switchboard.metrics_snapshot(): the same for every replica.
     "switchboard_expired_leases": ("Running task runs whose lease has expired", "livemostrecent"),
     "switchboard_runs_due": ("Queued task runs that are due", "livemostrecent"),

@@ -13,7 +13,12 @@ The stream is ordered by position (tick, id) (cursor.py). A resume:
 2. if events after the position may have been reaped (event_window()), sends
    resume_gap and continues from the oldest retained tick;
 3. replays events_since_v2(position .. through the newest tick T), paged, with
-   back-pressure, while live frames for this socket are buffered;
+   back-pressure, while live frames for this socket are buffered; with a read
+   replica (data/history.py) that keeps up, the pages up to the newest tick R it
+   has replayed come from the replica and the primary continues from the last
+   position sent through T (complete: a tick is taken after every event it
+   covers committed, and a standby replays commits in order, so every event of a
+   tick <= R is on the replica);
 4. sends the buffered live frames after (T, END), in position order, dropping
    those at or before (T, END) (the replay had them), and turns live.
 The relay read everything through T before or after the buffer started; any
@@ -26,8 +31,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import psycopg
+
 from . import cursor
 from .cursor import END, Position
+from .data.events import EventQueries
 from .db import Database
 from .rows import UNREADABLE
 from .sockets import Client, frame, replay_frame
@@ -35,6 +43,9 @@ from .sockets import Client, frame, replay_frame
 LOG = logging.getLogger("switchboard.resume")
 
 REPLAY_PAGE = 200   # events per events_since_v2() call during a resume
+# A resume spanning fewer ticks than this stays on the primary (the live window: a read
+# replica saves nothing on a few pages, and costs a round trip to ask what it has).
+REPLICA_MIN_TICKS = 20
 
 
 async def start_position(db: Database, after: Position | int) -> tuple[Position, bool]:
@@ -115,10 +126,11 @@ async def _replay(db: Database, client: Client, after: Position | int, shown: An
     replayed = 0
     while True:
         through = int((await db.event_window())["last_tick"])
-        n, pos = await _pages(db, client, pos, through, stall)
-        if n < 0:
+        n, pos = await _replica_pages(db, client, pos, through, stall)
+        m, pos = (n, pos) if n < 0 else await _pages(db, client, pos, through, stall)
+        if m < 0:
             return -1
-        replayed += n
+        replayed += n + m
         pos = max(pos, (through, END))
         if client.position < pos:
             client.position = pos
@@ -134,10 +146,35 @@ async def _replay(db: Database, client: Client, after: Position | int, shown: An
         pos = client.position
 
 
-async def _pages(db: Database, client: Client, pos: Position, through: int,
-                 stall: float) -> tuple[int, Position]:
+async def _replica_pages(db: Database, client: Client, pos: Position, through: int,
+                         stall: float) -> tuple[int, Position]:
+    """The part of the replay the read replica has (data/history.py), when one is usable and
+    holds at least REPLICA_MIN_TICKS of it: pages there up to its newest replayed tick; the
+    primary then continues from the last position sent. A read failing there ends this part
+    early, at the last position sent: nothing is skipped, the primary reads the rest."""
+    src = await db.history.replay_source(pos[0], through, REPLICA_MIN_TICKS)
+    if src is None:
+        return 0, pos
+    reader, upto = src
+    progress: list[Any] = [pos, 0]
+    try:
+        out = await _pages(reader, client, pos, upto, stall, progress)
+    except (psycopg.Error, OSError) as exc:
+        db.history.failed(exc)
+        return progress[1], progress[0]
+    db.history.served("resume", "replica")
+    return out
+
+
+async def _pages(db: EventQueries, client: Client, pos: Position, through: int,
+                 stall: float, progress: list[Any] | None = None) -> tuple[int, Position]:
+    """Pages of events_since_v2 through tick ``through``, sent with back-pressure: how many
+    were sent (-1: the socket closed) and the last position. ``progress`` is kept at
+    [position, sent] before each read (where a failed read on the replica left off)."""
     replayed = 0
     while True:
+        if progress is not None:
+            progress[0], progress[1] = pos, replayed
         rows = await db.events_since_v2(client.user_id, pos, sorted(client.rooms), through, REPLAY_PAGE)
         for r in rows:
             pos = r.position

@@ -35,6 +35,13 @@ subscriber set holds admin sockets of this replica only (members are refused);
 the memory of sent states is capped at ``SENT_MAX``. Nothing here is sized by
 what an outsider sends.
 
+With a read replica (SWITCHBOARD_READ_DATABASE_URL, data/history.py) the version
+scan runs there while it keeps up: its ``now`` is then the replica's last replayed
+commit time (the windows follow what the replica has, not the clock), and when the
+scan moves between the replica and the primary the id floors start again from the
+new side and that frame says ``"truncated": true``. ROWS_SQL stays on the primary
+(by primary key: the freshest state of each run).
+
 Subscribing: ``feeds=runs`` in the WebSocket handshake, or the actions
 ``{"action": "subscribe", "feed": "runs"}`` / ``{"action": "unsubscribe", ...}``
 (ws.py), answered with ``subscribed`` ({"feeds": [...]}, the socket's feeds).
@@ -81,7 +88,8 @@ WITH p AS (
     SELECT id, v FROM fresh UNION SELECT id, v FROM claimed UNION SELECT id, v FROM finished
     UNION SELECT id, v FROM released
 )
-SELECT now() AS now,
+SELECT CASE WHEN pg_is_in_recovery() THEN least(now(), coalesce(pg_last_xact_replay_timestamp(), now()))
+            ELSE now() END AS now,
        (SELECT max(id) FROM switchboard.task_runs) AS max_id,
        (SELECT count(*) FROM fresh) AS fresh_n, (SELECT min(id) FROM fresh) AS fresh_min,
        (SELECT count(*) FROM claimed) AS claimed_n, (SELECT min(at) FROM claimed) AS claimed_min,
@@ -126,6 +134,8 @@ class RunFeed:
         self._prev_max: int | None = None
         self._floors: deque[tuple[float, int]] = deque()   # (loop time, max id then), LOOKBACK s of them
         self._sent: OrderedDict[tuple[Any, ...], None] = OrderedDict()
+        self._where: str | None = None   # where the last version scan ran (replica, primary)
+        self._switched = False
 
     # -- subscriptions (called by ws.py) ------------------------------------------------------
     def subscribe(self, client: Client) -> bool:
@@ -182,7 +192,7 @@ class RunFeed:
         row = await self._read_versions()
         # A part that hit its LIMIT with all its rows newer than the previous poll may
         # have left some out: say so (the console re-reads its page).
-        truncated = not first and self._hit_limit(row, prev_now, prev_max)
+        truncated = not first and (self._hit_limit(row, prev_now, prev_max) or self._switched)
         new = self._unsent(row["ids"], row["versions"])
         if len(new) > self.MAX_RUNS:        # four parts of up to MAX_RUNS each: a frame holds MAX_RUNS
             new = new[: self.MAX_RUNS]      # newest first (by id): keep the newest
@@ -206,12 +216,19 @@ class RunFeed:
             self._floors.popleft()
         floor = self._floors[0][1] if self._floors else None
         since = self._prev_now - timedelta(seconds=self.LOOKBACK) if self._prev_now is not None else None
-        row = await self.db.fetchone(
+        got, where = await self.db.history.feed_versions(
             FEED_SQL,
             {"floor": floor, "since": since, "lookback": timedelta(seconds=self.LOOKBACK),
              "n": self.MAX_RUNS, "err": self.ERROR_CHARS})
         self.polls += 1
-        assert row is not None
+        assert got is not None
+        row: dict[str, Any] = got
+        # The windows were measured on the other database (the read replica lags the primary):
+        # the next ones start from this scan, and this frame says "truncated" (a console re-reads).
+        self._switched = self._where is not None and where != self._where
+        self._where = where
+        if self._switched:
+            self._floors.clear()
         self._prev_now = row["now"]
         max_id = int(row["max_id"] or 0)
         self._prev_max = max_id

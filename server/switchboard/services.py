@@ -75,9 +75,13 @@ class Services:
 def build_services(config: Config) -> Services:
     # sql jobs get a connection of their own; through the direct (session-mode) URL when
     # there is one, since a transaction-mode pooler would hand their session state on.
-    db = Database(config.database_url, config.pool_min, config.pool_size, config.pool_timeout,
-                  prepare_threshold=config.prepare_threshold, job_url=config.listen_database_url)
+    # history reads (GET /runs, run detail, the run feed, resumes) go to the read replica
+    # while it keeps up (data/history.py); metrics counts where each one went.
     metrics = Metrics()
+    db = Database(config.database_url, config.pool_min, config.pool_size, config.pool_timeout,
+                  prepare_threshold=config.prepare_threshold, job_url=config.listen_database_url,
+                  read_url=config.read_database_url, read_max_lag=config.read_max_lag,
+                  read_pool_size=config.read_pool_size, count=metrics.inc)
     auth = AuthState(config.jwt_secret, config.jwt_ttl)
     registry = Registry()
     replica = ReplicaState()
@@ -124,6 +128,8 @@ def build_services(config: Config) -> Services:
             "switchboard_ws_queued_bytes": lambda: sum(c.queue.bytes for c in registry.clients()),
             "switchboard_streams_producing": lambda: len(streams.producer.open),
             "switchboard_stream_subscriptions": streams.hub.count,
+            "switchboard_read_replica_lag_seconds": lambda: db.history.lag,
+            "switchboard_read_replica_usable": lambda: 1 if db.history.usable() else 0,
         },
         snapshot=db.metrics_snapshot,
         # The readiness probe's rule, with the last snapshot standing in for its ping.

@@ -38,6 +38,7 @@ EXPECTED_ALERTS = {
     "SwitchboardNotifyQueueFilling",   # issue 21: a pinned NOTIFY queue stops every event
     "SwitchboardRelayBehindRetention",  # issue 30: events reaped before a relay read them
     "SwitchboardRunsFailing",   # issue 33: a handler failing a large share of its runs
+    "SwitchboardReadReplicaSkipped",   # issue 35: the read replica configured but never used
 }
 
 

@@ -473,6 +473,7 @@ def test_existing_secret_with_custom_key_names(chart: Any) -> None:
                     "jwtSecret": "jwt",
                     "migrationDatabaseUrl": "owner-url",
                     "listenDatabaseUrl": "direct-url",
+                    "readDatabaseUrl": "replica-url",
                 },
             }
         },
@@ -484,7 +485,26 @@ def test_existing_secret_with_custom_key_names(chart: Any) -> None:
         "SWITCHBOARD_JWT_SECRET": ("vault-sb", "jwt"),
         "SWITCHBOARD_MIGRATION_DATABASE_URL": ("vault-sb", "owner-url"),
         "SWITCHBOARD_LISTEN_DATABASE_URL": ("vault-sb", "direct-url"),
+        "SWITCHBOARD_READ_DATABASE_URL": ("vault-sb", "replica-url"),
     }
+
+
+def test_a_read_replica_url_goes_through_the_secret_never_the_configmap(chart: Any) -> None:
+    """secrets.readDatabaseUrl (SWITCHBOARD_READ_DATABASE_URL, history reads on a streaming
+    replica): in the chart-created Secret and an optional secretKeyRef; never plain env."""
+    replica = "postgresql://switchboard_app:ro-pass-7e21@db-ro:5432/switchboard"
+    objects = render(chart, {"secrets": {"databaseUrl": DB_URL, "jwtSecret": JWT, "readDatabaseUrl": replica},
+                             "config": {"extra": {"SWITCHBOARD_READ_MAX_LAG": "3"}}})
+    secret = only(objects, "Secret")["data"]
+    assert base64.b64decode(secret["SWITCHBOARD_READ_DATABASE_URL"]).decode() == replica
+    env = {e["name"]: e for e in container(objects)["env"]}
+    ref = env["SWITCHBOARD_READ_DATABASE_URL"]["valueFrom"]["secretKeyRef"]
+    assert (ref["name"], ref["key"], ref["optional"]) == (FULLNAME, "SWITCHBOARD_READ_DATABASE_URL", True)
+    configmap = only(objects, "ConfigMap")["data"]
+    assert configmap["SWITCHBOARD_READ_MAX_LAG"] == "3"
+    assert replica not in str(configmap) and "value" not in env["SWITCHBOARD_READ_DATABASE_URL"]
+    with pytest.raises(Exception, match="readDatabaseUrl empty"):
+        render(chart, {"secrets": {"existingSecret": "vault-sb", "readDatabaseUrl": replica}})
 
 
 def test_inline_secret_without_optional_urls_sets_no_optional_env(chart: Any) -> None:

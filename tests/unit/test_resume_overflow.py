@@ -14,6 +14,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any
 
+from switchboard.data.history import HistoryReads
 from switchboard.resume import resume
 from switchboard.rows import Event
 from switchboard.sockets import Client
@@ -27,6 +28,7 @@ class Db:
 
     def __init__(self, client: Client, missed: int, live: int) -> None:
         self.client = client
+        self.history = HistoryReads(self, None)   # no read replica: every read here
         self.events = [self._ev(1, i) for i in range(1, missed + 1)]
         self.live = live
         self.tick = 1

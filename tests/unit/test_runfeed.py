@@ -10,6 +10,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from switchboard.data.history import HistoryReads
 from switchboard.runfeed import RunFeed
 from switchboard.sockets import Client
 
@@ -21,6 +22,7 @@ class FakeDb:
     ``self.answer``, and ROWS_SQL (step 2) with those runs."""
 
     def __init__(self) -> None:
+        self.history = HistoryReads(self, None)   # no read replica: the version scan comes here too
         self.calls: list[dict[str, Any]] = []
         self.table: dict[int, dict] = {}
         self.answer: dict[str, Any] = self.row([])

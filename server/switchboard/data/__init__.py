@@ -13,6 +13,7 @@ the module switchboard/db.py re-exports this package's names.)
 - one module per area: ``auth_queries``, ``users``, ``tasks``, ``scheduling``,
   ``operate``, ``events``, ``relay_reads``, ``rooms``, ``replicas``
 - ``sql_jobs``: the sql task's executor, on connections of its own
+- ``history``: the history reads, on a streaming replica while it keeps up (SWITCHBOARD_READ_DATABASE_URL)
 - ``database``: Database, every area mixed into the pool
 """
 

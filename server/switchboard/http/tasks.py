@@ -147,4 +147,4 @@ class Runs:
         limit = req.get_param_as_int("limit", min_value=1, max_value=1000, default=50)
         if await self.db.get_task(task_id) is None:
             raise _not_found(task_id)
-        resp.media = {"runs": [jsonable_row(r) for r in await self.db.task_runs(task_id, limit)]}
+        resp.media = {"runs": [jsonable_row(r) for r in await self.db.history.task_runs(task_id, limit)]}
