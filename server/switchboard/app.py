@@ -26,6 +26,8 @@ from .http.cors import cors_middleware
 from .http.middleware import AccessLog, install_log_redaction
 from .services import Services, build_services
 from .streams.actions import StreamActions
+from .sse import SseResource, SseStreams
+from .sse_actions import SseActions
 from .ws import WebSocketResource
 
 LOG = logging.getLogger("switchboard.app")
@@ -118,8 +120,13 @@ def create_app(config: Config) -> SwitchboardApp:
     app.add_route("/me", auth.Me(au, svc.replica.replica_id))
     app.add_route("/ws/ticket", auth.Ticket(db, au, cfg.ticket_ttl, svc.limiter, cfg))
     stream_actions = StreamActions(db, svc.streams.hub, cfg.ws_replay_stall_seconds)
-    app.add_route("/ws", WebSocketResource(db, svc.relay, svc.registry, cfg, svc.replica, svc.sessions,
-                                           svc.feed, stream_actions))
+    ws = WebSocketResource(db, svc.relay, svc.registry, cfg, svc.replica, svc.sessions, svc.feed, stream_actions)
+    app.add_route("/ws", ws)
+    # the WebSocket's frames as Server-Sent Events, its actions as POSTs (issue 34 item 6)
+    sse_streams = SseStreams(svc.relay, svc.replica)
+    app.add_route("/sse", SseResource(ws, sse_streams))
+    app.add_route("/sse/{connection}/actions", SseActions(ws, sse_streams, au))
+    svc.sampler.local["switchboard_sse_streams_open"] = lambda: len(sse_streams)
     app.add_route("/tasks", tasks.Tasks(db, au, body, svc.catalog))
     app.add_route("/tasks/{task_id:uuid}", tasks.Task(db, au, body, svc.catalog))
     app.add_route("/tasks/{task_id:uuid}/trigger", tasks.Trigger(db, au))
