@@ -159,9 +159,15 @@ class SseResource:
         # never starts (the client left at once) holds nothing.
         ws, cfg = self.ws, self.ws.cfg
         reasons: dict[str, str] = {}
+        conn: SseConnection | None = None
 
         async def closer(code: int, reason: str) -> None:
-            reasons["reason"] = reason          # the stream's loop writes the close event
+            # The stream's loop writes the close event. Out of the table at once: a reader
+            # that does not drain may hold this response in a blocked write for a while,
+            # but nothing of the relay's (the relay unregistered it already).
+            reasons["reason"] = reason
+            if conn is not None:
+                self.streams.remove(conn)
         client = ws._register(closer, hs, *admitted)
         conn = SseConnection(client, _FrameBucket(cfg.ws_frame_rate, cfg.ws_frame_burst))
         self.streams.add(conn)
