@@ -196,6 +196,19 @@ def test_close_semantics_and_disconnect_frees_the_registration(server_factory, u
     disabled.close()
 
 
+
+def test_logout_ends_the_session_s_streams(server_factory, users) -> None:  # type: ignore[no-untyped-def]
+    s = server_factory()
+    tok = s.login("alice")
+    sse = SSE(s.base, s.ticket(tok))
+    assert httpx.post(s.base + "/auth/logout", headers=auth(tok)).status_code == 204
+    f = sse.recv_until(lambda f: f.get("_sse_event") == "close", timeout=30)
+    assert f["payload"] == {"code": 1008, "reason": "session ended"}
+    assert sse.ended.wait(30)
+    assert sse.act(tok, {"action": "ping"}).status_code in (401, 404)   # neither the token nor the stream is left
+    sse.close()
+
+
 def test_the_server_going_away_ends_the_stream_with_1012(server_factory, users) -> None:  # type: ignore[no-untyped-def]
     s = server_factory()
     sse = SSE(s.base, s.ticket(s.login("alice")))
