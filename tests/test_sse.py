@@ -241,6 +241,12 @@ def test_a_reader_that_does_not_drain_is_cut_off(server_factory, users) -> None:
         # the sleeper was closed 1013 and unregistered; the relay never waited for it
         _wait_gauge(s.base, "switchboard_sse_streams_open", 1)
         assert 'switchboard_ws_closed_total{code="1013"}' in httpx.get(s.base + "/metrics").text
+        # and its connection is cut: reading now, it finds the end of what was buffered, then EOF
+        sock.settimeout(5)
+        deadline = time.monotonic() + 60
+        while sock.recv(1 << 20):
+            assert time.monotonic() < deadline, "the server never closed the sleeper's connection"
+        assert "Traceback" not in s.log()
     finally:
         live.close()
         sock.close()

@@ -8,6 +8,7 @@ switchboard/http/<area>.py and receive exactly what they use.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import signal
@@ -26,6 +27,7 @@ from .http.cors import cors_middleware
 from .http.middleware import AccessLog, install_log_redaction
 from .services import Services, build_services
 from .streams.actions import StreamActions
+from . import sse
 from .sse import SseResource, SseStreams
 from .sse_actions import SseActions
 from .ws import WebSocketResource
@@ -95,6 +97,15 @@ class SwitchboardApp(falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response])
     """falcon.asgi.App plus a handle on its Services (for the CLI and tests)."""
 
     services: Services
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:  # type: ignore[override]
+        try:
+            await super().__call__(scope, receive, send)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task not in sse.CUT_OFF:
+                raise
+            task.uncancel()     # an SSE reader cut off (sse.py): uvicorn closes its connection
 
 
 def create_app(config: Config) -> SwitchboardApp:

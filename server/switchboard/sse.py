@@ -40,6 +40,7 @@ import json
 import logging
 import re
 import secrets
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
@@ -57,6 +58,9 @@ LOG = logging.getLogger("switchboard.sse")
 SSE_KEEPALIVE_S = 15.0
 DRAIN_POLL_S = 0.25          # how often the watcher looks for a shutdown (one task per process)
 _CURSOR_TAIL = re.compile(r',"cursor":"([A-Za-z0-9._~-]{1,256})"\}$')
+# Response tasks cancelled because their reader stopped draining after the stream was closed
+# (SwitchboardApp.__call__ lets them end quietly: uvicorn then closes the connection).
+CUT_OFF: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
 # A refusal's close code (ws.py) as an HTTP status.
 _STATUS = {1008: 403, 1011: 503, 1012: 503, 1013: 503}
 
@@ -93,6 +97,15 @@ async def _disconnected(receive: Callable[[], Awaitable[Mapping[str, Any]]]) -> 
     """Returns when the client has gone (a request body, if any, is skipped)."""
     while (await receive()).get("type") != "http.disconnect":
         pass
+
+
+def _cut(task: asyncio.Task[Any], done: asyncio.Event) -> None:
+    """The stream was closed but its response is still blocked writing to a reader that does
+    not read: cancel the response (uvicorn closes the connection)."""
+    if not done.is_set() and not task.done():
+        LOG.info("cutting off an SSE reader that does not drain")
+        CUT_OFF.add(task)
+        task.cancel()
 
 
 class SseStreams:
@@ -160,6 +173,7 @@ class SseResource:
         ws, cfg = self.ws, self.ws.cfg
         reasons: dict[str, str] = {}
         conn: SseConnection | None = None
+        task, done = asyncio.current_task(), asyncio.Event()
 
         async def closer(code: int, reason: str) -> None:
             # The stream's loop writes the close event. Out of the table at once: a reader
@@ -168,6 +182,8 @@ class SseResource:
             reasons["reason"] = reason
             if conn is not None:
                 self.streams.remove(conn)
+            if task is not None:   # a write that does not finish in time: the connection is cut
+                asyncio.get_running_loop().call_later(cfg.ws_replay_stall_seconds, _cut, task, done)
         client = ws._register(closer, hs, *admitted)
         conn = SseConnection(client, _FrameBucket(cfg.ws_frame_rate, cfg.ws_frame_burst))
         self.streams.add(conn)
@@ -186,6 +202,7 @@ class SseResource:
                     await asyncio.gather(client.close_task, return_exceptions=True)
                 yield _named("close", frame("close", {"code": client.closing, "reason": reasons.get("reason", "")}))
         finally:
+            done.set()
             gone.cancel()
             if replay is not None:
                 replay.cancel()
