@@ -53,6 +53,11 @@ def test_user_and_room_events_published_on_another_replica(server_factory, users
         assert got[1]["room"] == "general"
         for f in got:                               # the SSE id is the frame's resume cursor
             assert f["_sse_id"] == f["cursor"]
+        # a silent stream gets a comment now and then (every 15 s), so proxies keep it open
+        deadline = time.monotonic() + 60
+        while sse.comments == 0:
+            assert time.monotonic() < deadline, "no keep-alive comment"
+            time.sleep(0.2)
     finally:
         sse.close()
 

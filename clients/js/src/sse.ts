@@ -41,40 +41,30 @@ export class SseSocket implements WebSocketLike {
       const reader = r.body.getReader();
       const dec = new TextDecoder();
       let buf = "";
-      let event = "";
-      let data: string[] = [];
       for (;;) {
         const { value, done } = await reader.read();
         if (done) break;
         buf += dec.decode(value, { stream: true });
         let i: number;
-        while ((i = buf.indexOf("\n")) >= 0) {
-          const line = buf.slice(0, i).replace(/\r$/, "");
-          buf = buf.slice(i + 1);
-          if (line) {
-            const c = line.indexOf(":");
-            const field = c < 0 ? line : line.slice(0, c);
-            const v = c < 0 ? "" : line.slice(c + (line[c + 1] === " " ? 2 : 1));
-            if (field === "data") data.push(v);
-            else if (field === "event") event = v;
-            continue;
+        while ((i = buf.indexOf("\n\n")) >= 0) {   // one event per blank line (the server writes LF only)
+          let name = "";
+          const data: string[] = [];
+          for (const line of buf.slice(0, i).split("\n")) {
+            const m = /^(data|event): ?(.*)/.exec(line);    // comments (":"), id: and retry: are not needed
+            if (m?.[1] === "data") data.push(m[2]); else if (m) name = m[2];
           }
+          buf = buf.slice(i + 2);
           const text = data.join("\n");
-          const name = event;
-          event = "";
-          data = [];
           if (!text) continue;
           if (name === "connection") {
             const p = JSON.parse(text);
-            this.conn = String(p.connection);
-            this.secret = String(p.secret);
+            this.conn = p.connection;
+            this.secret = p.secret;
           } else if (name === "close") {
-            const p = JSON.parse(text).payload ?? {};
-            code = Number(p.code) || 1006;
-            reason = String(p.reason ?? "");
-          } else if (!name || name === "message") {
-            this.onmessage?.({ data: text });
-          }
+            const p = JSON.parse(text).payload;
+            code = p.code;
+            reason = p.reason;
+          } else this.onmessage?.({ data: text });
         }
       }
     } catch (e) {
