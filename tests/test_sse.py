@@ -185,6 +185,32 @@ def test_limits_connections_per_user_and_action_rate(server_factory, users) -> N
     _wait_gauge(s.base, "switchboard_sse_streams_open", 0)
 
 
+def test_racing_streams_never_exceed_the_per_user_cap(server_factory, users) -> None:  # type: ignore[no-untyped-def]
+    s = server_factory(env={"SWITCHBOARD_WS_MAX_SOCKETS_PER_USER": "2"})
+    tok = s.login("alice")
+    tickets = [s.ticket(tok) for _ in range(10)]
+    barrier = threading.Barrier(len(tickets))
+    got: list[SSE | None] = [None] * len(tickets)
+
+    def open_one(i: int) -> None:
+        barrier.wait()
+        try:
+            got[i] = SSE(s.base, tickets[i])
+        except (EOFError, AssertionError):
+            got[i] = None                          # admitted, then refused with a close event
+    threads = [threading.Thread(target=open_one, args=(i,)) for i in range(len(tickets))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    opened = [g for g in got if g is not None and g.status == 200]
+    try:
+        assert len(opened) == 2, [g.status if g else "closed" for g in got]
+    finally:
+        for g in opened:
+            g.close()
+
+
 def test_close_semantics_and_disconnect_frees_the_registration(server_factory, users) -> None:  # type: ignore[no-untyped-def]
     s = server_factory()
     tok = s.login("alice")

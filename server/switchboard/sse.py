@@ -184,6 +184,11 @@ class SseResource:
                 self.streams.remove(conn)
             if task is not None:   # a write that does not finish in time: the connection is cut
                 asyncio.get_running_loop().call_later(cfg.ws_replay_stall_seconds, _cut, task, done)
+        if ws.registry.sockets_of(admitted[0]["user_id"]) >= cfg.ws_max_sockets_per_user:
+            # Checked again with no await before the registration: requests that all passed
+            # admission (its database calls interleave) cannot exceed the cap together.
+            yield _named("close", frame("close", {"code": 1008, "reason": "too many connections"}))
+            return
         client = ws._register(closer, hs, *admitted)
         conn = SseConnection(client, _FrameBucket(cfg.ws_frame_rate, cfg.ws_frame_burst))
         self.streams.add(conn)
