@@ -8,6 +8,7 @@ switchboard/http/<area>.py and receive exactly what they use.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import signal
@@ -26,6 +27,9 @@ from .http.cors import cors_middleware
 from .http.middleware import AccessLog, install_log_redaction
 from .services import Services, build_services
 from .streams.actions import StreamActions
+from . import sse
+from .sse import SseResource, SseStreams
+from .sse_actions import SseActions
 from .ws import WebSocketResource
 
 LOG = logging.getLogger("switchboard.app")
@@ -94,6 +98,15 @@ class SwitchboardApp(falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response])
 
     services: Services
 
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:  # type: ignore[override]
+        try:
+            await super().__call__(scope, receive, send)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task not in sse.CUT_OFF:
+                raise
+            task.uncancel()     # an SSE reader cut off (sse.py): uvicorn closes its connection
+
 
 def create_app(config: Config) -> SwitchboardApp:
     svc = build_services(config)
@@ -118,8 +131,13 @@ def create_app(config: Config) -> SwitchboardApp:
     app.add_route("/me", auth.Me(au, svc.replica.replica_id))
     app.add_route("/ws/ticket", auth.Ticket(db, au, cfg.ticket_ttl, svc.limiter, cfg))
     stream_actions = StreamActions(db, svc.streams.hub, cfg.ws_replay_stall_seconds)
-    app.add_route("/ws", WebSocketResource(db, svc.relay, svc.registry, cfg, svc.replica, svc.sessions,
-                                           svc.feed, stream_actions))
+    ws = WebSocketResource(db, svc.relay, svc.registry, cfg, svc.replica, svc.sessions, svc.feed, stream_actions)
+    app.add_route("/ws", ws)
+    # the WebSocket's frames as Server-Sent Events, its actions as POSTs (issue 34 item 6)
+    sse_streams = SseStreams(svc.relay, svc.replica)
+    app.add_route("/sse", SseResource(ws, sse_streams))
+    app.add_route("/sse/{connection}/actions", SseActions(ws, sse_streams, au))
+    svc.sampler.local["switchboard_sse_streams_open"] = lambda: len(sse_streams)
     app.add_route("/tasks", tasks.Tasks(db, au, body, svc.catalog))
     app.add_route("/tasks/{task_id:uuid}", tasks.Task(db, au, body, svc.catalog))
     app.add_route("/tasks/{task_id:uuid}/trigger", tasks.Trigger(db, au))

@@ -31,7 +31,7 @@ from .replica import ReplicaState
 from .resume import resume
 from .runfeed import FEEDS, RunFeed
 from .sessions import SessionWatch
-from .sockets import Client, Registry, encode, frame
+from .sockets import Client, CloseHook, Registry, encode, frame
 from .streams.actions import StreamActions
 from .ws_actions import FEED_MAX, ROOM_MAX, Actions, error
 
@@ -129,7 +129,13 @@ class WebSocketResource:
             return
         grant, user, rooms, refused = admitted
         await ws.accept()
-        client = self._register(ws, hs, grant, user, rooms, refused)
+
+        async def closer(code: int, reason: str) -> None:
+            try:
+                await ws.close(code, reason)
+            except Exception:
+                pass
+        client = self._register(closer, hs, grant, user, rooms, refused)
         sender: asyncio.Task[None] | None = None
         try:
             # Presence first, then hello goes out: a client that has its hello is reachable
@@ -149,9 +155,10 @@ class WebSocketResource:
             await self._unregister(client, sender)
 
     # -- the handshake, step by step ----------------------------------------------------------
-    def _parse(self, req: falcon.asgi.Request) -> Handshake | int:
+    def _parse(self, req: falcon.Request, cursor_raw: str | None = None) -> Handshake | int:
         """What the upgrade request asks for, parsed with bounds; a close code if it is
-        refused before any database call (draining, a foreign Origin, a malformed value)."""
+        refused before any database call (draining, a foreign Origin, a malformed value).
+        ``cursor_raw``: a cursor that wins over ?cursor= (SSE's Last-Event-ID)."""
         if self.replica.draining:
             return 1012
         if not origin_allowed(req.get_header("Origin"), own_origin(req, self.cfg.trusted_proxies),
@@ -163,7 +170,7 @@ class WebSocketResource:
             self.rejections.record("handshake", "malformed", "ticket is not hex")
             return 1008
         try:
-            return Handshake.parse(ticket, req.get_param("cursor"), req.get_param("after"),
+            return Handshake.parse(ticket, cursor_raw or req.get_param("cursor"), req.get_param("after"),
                                    req.get_param("rooms"), req.get_param("feeds"))
         except BadInput as exc:
             self.rejections.record("handshake", exc.reason, str(exc))
@@ -189,18 +196,13 @@ class WebSocketResource:
             return 1011
         return grant, user, rooms, refused
 
-    def _register(self, ws: falcon.asgi.WebSocket, hs: Handshake, grant: dict[str, Any], user: dict[str, Any],
+    def _register(self, closer: CloseHook, hs: Handshake, grant: dict[str, Any], user: dict[str, Any],
                   rooms: list[str], refused: list[str]) -> Client:
-        """Register the accepted socket and queue hello, in one step (no await): once
-        registered the relay may offer live events, and none may overtake hello (a client
-        that resumes from "the last id seen" would skip what it missed)."""
+        """Register the accepted socket (or SSE stream: sse.py) and queue hello, in one step
+        (no await): once registered the relay may offer live events, and none may overtake
+        hello (a client that resumes from "the last id seen" would skip what it missed).
+        ``closer`` closes the transport with a code and reason."""
         relay, registry = self.relay, self.registry
-
-        async def closer(code: int, reason: str) -> None:
-            try:
-                await ws.close(code, reason)
-            except Exception:
-                pass
         user_id: uuid.UUID = grant["user_id"]
         client = Client(user_id, user["username"], user["role"], self.cfg.ws_queue_size,
                         relay.position, relay.overflow, close_hook=closer, queue_bytes=self.cfg.ws_queue_bytes)

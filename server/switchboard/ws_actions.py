@@ -8,9 +8,11 @@ error frame naming the problem, never an exception out of the socket's loop.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 from . import bounded, cursor
@@ -33,8 +35,32 @@ ALLOWED = ["join", "leave", "resume", "publish", "ping", "subscribe", "unsubscri
            "stream.subscribe", "stream.unsubscribe", "stream.stop"]
 
 
+# Error frames of the action being handled go here instead of to the socket when set: an
+# SSE client's action is a POST, answered with its error (sse_actions.py). Per task.
+_CAPTURED: ContextVar[list[dict[str, Any]] | None] = ContextVar("switchboard_action_errors", default=None)
+
+
 def error(client: Client, code: str, message: str, **extra: Any) -> None:
-    client.offer(frame("error", {"code": code, "message": message, **extra}))
+    send_error(client, frame("error", {"code": code, "message": message, **extra}))
+
+
+def send_error(client: Client, f: dict[str, Any]) -> None:
+    box = _CAPTURED.get()
+    if box is not None:
+        box.append(f)
+    else:
+        client.offer(f)
+
+
+@contextlib.contextmanager
+def captured_errors() -> Iterator[list[dict[str, Any]]]:
+    """Within the block, this task's action error frames are collected, not sent."""
+    box: list[dict[str, Any]] = []
+    token = _CAPTURED.set(box)
+    try:
+        yield box
+    finally:
+        _CAPTURED.reset(token)
 
 
 class Actions:
@@ -111,7 +137,7 @@ class Actions:
         if action == "subscribe":
             err = self.subscribe(client, feed)
             if err is not None:
-                client.offer(err)
+                send_error(client, err)
                 return
         elif self.feed is not None:
             self.feed.unsubscribe(client)

@@ -18,6 +18,7 @@ import type { paths } from "./rest.js";
 import { closeError, ForbiddenError, GoneError, httpError, RateLimitedError, SwitchboardError,
   withError } from "./errors.js";
 import { SwitchboardRoom, type AppEvent, type EventMap, type RoomPresence } from "./room.js";
+import { SseSocket } from "./sse.js";
 
 export type State = "connecting" | "connected" | "reconnecting" | "closed";
 
@@ -50,6 +51,8 @@ export interface ConnectedInfo {
   role: string;
   /** true when this connection resumed from a stored position (a replay precedes live frames). */
   resuming: boolean;
+  /** How this connection reaches the server ("sse": the fallback, see options.transports). */
+  transport: "websocket" | "sse";
   hello: HelloFrame["payload"];
 }
 
@@ -132,6 +135,10 @@ export interface ClientOptions {
   urls?: ReadonlyArray<string | URL> | UrlResolver;
   /** A WebSocket implementation. Default: globalThis.WebSocket (Node 20: run with --experimental-websocket). */
   WebSocket?: WebSocketCtor;
+  /** How to reach the server, in order of preference. Default ["websocket", "sse"]: the WebSocket, and
+   *  Server-Sent Events + POSTs (GET /sse) once it failed to open twice in a row without ever opening
+   *  (a proxy that blocks upgrades). ["sse"]: SSE only; ["websocket"]: never SSE. */
+  transports?: ReadonlyArray<"websocket" | "sse">;
   /** A fetch implementation. Default: globalThis.fetch. (Node has no cookie jar: inject one to use refresh.) */
   fetch?: FetchLike;
   /** Supply your own bearer tokens instead of the built-in session (login/refresh). */
@@ -231,6 +238,10 @@ export class SwitchboardClient<Events extends object = EventMap> {
   user: { id: string; role: string; username?: string } | null = null;
 
   private ws: WebSocketLike | null = null;
+  private readonly transports: ReadonlyArray<"websocket" | "sse">;
+  private sse: boolean;             // the transport in use is SSE (sse.ts)
+  private wsFails = 0;              // WebSocket attempts in a row that never opened (-1: one opened once)
+  private opened = false;           // the current attempt's transport opened
   private gen = 0;                  // bumped per attempt: callbacks of an abandoned attempt are ignored
   private wanted = false;
   private attempt = 0;
@@ -269,6 +280,8 @@ export class SwitchboardClient<Events extends object = EventMap> {
     this._base = this.urls[0] ?? (options.url !== undefined ? asBase(options.url)
       : this.resolver ? pageBase() : defaultBase());
     this.WS = options.WebSocket ?? (globalThis as { WebSocket?: WebSocketCtor }).WebSocket;
+    this.transports = options.transports ?? ["websocket", "sse"];
+    this.sse = this.transports[0] === "sse" || (!this.WS && this.transports.includes("sse"));
     const f = options.fetch ?? (globalThis as { fetch?: FetchLike }).fetch;
     if (!f) throw new Error("SwitchboardClient: no fetch available; pass options.fetch");
     this.fetchFn = options.fetch ?? ((input, init) => f(input, init));   // keep fetch's `this` = globalThis
@@ -461,7 +474,7 @@ export class SwitchboardClient<Events extends object = EventMap> {
   /** Open the socket (and keep it open until disconnect(), a 1008, or the session ends). */
   connect(): void {
     if (this.wanted) return;
-    if (!this.WS) throw new Error("SwitchboardClient: no WebSocket; pass options.WebSocket (Node 20: --experimental-websocket)");
+    if (!this.WS && !this.sse) throw new Error("SwitchboardClient: no WebSocket; pass options.WebSocket (Node 20: --experimental-websocket)");
     this.wanted = true;
     this.attempt = 0;
     this.quick = false;
@@ -517,8 +530,8 @@ export class SwitchboardClient<Events extends object = EventMap> {
   }
 
   private wsUrl(ticket: string): string {
-    const u = new URL("ws", this._base);
-    u.protocol = u.protocol === "https:" ? "wss:" : "ws:";
+    const u = new URL(this.sse ? "sse" : "ws", this._base);
+    if (!this.sse) u.protocol = u.protocol === "https:" ? "wss:" : "ws:";
     const q = new URLSearchParams({ ticket });
     // Resume in the handshake: the server joins the rooms and replays everything after the
     // position before any live frame, so nothing live can overtake the replay.
@@ -573,7 +586,7 @@ export class SwitchboardClient<Events extends object = EventMap> {
     this.resumedFromId = this.lastId;
     let ws: WebSocketLike;
     try {
-      ws = new this.WS!(this.wsUrl(ticket));
+      ws = this.sse ? new SseSocket(this.wsUrl(ticket), this.sseHost) : new this.WS!(this.wsUrl(ticket));
     } catch (e) {
       const reason = `cannot open a WebSocket: ${(e as Error)?.message ?? e}`;
       this.lost(4002, reason, 0, new SwitchboardError("connection_lost", reason, { closeCode: 4002, cause: e }));
@@ -581,6 +594,8 @@ export class SwitchboardClient<Events extends object = EventMap> {
     }
     this.ws = ws;
     this.helloSeen = false;
+    this.opened = false;
+    ws.onopen = () => { this.opened = true; if (!this.sse) this.wsFails = -1; };
     this.openTimer = setTimeout(() => {
       if (gen === this.gen && !this.helloSeen) this.dead(ws, 4001, "no hello in time");
     }, this.opts.openTimeoutMs);
@@ -601,7 +616,12 @@ export class SwitchboardClient<Events extends object = EventMap> {
     this.onClose(code, reason);
   }
 
+  private readonly sseHost = { fetch: (u: string | URL, i?: RequestInit) => this.fetchFn(u, i),
+    post: (path: string, body: unknown) => this.http("POST", path, body) };
+
   private onClose(code: number, reason: string): void {
+    // A WebSocket that never opened twice in a row (and never once before): fall back to SSE.
+    if (!this.sse && !this.opened && this.wsFails >= 0 && ++this.wsFails >= 2) this.sse = this.transports.includes("sse");
     this.clearTimers();
     this.gen++;
     this.helloSeen = false;
@@ -765,7 +785,7 @@ export class SwitchboardClient<Events extends object = EventMap> {
     }
     this.transition("connected");
     this.emit("connected", { replica: p.replica, userId: p.user_id, username: p.username, role: p.role,
-      resuming, hello: p });
+      resuming, transport: this.sse ? "sse" : "websocket", hello: p });
     // Rooms past the handshake's limit are joined with actions (refused ones come back as errors).
     for (const [room, st] of this.rooms) if (st === "joining" && !joined.has(room)) {
       if ([...this.rooms.keys()].indexOf(room) >= ROOMS_IN_HANDSHAKE) this.send({ action: "join", room });

@@ -610,6 +610,46 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/sse": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The WebSocket's frames as Server-Sent Events (no upgrade needed)
+         * @description Refused where the WebSocket handshake would be: 403 (`close_code` 1008: a bad, used or expired ticket, a foreign Origin, the user's connection cap), 503 (1012 draining, 1011 database unavailable).
+         */
+        get: operations["followEvents"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/sse/{connection}/actions": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * One client frame for an SSE stream (join, leave, typing, ping, ...)
+         * @description Needs the stream's user's bearer token and its secret. A refusal is a problem whose `error` member is the WebSocket error frame's payload {code, message, ...}.
+         */
+        post: operations["sendAction"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -2112,6 +2152,90 @@ export interface operations {
             409: components["responses"]["Problem"];
             413: components["responses"]["Problem"];
             422: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    followEvents: {
+        parameters: {
+            query: {
+                /** @description a ticket from POST /ws/ticket (single use) */
+                ticket: string;
+                /** @description resume after this cursor (the last frame's); replayed before any live frame */
+                cursor?: string;
+                /** @description resume after this event id */
+                after?: number;
+                /** @description rooms to join, comma-separated (at most 50) */
+                rooms?: string;
+                /** @description feeds to receive, comma-separated (runs: admins) */
+                feeds?: string;
+            };
+            header?: {
+                /** @description the last cursor the reader has; wins over cursor */
+                "Last-Event-ID"?: string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description text/event-stream: `event: connection` {connection, secret}, then one WebSocket frame per `data:` (hello first; `id:` its cursor), a `: keep-alive` comment every 15 s of silence, and `event: close` {code, reason} last. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": {
+                        /**
+                         * @description message (no event: line): one WebSocket frame (AsyncAPI document); connection: the first event, {connection, secret}; close: the last, a frame whose payload is {code, reason} (the socket's close code)
+                         * @enum {string}
+                         */
+                        event?: "message" | "connection" | "close";
+                        data: string;
+                        /** @description the frame's cursor (frames that carry one): Last-Event-ID resumes after it */
+                        id?: string;
+                    };
+                };
+            };
+            403: components["responses"]["Problem"];
+            503: components["responses"]["Problem"];
+        };
+    };
+    sendAction: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                connection: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    [key: string]: unknown;
+                };
+            };
+        };
+        responses: {
+            /** @description accepted; its answers (joined, left, pong, ...) come on the stream */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        ok: true;
+                    };
+                };
+            };
+            400: components["responses"]["Problem"];
+            401: components["responses"]["Problem"];
+            403: components["responses"]["Problem"];
+            404: components["responses"]["Problem"];
+            409: components["responses"]["Problem"];
+            413: components["responses"]["Problem"];
+            429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Problem"];
         };
     };

@@ -29,6 +29,7 @@ from .. import __version__
 from .components import TAGS, components
 from .operate import paths_console, paths_operate
 from .paths import paths_auth, paths_ops, paths_realtime, paths_tasks
+from .sse import paths_sse
 from .streams import paths_jobs, paths_streams
 
 __all__ = ["PATH_BLOCKS", "openapi_document", "with_unsupported_media_type"]
@@ -43,6 +44,7 @@ PATH_BLOCKS: list[Callable[[], dict[str, Any]]] = [
     paths_console,
     paths_streams,
     paths_jobs,
+    paths_sse,
 ]
 
 

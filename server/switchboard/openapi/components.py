@@ -132,5 +132,6 @@ TAGS = [
     {"name": "operate", "description": "runs, handlers and status: retry, cancel, pause (admin)"},
     {"name": "streams", "description": "answers streamed chunk by chunk: your open streams, SSE, stop"},
     {"name": "jobs", "description": "enqueue a one-off job (admin)"},
+    {"name": "realtime", "description": "the WebSocket's frames as Server-Sent Events, and its actions as POSTs"},
 ]
 

@@ -397,6 +397,90 @@ var SwitchboardRoom = class {
   }
 };
 
+// src/sse.ts
+var SseSocket = class {
+  // actions go one at a time, in order
+  constructor(url, host) {
+    this.host = host;
+    this.readyState = 0;
+    this.onopen = null;
+    this.onmessage = null;
+    this.onclose = null;
+    this.onerror = null;
+    this.ctl = new AbortController();
+    this.conn = "";
+    this.secret = "";
+    this.queue = Promise.resolve();
+    void this.run(url);
+  }
+  async run(url) {
+    let code = 1006;
+    let reason = "";
+    try {
+      const r = await this.host.fetch(url, {
+        headers: { Accept: "text/event-stream" },
+        cache: "no-store",
+        signal: this.ctl.signal
+      });
+      if (!r.ok || !r.body) throw new Error(`HTTP ${r.status}`);
+      this.readyState = 1;
+      this.onopen?.({});
+      const reader = r.body.getReader();
+      const dec = new TextDecoder();
+      let buf = "";
+      for (; ; ) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buf += dec.decode(value, { stream: true });
+        let i;
+        while ((i = buf.indexOf("\n\n")) >= 0) {
+          let name = "";
+          const data = [];
+          for (const line of buf.slice(0, i).split("\n")) {
+            const m = /^(data|event): ?(.*)/.exec(line);
+            if (m?.[1] === "data") data.push(m[2]);
+            else if (m) name = m[2];
+          }
+          buf = buf.slice(i + 2);
+          const text = data.join("\n");
+          if (!text) continue;
+          if (name === "connection") {
+            const p = JSON.parse(text);
+            this.conn = p.connection;
+            this.secret = p.secret;
+          } else if (name === "close") {
+            const p = JSON.parse(text).payload;
+            code = p.code;
+            reason = p.reason;
+          } else this.onmessage?.({ data: text });
+        }
+      }
+    } catch (e) {
+      if (!reason) reason = e?.message ?? String(e);
+    }
+    if (this.readyState === 3) return;
+    this.readyState = 3;
+    this.onclose?.({ code, reason });
+  }
+  send(text) {
+    if (this.readyState !== 1 || !this.conn) return;
+    const body = { ...JSON.parse(text), secret: this.secret };
+    this.queue = this.queue.then(() => this.host.post(`sse/${this.conn}/actions`, body)).catch((e) => {
+      const err = e instanceof HttpError ? e.body?.error : void 0;
+      if (err && err.code !== "not_connected" && this.readyState === 1) {
+        this.onmessage?.({ data: JSON.stringify({ id: null, event: "error", room: null, payload: err, ts: Date.now() }) });
+      }
+    });
+  }
+  close(code = 1e3, reason = "") {
+    if (this.readyState === 3) return;
+    this.readyState = 3;
+    this.ctl.abort();
+    const f = this.onclose;
+    if (f) queueMicrotask(() => f({ code, reason }));
+  }
+};
+
 // src/client.ts
 var CURSOR_RE = /^[A-Za-z0-9._~-]{1,256}$/;
 var ROOMS_IN_HANDSHAKE = 50;
@@ -440,6 +524,11 @@ var SwitchboardClient = class {
     /** The user this client is logged in as (from login/refresh, else the hello frame). */
     this.user = null;
     this.ws = null;
+    // the transport in use is SSE (sse.ts)
+    this.wsFails = 0;
+    // WebSocket attempts in a row that never opened (-1: one opened once)
+    this.opened = false;
+    // the current attempt's transport opened
     this.gen = 0;
     // bumped per attempt: callbacks of an abandoned attempt are ignored
     this.wanted = false;
@@ -462,6 +551,10 @@ var SwitchboardClient = class {
       clearTimeout(this.retryTimer);
       this.attempt = 0;
       void this.open();
+    };
+    this.sseHost = {
+      fetch: (u, i) => this.fetchFn(u, i),
+      post: (path, body) => this.http("POST", path, body)
     };
     this.roomHost = {
       on: (event, fn) => this.on(event, fn),
@@ -512,6 +605,8 @@ var SwitchboardClient = class {
     this.moveOn = !!this.resolver;
     this._base = this.urls[0] ?? (options.url !== void 0 ? asBase(options.url) : this.resolver ? pageBase() : defaultBase());
     this.WS = options.WebSocket ?? globalThis.WebSocket;
+    this.transports = options.transports ?? ["websocket", "sse"];
+    this.sse = this.transports[0] === "sse" || !this.WS && this.transports.includes("sse");
     const f = options.fetch ?? globalThis.fetch;
     if (!f) throw new Error("SwitchboardClient: no fetch available; pass options.fetch");
     this.fetchFn = options.fetch ?? ((input, init) => f(input, init));
@@ -700,7 +795,7 @@ var SwitchboardClient = class {
   /** Open the socket (and keep it open until disconnect(), a 1008, or the session ends). */
   connect() {
     if (this.wanted) return;
-    if (!this.WS) throw new Error("SwitchboardClient: no WebSocket; pass options.WebSocket (Node 20: --experimental-websocket)");
+    if (!this.WS && !this.sse) throw new Error("SwitchboardClient: no WebSocket; pass options.WebSocket (Node 20: --experimental-websocket)");
     this.wanted = true;
     this.attempt = 0;
     this.quick = false;
@@ -745,8 +840,8 @@ var SwitchboardClient = class {
     clearTimeout(this.pongTimer);
   }
   wsUrl(ticket) {
-    const u = new URL("ws", this._base);
-    u.protocol = u.protocol === "https:" ? "wss:" : "ws:";
+    const u = new URL(this.sse ? "sse" : "ws", this._base);
+    if (!this.sse) u.protocol = u.protocol === "https:" ? "wss:" : "ws:";
     const q = new URLSearchParams({ ticket });
     if (this.cursor !== void 0) q.set("cursor", this.cursor);
     if (this.lastId !== void 0) q.set("after", String(this.lastId));
@@ -794,7 +889,7 @@ var SwitchboardClient = class {
     this.resumedFromId = this.lastId;
     let ws;
     try {
-      ws = new this.WS(this.wsUrl(ticket));
+      ws = this.sse ? new SseSocket(this.wsUrl(ticket), this.sseHost) : new this.WS(this.wsUrl(ticket));
     } catch (e) {
       const reason = `cannot open a WebSocket: ${e?.message ?? e}`;
       this.lost(4002, reason, 0, new SwitchboardError("connection_lost", reason, { closeCode: 4002, cause: e }));
@@ -802,6 +897,11 @@ var SwitchboardClient = class {
     }
     this.ws = ws;
     this.helloSeen = false;
+    this.opened = false;
+    ws.onopen = () => {
+      this.opened = true;
+      if (!this.sse) this.wsFails = -1;
+    };
     this.openTimer = setTimeout(() => {
       if (gen === this.gen && !this.helloSeen) this.dead(ws, 4001, "no hello in time");
     }, this.opts.openTimeoutMs);
@@ -824,6 +924,7 @@ var SwitchboardClient = class {
     this.onClose(code, reason);
   }
   onClose(code, reason) {
+    if (!this.sse && !this.opened && this.wsFails >= 0 && ++this.wsFails >= 2) this.sse = this.transports.includes("sse");
     this.clearTimers();
     this.gen++;
     this.helloSeen = false;
@@ -1002,6 +1103,7 @@ var SwitchboardClient = class {
       username: p.username,
       role: p.role,
       resuming,
+      transport: this.sse ? "sse" : "websocket",
       hello: p
     });
     for (const [room, st] of this.rooms) if (st === "joining" && !joined.has(room)) {
