@@ -47,6 +47,7 @@ class Lifecycle:
         if svc.config.scheduler_enabled:
             svc.scheduler.start()
         await svc.heartbeat.start()
+        svc.presence.start()
         svc.sampler.start()
         self._install_drain_signal()
         LOG.info("replica %s started (scheduler %s)", svc.replica.replica_id,
@@ -82,6 +83,7 @@ class Lifecycle:
             svc.relay.close_client(c, 1012, "server restarting")
         await svc.sessions.stop()
         await svc.feed.stop()
+        await svc.presence.stop()
         await svc.heartbeat.stop()
         await svc.sampler.stop()
         await svc.streams.stop()
@@ -119,7 +121,7 @@ def create_app(config: Config) -> SwitchboardApp:
     app.add_route("/ws/ticket", auth.Ticket(db, au, cfg.ticket_ttl, svc.limiter, cfg))
     stream_actions = StreamActions(db, svc.streams.hub, cfg.ws_replay_stall_seconds)
     app.add_route("/ws", WebSocketResource(db, svc.relay, svc.registry, cfg, svc.replica, svc.sessions,
-                                           svc.feed, stream_actions))
+                                           svc.feed, stream_actions, svc.presence))
     app.add_route("/tasks", tasks.Tasks(db, au, body, svc.catalog))
     app.add_route("/tasks/{task_id:uuid}", tasks.Task(db, au, body, svc.catalog))
     app.add_route("/tasks/{task_id:uuid}/trigger", tasks.Trigger(db, au))

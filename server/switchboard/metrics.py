@@ -86,6 +86,10 @@ _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     # runfeed.py: the admin console's live run updates (polls only while an admin subscribes)
     "switchboard_runfeed_polls_total": ("Polls of the admin run feed, by outcome (ok, failed)", ("outcome",)),
     "switchboard_runfeed_frames_total": ("run.updated frames offered to subscribed admin sockets", ()),
+    # presence.py: pushed presence (one query per SWITCHBOARD_PRESENCE_INTERVAL)
+    "switchboard_presence_frames_total": (
+        "presence.state and presence.diff frames offered to local sockets (at most one per socket, room and "
+        "interval)", ()),
     # bounded.SOURCES x bounded.REASONS: closed label sets, whatever the input was
     "switchboard_bad_input_total": ("Outside inputs refused by their bounds, by entry point and reason",
                                     ("source", "reason")),
