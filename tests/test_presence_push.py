@@ -202,3 +202,30 @@ def test_a_storm_is_a_few_diffs_and_ends_right(server_factory, db) -> None:  # t
     with psycopg.connect(db, autocommit=True) as c:
         assert c.execute("SELECT count(*) FROM switchboard.presence_meta").fetchone()[0] == 0
     obs.close()
+
+
+def test_the_heartbeat_repairs_the_metadata_rows(server_factory, db) -> None:  # type: ignore[no-untyped-def]
+    """presence_meta is UNLOGGED (a crash or a promotion empties it) and an untrack can fail: every
+    heartbeat re-asserts the replica's rows from its memory -- lost rows come back, stray rows go."""
+    make_user(db, "admin", role="admin")
+    alice = make_user(db, "alice")
+    srv = server_factory(name="presence-repair", env=ENV)
+    member_of(srv, srv.login("admin"), "lobby", alice)
+    a = connect(srv, db, alice, rooms="lobby")
+    a.send({"action": "presence.track", "room": "lobby", "meta": {"status": "here"}})
+    a.recv_until(lambda f: f["event"] == "presence.state")
+    rid = a.hello["payload"]["replica"]
+
+    def rows(c: psycopg.Connection) -> list[tuple]:
+        return c.execute("SELECT room, user_id::text, meta FROM switchboard.presence_meta ORDER BY conn").fetchall()
+
+    with psycopg.connect(db, autocommit=True) as c:
+        assert rows(c) == [("lobby", alice, {"status": "here"})]
+        c.execute("DELETE FROM switchboard.presence_meta")               # what an UNLOGGED reset does
+        c.execute("INSERT INTO switchboard.presence_meta (replica_id, conn, room, user_id, meta) "
+                  "VALUES (%s, 999999, 'lobby', %s, '{\"stale\": true}')", (rid, alice))   # a failed untrack
+        deadline = time.time() + 30
+        while rows(c) != [("lobby", alice, {"status": "here"})]:
+            assert time.time() < deadline, rows(c)
+            time.sleep(0.1)
+    a.close()
