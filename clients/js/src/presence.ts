@@ -42,8 +42,6 @@ export class PresenceList {
     return [...this.byId.values()].sort((a, b) => (a.username < b.username ? -1 : a.username > b.username ? 1 : 0));
   }
 
-  get(userId: string): PresenceMember | undefined { return this.byId.get(userId); }
-
   /** A presence.state: the whole list. What differs from the list kept so far (after a reconnect) is
    *  reported as joins and leaves. */
   state(p: PresenceStateFrame["payload"]): void {

@@ -378,9 +378,6 @@ var PresenceList = class {
   list() {
     return [...this.byId.values()].sort((a, b) => a.username < b.username ? -1 : a.username > b.username ? 1 : 0);
   }
-  get(userId) {
-    return this.byId.get(userId);
-  }
   /** A presence.state: the whole list. What differs from the list kept so far (after a reconnect) is
    *  reported as joins and leaves. */
   state(p) {
