@@ -229,3 +229,26 @@ def test_the_heartbeat_repairs_the_metadata_rows(server_factory, db) -> None:  #
             assert time.time() < deadline, rows(c)
             time.sleep(0.1)
     a.close()
+
+
+def test_a_killed_replicas_members_leave_within_its_liveness_window(server_factory, db) -> None:  # type: ignore[no-untyped-def]
+    """SIGKILL: no untrack, no presence_set(0), no replica_stop -- the replica's heartbeat stops, and
+    once it is older than the replica's liveness window (30 s at least) its members are offline."""
+    make_user(db, "admin", role="admin")
+    alice, bob = make_user(db, "alice"), make_user(db, "bob")
+    a_srv = server_factory(name="presence-live", env=ENV)
+    b_srv = server_factory(name="presence-doomed", env=ENV)
+    member_of(a_srv, a_srv.login("admin"), "lobby", alice, bob)
+    a = connect(a_srv, db, alice, rooms="lobby")
+    a.send({"action": "presence.subscribe", "room": "lobby"})
+    b = connect(b_srv, db, bob, rooms="lobby")
+    b.send({"action": "presence.track", "room": "lobby", "meta": {"on": "b"}})
+    a.recv_until(lambda f: f["event"] in ("presence.state", "presence.diff") and any(
+        e["user_id"] == bob and e["metas"] == [{"on": "b"}]
+        for e in f["payload"].get("members", []) + f["payload"].get("joins", [])), timeout=30)
+    b_srv.kill()
+    killed = time.monotonic()
+    f = a.recv_until(lambda f: f["event"] == "presence.diff" and f["payload"]["leaves"], timeout=120)
+    assert [e["user_id"] for e in f["payload"]["leaves"]] == [bob] and f["payload"]["joins"] == []
+    # not before the window: the replica was live until its last heartbeat, 30 s at least
+    assert time.monotonic() - killed >= 25, "left before the replica's liveness window ran out"
