@@ -4,7 +4,7 @@ The JS client's frame types are generated from this document, so it must say
 what the server really sends. One real replica; a scenario that makes it send
 every server message the document lists (hello, events to a user and a room,
 joined, left, left-removed, typing, tool.call, pong, resumed, resume_gap,
-error, and the admin run feed's run.updated and subscribed); every frame received is validated against the
+error, presence.state and presence.diff, and the admin run feed's run.updated and subscribed); every frame received is validated against the
 document's ServerFrame schema (exactly one message matches), every frame sent
 against ClientFrame, and each listed message must have been seen at least once
 (a message nobody sends is a lie in the contract too).
@@ -77,7 +77,9 @@ def test_document_shape_and_refs() -> None:
               {"action": "publish", "event": "tool.result.6f1c1f0e-4b9e-4c1a-9d6a-1b2c3d4e5f60", "payload": {"x": 1}},
               {"action": "subscribe", "feed": "runs"}, {"action": "unsubscribe", "feed": "runs"},
               {"action": "stream.subscribe", "stream": SID, "after": 0}, {"action": "stream.subscribe", "stream": SID},
-              {"action": "stream.unsubscribe", "stream": SID}, {"action": "stream.stop", "stream": SID}):
+              {"action": "stream.unsubscribe", "stream": SID}, {"action": "stream.stop", "stream": SID},
+              {"action": "presence.subscribe", "room": "ops"},
+              {"action": "presence.track", "room": "ops", "meta": {"status": "away", "n": 1, "ok": True, "x": None}}):
         message_of(doc, f, "sendActions")
     # the stream frames of docs/how-to/streams.md, each exactly one message
     for f, name in (
@@ -147,6 +149,13 @@ def test_real_frames_match_the_document(server_factory, db) -> None:  # type: ig
     a.recv_until(lambda f: f.get("id") == e2)
     b.send({"action": "publish", "event": "typing", "room": "lobby", "payload": {"typing": True}})
     a.recv_until(lambda f: f["event"] == "typing")
+    # pushed presence: a tracks itself (its state comes), b watches, then b's track is a diff to a
+    a.send({"action": "presence.track", "room": "lobby", "meta": {"status": "here"}})
+    a.recv_until(lambda f: f["event"] == "presence.state")
+    b.send({"action": "presence.subscribe", "room": "lobby"})
+    b.recv_until(lambda f: f["event"] == "presence.state")
+    b.send({"action": "presence.track", "room": "lobby", "meta": {"status": "busy"}})
+    a.recv_until(lambda f: f["event"] == "presence.diff")
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         call = pool.submit(httpx.post, srv.base + "/tools/call", headers=auth(admin), timeout=60,

@@ -179,6 +179,7 @@ PACKAGE_README_PRELUDE = EXAMPLE_PRELUDE + """declare function render(from: stri
                                                       ("docs/how-to/frontend.md", "## Typed events and rooms", "ts"),
                                                       ("docs/how-to/frontend.md", "## React", "tsx"),
                                                       ("docs/how-to/frontend.md", "## Streams", "ts"),
+                                                      ("docs/how-to/frontend.md", "## Presence", "ts"),
                                                       ("docs/how-to/frontend.md", "## A compact example", "ts"),
                                                       ("clients/js/README.md", "## Example", "ts")])
 def test_the_examples_in_the_frontend_docs_compile(built: dict[str, str], tmp_path: Path, doc: str, heading: str,

@@ -196,6 +196,7 @@ LAYERS = [
     {"switchboard.relay", "switchboard.resume", "switchboard.scheduler", "switchboard.heartbeat",
      "switchboard.catalog", "switchboard.tools", "switchboard.ratelimit", "switchboard.builtin_handlers",
      "switchboard.failover", "switchboard.sessions", "switchboard.runfeed", "switchboard.streams.runtime",
+     "switchboard.presence",
      "switchboard.testing"},
     {"switchboard.handlers", "switchboard.handler_context", "switchboard.registry"},
     {"switchboard", "switchboard.db", "switchboard.data", "switchboard.auth", "switchboard.metrics",

@@ -18,6 +18,7 @@ SELECT pg_advisory_xact_lock(hashtext('switchboard.migrate'));
 \ir ../functions/62_sessions.sql
 \ir ../functions/70_replicas.sql
 \ir ../functions/75_presence_sync.sql
+\ir ../functions/76_presence_push.sql
 \ir ../functions/80_status.sql
 \ir ../functions/82_metrics.sql
 \ir ../functions/85_job_sql.sql

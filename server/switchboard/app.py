@@ -51,6 +51,7 @@ class Lifecycle:
         if svc.config.scheduler_enabled:
             svc.scheduler.start()
         await svc.heartbeat.start()
+        svc.presence.start()
         svc.sampler.start()
         self._install_drain_signal()
         LOG.info("replica %s started (scheduler %s)", svc.replica.replica_id,
@@ -86,6 +87,7 @@ class Lifecycle:
             svc.relay.close_client(c, 1012, "server restarting")
         await svc.sessions.stop()
         await svc.feed.stop()
+        await svc.presence.stop()
         await svc.heartbeat.stop()
         await svc.sampler.stop()
         await svc.streams.stop()
@@ -131,7 +133,8 @@ def create_app(config: Config) -> SwitchboardApp:
     app.add_route("/me", auth.Me(au, svc.replica.replica_id))
     app.add_route("/ws/ticket", auth.Ticket(db, au, cfg.ticket_ttl, svc.limiter, cfg))
     stream_actions = StreamActions(db, svc.streams.hub, cfg.ws_replay_stall_seconds)
-    ws = WebSocketResource(db, svc.relay, svc.registry, cfg, svc.replica, svc.sessions, svc.feed, stream_actions)
+    ws = WebSocketResource(db, svc.relay, svc.registry, cfg, svc.replica, svc.sessions, svc.feed, stream_actions,
+                            svc.presence)
     app.add_route("/ws", ws)
     # the WebSocket's frames as Server-Sent Events, its actions as POSTs (issue 34 item 6)
     sse_streams = SseStreams(svc.relay, svc.replica)

@@ -265,6 +265,7 @@ class Config:
     event_tick_interval: float = 0.02
     relay_read_gap: float = 0.012
     heartbeat_interval: float = 5.0
+    presence_interval: float = 1.0
     replica_stale_seconds: float = 30.0
     ws_queue_size: int = 1000
     ws_queue_bytes: int = 16 * 1024 * 1024
@@ -348,6 +349,7 @@ class Config:
             event_tick_interval=_float("SWITCHBOARD_EVENT_TICK_INTERVAL", 0.02, 0.002, 5),
             relay_read_gap=_float("SWITCHBOARD_RELAY_READ_GAP", 0.012, 0.0, 1.0),
             heartbeat_interval=_float("SWITCHBOARD_HEARTBEAT_INTERVAL", 5.0, 0.1, 300),
+            presence_interval=_float("SWITCHBOARD_PRESENCE_INTERVAL", 1.0, 0.05, 60),
             replica_stale_seconds=_float("SWITCHBOARD_REPLICA_STALE_SECONDS", 30.0, 1, 3600),
             ws_queue_size=_int("SWITCHBOARD_WS_QUEUE_SIZE", 1000, 1, 1_000_000),
             ws_queue_bytes=_int("SWITCHBOARD_WS_QUEUE_BYTES", 16 * 1024 * 1024, 65536, 1 << 31),

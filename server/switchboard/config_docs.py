@@ -101,6 +101,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(('SWITCHBOARD_HEARTBEAT_INTERVAL', 'SWITCHBOARD_REPLICA_STALE_SECONDS'),
             '`5` / `30` s',
             'replica registry; a replica counts as live for max(30 s, 3 × its interval)'),
+    Setting(('SWITCHBOARD_PRESENCE_INTERVAL',),
+            '`1` s',
+            'pushed presence: one query per interval for every watched room; at most one presence.diff per room '
+            'per interval'),
     Setting(('SWITCHBOARD_WS_QUEUE_SIZE',),
             '`1000`',
             'frames queued per socket before 1013 (a replay waits for room instead)'),

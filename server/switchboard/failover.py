@@ -13,7 +13,8 @@ presence and tool calls). Compared with what this replica saw last:
 - a new UNLOGGED epoch: that state is gone -> ``..._unlogged_resets_total`` and the
   ``on_unlogged_reset`` callbacks run at once: waiting tool calls fail fast (their
   rows are gone; they would only time out) and the heartbeat re-registers this
-  replica and its presence now instead of at its next beat.
+  replica and its presence (socket counts, and the metadata its sockets track:
+  presence.py) now instead of at its next beat.
 
 The first observation of a process only sets the baseline.
 """

@@ -4,7 +4,8 @@ Every ``heartbeat_interval`` seconds: replica_heartbeat() (the replicas row
 other replicas and status() read: with the handler names this replica's
 scheduler runs, the interval its liveness window is derived from, and the
 server version), presence_sync() (repairs any presence row a
-failed presence_set left wrong), and a prune of the auth cache.
+failed presence_set left wrong), the ``also`` callbacks (presence.py's sync of
+the tracked presence metadata), and a prune of the auth cache.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import logging
 import os
 import socket
+from collections.abc import Awaitable, Callable, Sequence
 
 from .auth import AuthState
 from .db import Database
@@ -24,8 +26,10 @@ LOG = logging.getLogger("switchboard.heartbeat")
 
 class ReplicaHeartbeat:
     def __init__(self, db: Database, registry: Registry, auth: AuthState, replica: ReplicaState,
-                 interval: float, handlers: list[str], version: str) -> None:
+                 interval: float, handlers: list[str], version: str,
+                 also: Sequence[Callable[[], Awaitable[None]]] = ()) -> None:
         self.db = db
+        self.also = list(also)
         self.handlers = handlers
         self.version = version
         self.registry = registry
@@ -62,6 +66,8 @@ class ReplicaHeartbeat:
                 "draining": self.replica.draining}
         await self.db.replica_heartbeat(rid, info, self.handlers, self.interval, self.version)
         await self.db.presence_sync(rid, users, counts)
+        for fn in self.also:
+            await fn()
         self.auth.prune()
 
     async def _loop(self) -> None:

@@ -94,6 +94,10 @@ _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
         "History reads sent to the primary instead of the read replica, by reason (unknown: not sampled yet, "
         "lagging, not_in_recovery, unreachable, error: the read failed there, not_found: a run the replica "
         "does not have yet)", ("reason",)),
+    # presence.py: pushed presence (one query per SWITCHBOARD_PRESENCE_INTERVAL)
+    "switchboard_presence_frames_total": (
+        "presence.state and presence.diff frames offered to local sockets (at most one per socket, room and "
+        "interval)", ()),
     # bounded.SOURCES x bounded.REASONS: closed label sets, whatever the input was
     "switchboard_bad_input_total": ("Outside inputs refused by their bounds, by entry point and reason",
                                     ("source", "reason")),

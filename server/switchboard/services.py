@@ -12,7 +12,8 @@ and nothing is patched in afterwards:
            -> sessions(db, auth, registry, close=relay.close_client): sockets bound to
               their login session (the relay hands it "session" hints and calls its
               on_connect after every reconnect)
-           -> heartbeat(db, registry, auth, handler names)
+           -> presence(db, registry): pushed presence frames (presence.py)
+           -> heartbeat(db, registry, auth, handler names, also: presence.sync)
            -> sampler(metrics, gauges read from the components, db.metrics_snapshot)
            -> failover watch(db, metrics, on reset: tools.database_reset, heartbeat.beat),
               called by the relay on every (re)connect
@@ -39,6 +40,7 @@ from .failover import FailoverWatch
 from .handlers import HandlerRegistry, load_handlers
 from .heartbeat import ReplicaHeartbeat
 from .metrics import GaugeSampler, Metrics
+from .presence import Presence
 from .ratelimit import RateLimiter
 from .relay import Relay
 from .sockets import Registry
@@ -70,6 +72,7 @@ class Services:
     sessions: SessionWatch
     feed: RunFeed
     streams: StreamsRuntime
+    presence: Presence
 
 
 def build_services(config: Config) -> Services:
@@ -95,7 +98,9 @@ def build_services(config: Config) -> Services:
     limiter = RateLimiter(db, metrics, config.ratelimit_timeout)
     streams = StreamsRuntime(db, config, metrics)
     scheduler = Scheduler(db, metrics, config, handlers, replica, producer=streams.producer)
-    heartbeat = ReplicaHeartbeat(db, registry, auth, replica, config.heartbeat_interval, served, __version__)
+    presence = Presence(db, registry, replica.replica_id, config.presence_interval, metrics)
+    heartbeat = ReplicaHeartbeat(db, registry, auth, replica, config.heartbeat_interval, served, __version__,
+                                 also=[presence.sync])
     failover = FailoverWatch(db, metrics, on_unlogged_reset=[tools.database_reset, heartbeat.beat])
     # The watch closes sockets through the relay, and the relay hands the watch its
     # hints: the close callback is late-bound to the relay built on the next line.
@@ -138,4 +143,4 @@ def build_services(config: Config) -> Services:
     return Services(config=config, db=db, metrics=metrics, auth=auth, registry=registry, replica=replica,
                     handlers=handlers, catalog=catalog, tools=tools, limiter=limiter, scheduler=scheduler, relay=relay,
                     heartbeat=heartbeat, sampler=sampler, failover=failover, sessions=sessions,
-                    feed=feed, streams=streams)
+                    feed=feed, streams=streams, presence=presence)

@@ -26,6 +26,7 @@ from .config import Config
 from .cursor import Position
 from .db import Database
 from .http.cors import origin_allowed, own_origin
+from .presence import Presence
 from .relay import Relay
 from .replica import ReplicaState
 from .resume import resume
@@ -100,8 +101,9 @@ class _FrameBucket:
 class WebSocketResource:
     def __init__(self, db: Database, relay: Relay, registry: Registry, config: Config,
                  replica: ReplicaState, sessions: SessionWatch, feed: RunFeed | None = None,
-                 streams: StreamActions | None = None) -> None:
+                 streams: StreamActions | None = None, presence: Presence | None = None) -> None:
         self.db = db
+        self.presence = presence        # pushed presence (presence.py); None: no presence frames
         self.feed = feed                # the admin run feed (runfeed.py); None: no feeds
         self.sessions = sessions
         self.relay = relay
@@ -111,7 +113,7 @@ class WebSocketResource:
         self.rejections = bounded.Rejections(
             lambda source, reason: relay.metrics.inc("switchboard_bad_input_total", source=source, reason=reason),
             LOG)
-        self.actions = Actions(db, registry, config, feed, self.rejections, streams)
+        self.actions = Actions(db, registry, config, feed, self.rejections, streams, presence)
 
     async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         raise falcon.HTTPBadRequest(title="Bad Request",
@@ -245,6 +247,8 @@ class WebSocketResource:
             self.feed.unsubscribe(client)
         if self.actions.streams is not None:
             self.actions.streams.drop(client)
+        if self.presence is not None:
+            await self.presence.drop(client)   # never raises: the heartbeat repairs a failed untrack
         client.queue.put_nowait(None)
         if sender is not None:
             sender.cancel()

@@ -2,7 +2,8 @@
 
 join / leave (membership checked in SQL), resume (cursor or after), publish (typing
 to a joined room, tool.result.<id> answers: nothing else), subscribe / unsubscribe
-(the admin run feed), ping. Every field is checked with bounds; a bad one gets an
+(the admin run feed), presence.subscribe / presence.track (pushed presence of a
+joined room: presence.py), ping. Every field is checked with bounds; a bad one gets an
 error frame naming the problem, never an exception out of the socket's loop.
 """
 
@@ -20,6 +21,7 @@ from .bounded import BadInput
 from .config import Config
 from .cursor import Position
 from .db import Database
+from .presence import Presence, check_meta
 from .resume import resume
 from .runfeed import FEEDS, RunFeed
 from .sockets import Client, Registry, frame
@@ -32,7 +34,7 @@ ROOM_MAX = 128
 FEED_MAX = 32                                   # a feed name's length bound (FEEDS lists the real ones)
 TOOL_RESULT_RE = re.compile(r"^tool\.result\.([0-9a-fA-F-]{36})$")
 ALLOWED = ["join", "leave", "resume", "publish", "ping", "subscribe", "unsubscribe",
-           "stream.subscribe", "stream.unsubscribe", "stream.stop"]
+           "stream.subscribe", "stream.unsubscribe", "stream.stop", "presence.subscribe", "presence.track"]
 
 
 # Error frames of the action being handled go here instead of to the socket when set: an
@@ -65,8 +67,10 @@ def captured_errors() -> Iterator[list[dict[str, Any]]]:
 
 class Actions:
     def __init__(self, db: Database, registry: Registry, config: Config, feed: RunFeed | None,
-                 rejections: bounded.Rejections, streams: StreamActions | None = None) -> None:
+                 rejections: bounded.Rejections, streams: StreamActions | None = None,
+                 presence: Presence | None = None) -> None:
         self.db = db
+        self.presence = presence
         self.streams = streams
         self.registry = registry
         self.cfg = config
@@ -76,6 +80,8 @@ class Actions:
             "ping": self._ping, "join": self._join, "leave": self._leave, "resume": self._resume,
             "publish": self._publish, "subscribe": self._feed, "unsubscribe": self._feed,
         }
+        if presence is not None:
+            self._table.update({"presence.subscribe": self._presence, "presence.track": self._presence})
         if streams is not None:
             self._table.update({"stream.subscribe": streams.subscribe, "stream.unsubscribe": streams.unsubscribe,
                                 "stream.stop": streams.stop})
@@ -109,7 +115,34 @@ class Actions:
         room = msg.get("room")
         if isinstance(room, str) and room in client.rooms:
             self.registry.leave(client, room)
+            if self.presence is not None:
+                await self.presence.untrack(client, room)
         client.offer(frame("left", {}, room=room if isinstance(room, str) else None))
+
+    async def _presence(self, client: Client, msg: dict[str, Any]) -> None:
+        """presence.subscribe {room}: this socket gets the room's presence.state, then its
+        presence.diff frames; presence.track {room, meta}: the same, and its connection shows
+        ``meta`` there. Only in a room the socket joined (a member: the join checked)."""
+        if self.presence is None:
+            return
+        action = msg["action"]
+        room = msg.get("room")
+        if not isinstance(room, str) or not 0 < len(room) <= ROOM_MAX:
+            error(client, "bad_room", "room must be a room name", action=action)
+            return
+        if room not in client.rooms:
+            error(client, "forbidden", "presence of a room you have joined only", action=action, room=room)
+            return
+        if action == "presence.subscribe":
+            self.presence.subscribe(client, room)
+            return
+        meta = msg.get("meta", {})
+        why = check_meta(meta)
+        if why is not None:
+            self.rejections.record("ws", "bad_meta", why)
+            error(client, "bad_meta", why, action=action, room=room)
+            return
+        await self.presence.track(client, room, meta)
 
     async def _resume(self, client: Client, msg: dict[str, Any]) -> None:
         after: Position | int

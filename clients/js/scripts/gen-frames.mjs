@@ -21,7 +21,7 @@ const doc = JSON.parse(readFileSync(SOURCE, "utf8"));
 if (doc.asyncapi !== "3.0.0") throw new Error(`expected an AsyncAPI 3.0.0 document, got ${doc.asyncapi}`);
 const schemas = doc.components.schemas;
 const KNOWN = new Set(["type", "properties", "required", "additionalProperties", "const", "enum", "oneOf",
-  "items", "maxItems", "$ref", "description", "format", "pattern", "minimum", "maxLength", "minLength", "title", "deprecated"]);
+  "items", "maxItems", "maxProperties", "$ref", "description", "format", "pattern", "minimum", "maxLength", "minLength", "title", "deprecated"]);
 
 const lit = (v) => JSON.stringify(v);
 const prim = { string: "string", integer: "number", number: "number", boolean: "boolean", null: "null" };
@@ -57,7 +57,10 @@ function objectType(s, indent) {
   const req = new Set(s.required || []);
   const lines = Object.entries(s.properties || {}).map(([k, v]) =>
     `${doc1(v, inner)}${inner}${/^[A-Za-z_$][\w$]*$/.test(k) ? k : lit(k)}${req.has(k) ? "" : "?"}: ${ts(v, inner)};`);
-  if (s.additionalProperties !== false) lines.push(`${inner}[key: string]: unknown;`);
+  if (s.additionalProperties !== false) {
+    const extra = typeof s.additionalProperties === "object" ? ts(s.additionalProperties, inner) : "unknown";
+    lines.push(`${inner}[key: string]: ${extra};`);
+  }
   return lines.length ? `{\n${lines.join("\n")}\n${indent}}` : "Record<string, never>";
 }
 

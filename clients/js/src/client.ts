@@ -9,7 +9,7 @@
 // replica going away, moves on to the next one; a URL that works is kept.
 import type {
   ErrorFrame, EventFrame, HelloFrame, ResumeGapFrame, ResumedFrame, RunUpdatedFrame, ServerFrame, StreamEndFrame,
-  SubscribedFrame, ToolCallFrame, TypingFrame,
+  SubscribedFrame, ToolCallFrame, TypingFrame, PresenceDiffFrame, PresenceMeta, PresenceStateFrame,
 } from "./frames.js";
 import { HttpError, request, type FetchLike, type LoginResponse } from "./http.js";
 import { StreamError, SwitchboardStream, type StreamHost, type StreamInfo, type StreamOptions } from "./stream.js";
@@ -19,6 +19,7 @@ import { closeError, ForbiddenError, GoneError, httpError, RateLimitedError, Swi
   withError } from "./errors.js";
 import { SwitchboardRoom, type AppEvent, type EventMap, type RoomPresence } from "./room.js";
 import { SseSocket } from "./sse.js";
+import { PresenceHub } from "./presence.js";
 
 export type State = "connecting" | "connected" | "reconnecting" | "closed";
 
@@ -271,6 +272,7 @@ export class SwitchboardClient<Events extends object = EventMap> {
   private readonly streamsById = new Map<string, SwitchboardStream>();
   private readonly unsubAcks = new Map<string, number>();   // stream.unsubscribe sent, answer not yet in
   private streamSeqs: Record<string, number> | undefined;    // stream id -> last yielded seq (resume)
+  private readonly presenceHub = new PresenceHub((f) => this.send(f), (r) => this.rooms.get(r) === "joined");
 
   constructor(options: ClientOptions = {}) {
     const u = options.urls;
@@ -302,6 +304,7 @@ export class SwitchboardClient<Events extends object = EventMap> {
     };
     for (const r of options.rooms ?? []) this.rooms.set(r, "joining");
     for (const f of options.feeds ?? []) this.feeds.add(f);
+    this.on("room", (c) => this.presenceHub.room(c.room, c.state));   // pushed presence follows the rooms
     this.restore();
   }
 
@@ -749,6 +752,7 @@ export class SwitchboardClient<Events extends object = EventMap> {
       case "error": this.onServerError((f as ErrorFrame).payload); return;
       case "typing": this.emit("typing", f as TypingFrame); return;
       case "run.updated": this.emit("feed", f as RunUpdatedFrame); return;
+      case "presence.state": case "presence.diff": this.presenceHub.frame(f as PresenceStateFrame | PresenceDiffFrame); return;
       case "subscribed": this.emit("subscribed", (f as SubscribedFrame).payload); return;
       case "stream.chunks": case "stream.end": case "stream.unsubscribed":
         this.onStreamFrame(f.event, (f as { payload: { stream: string } }).payload, false);
@@ -878,6 +882,8 @@ export class SwitchboardClient<Events extends object = EventMap> {
     presence: (room: string) => this.presence(room),
     typing: (room: string, payload?: unknown) => this.typing(room, payload),
     leave: (room: string) => this.leave(room),
+    watch: (room: string) => this.presenceHub.watch(room),
+    track: (room: string, meta: PresenceMeta) => this.presenceHub.track(room, meta),
   };
 
   /** The feeds this client asks for. */

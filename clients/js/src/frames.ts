@@ -114,7 +114,7 @@ export type ErrorFrame = {
   event: "error";
   room: null;
   payload: {
-    /** Machine-readable: bad_json, bad_frame, bad_room, forbidden, bad_resume, unknown_action, rate_limited, refused, unavailable, bad_event, unknown_call, forbidden_event, bad_feed, bad_stream, stream_not_found, stream_limit, ... */
+    /** Machine-readable: bad_json, bad_frame, bad_room, forbidden, bad_resume, unknown_action, rate_limited, refused, unavailable, bad_event, unknown_call, forbidden_event, bad_feed, bad_stream, stream_not_found, stream_limit, bad_meta, ... */
     code: string;
     message: string;
     action?: string;
@@ -338,13 +338,68 @@ export type StreamStopAction = {
   stream: StreamId;
 };
 
+/** What one connection says about itself in a room (presence.track): at most 8 keys of 1 to 32 characters, scalar values, at most 256 bytes as compact JSON. */
+export type PresenceMeta = {
+  [key: string]: string | number | boolean | null;
+};
+
+/** A member of the room online on some replica, with the metadata of each of their connections that tracks itself in the room (at most 8; empty when none tracks). */
+export type PresenceMember = {
+  user_id: string;
+  username: string;
+  metas: Array<PresenceMeta>;
+};
+
+/** The room's whole presence list: sent once per presence.subscribe or first presence.track, within one presence interval (SWITCHBOARD_PRESENCE_INTERVAL), computed across replicas. Ephemeral: no id, never replayed; a reconnecting client subscribes again and gets a new state. */
+export type PresenceStateFrame = {
+  id: null;
+  event: "presence.state";
+  room: Room;
+  payload: {
+    /** Online members, by username (at most 1000). */
+    members: Array<PresenceMember>;
+    /** The room has more online members than the list holds. */
+    truncated: boolean;
+  };
+  /** Server time (database clock), milliseconds since the Unix epoch. */
+  ts: number;
+};
+
+/** What changed in the room's presence since the last interval: at most one per room and interval, however many sockets came and went (a reconnect storm is a few diffs). Apply leaves, then joins. Ephemeral: no id, never replayed. */
+export type PresenceDiffFrame = {
+  id: null;
+  event: "presence.diff";
+  room: Room;
+  payload: {
+    /** Members who came online or whose metadata changed: the whole new entry (replace the old one). */
+    joins: Array<PresenceMember>;
+    /** Members who went offline (their last socket on every replica closed): their last entry. */
+    leaves: Array<PresenceMember>;
+  };
+  /** Server time (database clock), milliseconds since the Unix epoch. */
+  ts: number;
+};
+
+/** Receive a joined room's presence: presence.state within one interval, then presence.diff frames until the socket leaves the room. Not joined (or not a member): error forbidden. */
+export type PresenceSubscribeAction = {
+  action: "presence.subscribe";
+  room: Room;
+};
+
+/** Show this connection in a joined room's presence with meta (replacing what it showed before), and receive the room's presence as presence.subscribe does. Bad meta: error bad_meta. The metadata goes when the socket leaves the room or closes. */
+export type PresenceTrackAction = {
+  action: "presence.track";
+  room: Room;
+  meta?: PresenceMeta;
+};
+
 /** Any server-to-client frame. */
-export type ServerFrame = HelloFrame | JoinedFrame | LeftFrame | ResumedFrame | ResumeGapFrame | PongFrame | ErrorFrame | EventFrame | TypingFrame | ToolCallFrame | RunUpdatedFrame | SubscribedFrame | StreamChunksFrame | StreamEndFrame | StreamUnsubscribedFrame;
+export type ServerFrame = HelloFrame | JoinedFrame | LeftFrame | ResumedFrame | ResumeGapFrame | PongFrame | ErrorFrame | EventFrame | TypingFrame | ToolCallFrame | RunUpdatedFrame | SubscribedFrame | StreamChunksFrame | StreamEndFrame | StreamUnsubscribedFrame | PresenceStateFrame | PresenceDiffFrame;
 
 /** Any client-to-server frame. */
-export type ClientFrame = JoinAction | LeaveAction | ResumeAction | TypingAction | ToolResultAction | PingAction | SubscribeAction | UnsubscribeAction | StreamSubscribeAction | StreamUnsubscribeAction | StreamStopAction;
+export type ClientFrame = JoinAction | LeaveAction | ResumeAction | TypingAction | ToolResultAction | PingAction | SubscribeAction | UnsubscribeAction | StreamSubscribeAction | StreamUnsubscribeAction | StreamStopAction | PresenceSubscribeAction | PresenceTrackAction;
 
 /** Message names the server sends (AsyncAPI operation receiveFrames). */
-export const SERVER_MESSAGES = ["hello","joined","left","resumed","resumeGap","pong","error","event","typing","toolCall","runUpdated","subscribed","streamChunks","streamEnd","streamUnsubscribed"] as const;
+export const SERVER_MESSAGES = ["hello","joined","left","resumed","resumeGap","pong","error","event","typing","toolCall","runUpdated","subscribed","streamChunks","streamEnd","streamUnsubscribed","presenceState","presenceDiff"] as const;
 /** Message names a client may send (AsyncAPI operation sendActions). */
-export const CLIENT_MESSAGES = ["joinAction","leaveAction","resumeAction","typingAction","toolResultAction","pingAction","subscribeAction","unsubscribeAction","streamSubscribeAction","streamUnsubscribeAction","streamStopAction"] as const;
+export const CLIENT_MESSAGES = ["joinAction","leaveAction","resumeAction","typingAction","toolResultAction","pingAction","subscribeAction","unsubscribeAction","streamSubscribeAction","streamUnsubscribeAction","streamStopAction","presenceSubscribeAction","presenceTrackAction"] as const;

@@ -5,6 +5,7 @@ export type {
   StorageLike, ToolCallInfo, ToolFn, ToolResultInfo, UrlResolver, WebSocketCtor, WebSocketLike,
 } from "./client.js";
 export type { SwitchboardRoom, AppEvent, EventMap, RoomPresence } from "./room.js";
+export type { PresenceList, PresenceJoinFn, PresenceLeaveFn, PresenceSyncFn } from "./presence.js";
 export { HttpError } from "./http.js";
 export {
   AuthError, ForbiddenError, GoneError, RateLimitedError, ServerGoingAwayError, SwitchboardError,

@@ -1,6 +1,7 @@
 // A room handle: sb.room(name) joins the room the way join() does (now when connected, and in
 // every reconnect's handshake) and gives the room's own app events, typing, presence and leave.
-import type { EventFrame } from "./frames.js";
+import type { EventFrame, PresenceMember, PresenceMeta } from "./frames.js";
+import { listen, type PresenceJoinFn, type PresenceLeaveFn, type PresenceList, type PresenceSyncFn } from "./presence.js";
 
 /** App event names to payload types, e.g. `{ "chat.message": { text: string } }`. A declaration the
  *  compiler trusts (the client does not check payloads): list what your backend publishes. */
@@ -19,6 +20,8 @@ export interface RoomHost {
   presence(room: string): Promise<RoomPresence>;
   typing(room: string, payload?: unknown): boolean;
   leave(room: string): void;
+  watch(room: string): PresenceList;
+  track(room: string, meta: PresenceMeta): boolean;
 }
 
 export interface RoomPresence { room: string; members: Array<{ user_id: string; username: string; online: boolean }> }
@@ -64,8 +67,27 @@ export class SwitchboardRoom<Events extends object = EventMap> {
     this.fns.get(event)?.delete(fn);
   }
 
-  /** `GET /rooms/{room}/members`: the members with `online`. */
+  /** `GET /rooms/{room}/members`: every member with `online` (one read; online() is pushed). */
   presence(): Promise<RoomPresence> { return this.host.presence(this.name); }
+
+  /** Pushed presence (presence.state / presence.diff): `fn(member, previous)` when a member comes online
+   *  (`previous` undefined) or their metadata changes. Watching the room's presence starts with the first
+   *  of onJoin / onLeave / onSync / online / track. Returns the function that unsubscribes. */
+  onJoin(fn: PresenceJoinFn): () => void { return listen(this.host.watch(this.name).joins, fn); }
+
+  /** Pushed presence: `fn(member)` when a member goes offline (their last socket, on any replica, closed). */
+  onLeave(fn: PresenceLeaveFn): () => void { return listen(this.host.watch(this.name).leaves, fn); }
+
+  /** Pushed presence: `fn(members)` after every state or diff, with the whole list. */
+  onSync(fn: PresenceSyncFn): () => void { return listen(this.host.watch(this.name).syncs, fn); }
+
+  /** The members online now, by username, each with the metadata of their tracking connections (pushed
+   *  presence: empty until the first presence.state arrives). */
+  online(): PresenceMember[] { return this.host.watch(this.name).list(); }
+
+  /** Show this connection in the room's presence with `meta` (at most 8 scalar values, 256 bytes), now and
+   *  after every reconnect, until leave(). False when not sent now (not connected or not joined yet). */
+  track(meta: PresenceMeta): boolean { return this.host.track(this.name, meta); }
 
   /** Tell the room this user is typing (ephemeral; false when not connected). */
   typing(payload?: unknown): boolean { return this.host.typing(this.name, payload); }

@@ -34,6 +34,21 @@ class ReplicaQueries(PoolBase):
     async def presence_sync(self, replica_id: str, users: list[UUID], counts: list[int]) -> None:
         await self.fetchone("SELECT switchboard.presence_sync(%s, %s, %s)", (replica_id, users, counts))
 
+    async def presence_track(self, replica_id: str, conn: int, user_id: UUID, room: str | None,
+                             meta: dict[str, Any] | None) -> None:
+        """Connection ``conn`` tracks itself in ``room`` with ``meta`` (None: untracks; room None too:
+        everywhere)."""
+        await self.fetchone("SELECT switchboard.presence_track(%s, %s, %s, %s, %s)",
+                            (replica_id, conn, user_id, room, None if meta is None else Jsonb(meta)))
+
+    async def presence_meta_sync(self, replica_id: str, tracked: list[dict[str, Any]]) -> None:
+        await self.fetchone("SELECT switchboard.presence_meta_sync(%s, %s)", (replica_id, Jsonb(tracked)))
+
+    async def presence_of_rooms(self, rooms: list[str], max_members: int) -> list[Row]:
+        """(room, user_id, username, metas) of the online members of each room."""
+        return await self.fetchall("SELECT * FROM switchboard.presence_of_rooms(%s::text[], %s)",
+                                   (rooms, max_members))
+
     async def tool_call_send(self, user_id: UUID, replica_id: str, name: str, args: Any,
                              timeout: float) -> UUID | None:
         return cast("UUID | None", await self.scalar("SELECT switchboard.tool_call_send(%s, %s, %s, %s, %s)",

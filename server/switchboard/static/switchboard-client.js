@@ -342,6 +342,118 @@ function buildPath(template, path, query) {
   return p;
 }
 
+// src/presence.ts
+var isMember = (e) => !!e && typeof e.user_id === "string" && Array.isArray(e.metas);
+var members = (a) => Array.isArray(a) ? a.filter(isMember) : [];
+var same = (a, b) => JSON.stringify(a) === JSON.stringify(b);
+function call(fns, ...args) {
+  for (const f of [...fns]) {
+    try {
+      f(...args);
+    } catch (e) {
+      queueMicrotask(() => {
+        throw e;
+      });
+    }
+  }
+}
+function listen(set, fn) {
+  set.add(fn);
+  return () => {
+    set.delete(fn);
+  };
+}
+var PresenceList = class {
+  constructor() {
+    this.byId = /* @__PURE__ */ new Map();
+    this.joins = /* @__PURE__ */ new Set();
+    this.leaves = /* @__PURE__ */ new Set();
+    this.syncs = /* @__PURE__ */ new Set();
+    /** A state arrived (since the room was joined). */
+    this.synced = false;
+    /** The server says the room has more online members than its list holds. */
+    this.truncated = false;
+  }
+  /** The online members, by username. */
+  list() {
+    return [...this.byId.values()].sort((a, b) => a.username < b.username ? -1 : a.username > b.username ? 1 : 0);
+  }
+  /** A presence.state: the whole list. What differs from the list kept so far (after a reconnect) is
+   *  reported as joins and leaves. */
+  state(p) {
+    const next = new Map(members(p?.members).map((m) => [m.user_id, m]));
+    this.truncated = p?.truncated === true;
+    this.apply([...this.byId.values()].filter((m) => !next.has(m.user_id)), [...next.values()]);
+  }
+  /** A presence.diff: leaves, then joins (a join replaces the entry). */
+  diff(p) {
+    if (this.synced) this.apply(members(p?.leaves), members(p?.joins));
+  }
+  apply(gone, came) {
+    this.synced = true;
+    for (const m of gone) {
+      const old = this.byId.get(m.user_id);
+      if (old && this.byId.delete(m.user_id)) call(this.leaves, old);
+    }
+    for (const m of came) {
+      const old = this.byId.get(m.user_id);
+      if (old && same(old, m)) continue;
+      this.byId.set(m.user_id, m);
+      call(this.joins, m, old);
+    }
+    call(this.syncs, this.list());
+  }
+  /** The room was left: the list empties (each member leaves), and waits for the next state. */
+  clear() {
+    if (this.synced) this.apply([...this.byId.values()], []);
+    this.synced = false;
+  }
+};
+var PresenceHub = class {
+  constructor(send, joined) {
+    this.lists = /* @__PURE__ */ new Map();
+    this.metas = /* @__PURE__ */ new Map();
+    this.send = send;
+    this.joined = joined;
+  }
+  /** The room's list; watching it asks the server for its presence (now if joined, else once joined). */
+  watch(room) {
+    let l = this.lists.get(room);
+    if (!l) {
+      this.lists.set(room, l = new PresenceList());
+      if (this.joined(room)) this.ask(room);
+    }
+    return l;
+  }
+  /** Show this connection in the room with `meta` (kept and sent again after every reconnect). */
+  track(room, meta) {
+    this.metas.set(room, meta);
+    this.watch(room);
+    return this.joined(room) && this.ask(room);
+  }
+  ask(room) {
+    const meta = this.metas.get(room);
+    return this.send(meta ? { action: "presence.track", room, meta } : { action: "presence.subscribe", room });
+  }
+  /** A room's state changed (the client's `room` event). */
+  room(room, state) {
+    if (state === "joined") {
+      if (this.lists.has(room)) this.ask(room);
+    } else if (state !== "joining") {
+      this.lists.get(room)?.clear();
+      this.lists.delete(room);
+      this.metas.delete(room);
+    }
+  }
+  /** A presence frame from the server. */
+  frame(f) {
+    const l = typeof f.room === "string" ? this.lists.get(f.room) : void 0;
+    if (!l) return;
+    if (f.event === "presence.state") l.state(f.payload);
+    else l.diff(f.payload);
+  }
+};
+
 // src/room.ts
 var SwitchboardRoom = class {
   /** @internal sb.room(name) makes these. */
@@ -379,9 +491,33 @@ var SwitchboardRoom = class {
   off(event, fn) {
     this.fns.get(event)?.delete(fn);
   }
-  /** `GET /rooms/{room}/members`: the members with `online`. */
+  /** `GET /rooms/{room}/members`: every member with `online` (one read; online() is pushed). */
   presence() {
     return this.host.presence(this.name);
+  }
+  /** Pushed presence (presence.state / presence.diff): `fn(member, previous)` when a member comes online
+   *  (`previous` undefined) or their metadata changes. Watching the room's presence starts with the first
+   *  of onJoin / onLeave / onSync / online / track. Returns the function that unsubscribes. */
+  onJoin(fn) {
+    return listen(this.host.watch(this.name).joins, fn);
+  }
+  /** Pushed presence: `fn(member)` when a member goes offline (their last socket, on any replica, closed). */
+  onLeave(fn) {
+    return listen(this.host.watch(this.name).leaves, fn);
+  }
+  /** Pushed presence: `fn(members)` after every state or diff, with the whole list. */
+  onSync(fn) {
+    return listen(this.host.watch(this.name).syncs, fn);
+  }
+  /** The members online now, by username, each with the metadata of their tracking connections (pushed
+   *  presence: empty until the first presence.state arrives). */
+  online() {
+    return this.host.watch(this.name).list();
+  }
+  /** Show this connection in the room's presence with `meta` (at most 8 scalar values, 256 bytes), now and
+   *  after every reconnect, until leave(). False when not sent now (not connected or not joined yet). */
+  track(meta) {
+    return this.host.track(this.name, meta);
   }
   /** Tell the room this user is typing (ephemeral; false when not connected). */
   typing(payload) {
@@ -512,7 +648,6 @@ function defaultStorage() {
 var MOVE_ON = [1001, 1012, 1013];
 var frameError = (p) => typeof p.stream === "string" ? new StreamError(p.code, p.message, p.stream) : p.code === "forbidden" || p.code === "forbidden_event" ? new ForbiddenError(p.code, p.message) : p.code === "rate_limited" ? new RateLimitedError(p.code, p.message) : new SwitchboardError(p.code, p.message);
 var SwitchboardClient = class {
-  // stream id -> last yielded seq (resume)
   constructor(options = {}) {
     this.urlIndex = 0;
     // the next attempt takes the next URL (the last one failed)
@@ -545,6 +680,8 @@ var SwitchboardClient = class {
     this.outbox = [];
     this.streamsById = /* @__PURE__ */ new Map();
     this.unsubAcks = /* @__PURE__ */ new Map();
+    // stream id -> last yielded seq (resume)
+    this.presenceHub = new PresenceHub((f) => this.send(f), (r) => this.rooms.get(r) === "joined");
     /** The browser is back online: a pending retry goes now instead of waiting out its backoff. */
     this.onOnline = () => {
       if (!this.wanted || this._state !== "reconnecting" || this.ws) return;
@@ -561,7 +698,9 @@ var SwitchboardClient = class {
       state: (room) => this.rooms.get(room),
       presence: (room) => this.presence(room),
       typing: (room, payload) => this.typing(room, payload),
-      leave: (room) => this.leave(room)
+      leave: (room) => this.leave(room),
+      watch: (room) => this.presenceHub.watch(room),
+      track: (room, meta) => this.presenceHub.track(room, meta)
     };
     this.streamHost = {
       send: (f) => this.send(f),
@@ -631,6 +770,7 @@ var SwitchboardClient = class {
     };
     for (const r of options.rooms ?? []) this.rooms.set(r, "joining");
     for (const f2 of options.feeds ?? []) this.feeds.add(f2);
+    this.on("room", (c) => this.presenceHub.room(c.room, c.state));
     this.restore();
   }
   // ---- events ---------------------------------------------------------------------------
@@ -761,7 +901,7 @@ var SwitchboardClient = class {
       this.moveOn = false;
     }
     const url = new URL(path.replace(/^\//, ""), this._base);
-    const call = async () => request(this.fetchFn, url, {
+    const call2 = async () => request(this.fetchFn, url, {
       method,
       body,
       credentials: o.credentials,
@@ -769,7 +909,7 @@ var SwitchboardClient = class {
       token: o.auth === false ? null : await this.bearer()
     });
     try {
-      return await call();
+      return await call2();
     } catch (e) {
       const canRefresh = o.auth !== false && o.retry401 !== false && !this.getTokenFn && this.opts.refreshOn401;
       if (!(e instanceof HttpError) || e.status !== 401 || !canRefresh) throw e;
@@ -778,7 +918,7 @@ var SwitchboardClient = class {
       } catch {
         throw e;
       }
-      return call();
+      return call2();
     }
   }
   /** A typed REST call: `api("post", "/tasks", { body })`, `api("get", "/rooms/{room}/members", { path: { room } })`.
@@ -1056,6 +1196,10 @@ var SwitchboardClient = class {
       case "run.updated":
         this.emit("feed", f);
         return;
+      case "presence.state":
+      case "presence.diff":
+        this.presenceHub.frame(f);
+        return;
       case "subscribed":
         this.emit("subscribed", f.payload);
         return;
@@ -1255,8 +1399,8 @@ var SwitchboardClient = class {
     this.answered.add(callId);
     if (this.answered.size > 1e3) this.answered.delete(this.answered.values().next().value);
     const name = String(f.payload?.name);
-    const call = { callId, name, args: f.payload?.args };
-    this.emit("toolcall", call);
+    const call2 = { callId, name, args: f.payload?.args };
+    this.emit("toolcall", call2);
     let result;
     let error;
     const fn = this.toolFns.get(name);
@@ -1265,7 +1409,7 @@ var SwitchboardClient = class {
       result = { error, tools: [...this.toolFns.keys()] };
     } else {
       try {
-        result = await fn(call.args, call);
+        result = await fn(call2.args, call2);
       } catch (e) {
         error = String(e?.message ?? e);
         result = { error };
@@ -1279,7 +1423,7 @@ var SwitchboardClient = class {
     const ws = this.ws;
     if (ws && ws.readyState === 1 && this.helloSeen) ws.send(text);
     else this.outbox.push(text);
-    this.emit("toolresult", { ...call, result, ...error ? { error } : {} });
+    this.emit("toolresult", { ...call2, result, ...error ? { error } : {} });
   }
   // ---- the resume position across reloads ---------------------------------------------------
   restore() {
@@ -1338,8 +1482,8 @@ var SwitchboardClient = class {
 };
 
 // src/frames.ts
-var SERVER_MESSAGES = ["hello", "joined", "left", "resumed", "resumeGap", "pong", "error", "event", "typing", "toolCall", "runUpdated", "subscribed", "streamChunks", "streamEnd", "streamUnsubscribed"];
-var CLIENT_MESSAGES = ["joinAction", "leaveAction", "resumeAction", "typingAction", "toolResultAction", "pingAction", "subscribeAction", "unsubscribeAction", "streamSubscribeAction", "streamUnsubscribeAction", "streamStopAction"];
+var SERVER_MESSAGES = ["hello", "joined", "left", "resumed", "resumeGap", "pong", "error", "event", "typing", "toolCall", "runUpdated", "subscribed", "streamChunks", "streamEnd", "streamUnsubscribed", "presenceState", "presenceDiff"];
+var CLIENT_MESSAGES = ["joinAction", "leaveAction", "resumeAction", "typingAction", "toolResultAction", "pingAction", "subscribeAction", "unsubscribeAction", "streamSubscribeAction", "streamUnsubscribeAction", "streamStopAction", "presenceSubscribeAction", "presenceTrackAction"];
 export {
   AuthError,
   CLIENT_MESSAGES,
