@@ -6,11 +6,11 @@
 -- room against its last snapshot and sends at most one frame per room per
 -- interval: a reconnect storm is a handful of diffs, not a frame per socket.
 -- Online is what presence_sockets says on a live replica (as for
--- room_members_online); the metadata is presence_meta (V0031), written by
+-- room_members_online); the metadata is presence_meta (V0035), written by
 -- presence_track() and re-asserted by each heartbeat's presence_meta_sync().
 --
 -- Every function here is plpgsql: its body is resolved when it is called, so
--- this file loads at a migration target older than V0031 (which creates
+-- this file loads at a migration target older than V0035 (which creates
 -- presence_meta) without touching the table.
 
 -- _check_presence_meta(meta): an object of at most 8 keys (each 1 to 32

@@ -1,4 +1,4 @@
--- V0031: presence, pushed (issue 34, item 1).
+-- V0035: presence, pushed (issue 34, item 1).
 --
 -- presence_meta: the small metadata object a connection sets for itself in a
 -- room it joined (WebSocket action presence.track), stored where every replica

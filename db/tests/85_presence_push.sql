@@ -1,4 +1,4 @@
--- pgTAP: pushed presence (V0031, issue 34) -- presence_track, presence_meta_sync
+-- pgTAP: pushed presence (V0035, issue 34) -- presence_track, presence_meta_sync
 -- and presence_of_rooms: metadata bounded where it is stored, online taken from
 -- presence_sockets on a live replica, rows gone with their replica. One
 -- transaction, rolled back: no user, replica or presence row stays.
