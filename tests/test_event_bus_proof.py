@@ -296,7 +296,9 @@ def test_a_publisher_open_30_seconds_holds_back_nobody(server_factory, db: str) 
             f = json.loads(ws.recv(timeout=10))
             if f.get("id") is not None:
                 frames.append(f)
-        assert time.monotonic() - opened < 30, "the test box was too slow to prove 'live'"
+        # All 100 arrived while the held transaction is still open (it commits only below),
+        # however long that took on a loaded box: delivery never waited for it. (A bound on
+        # the elapsed time here proved nothing more and failed at load average ~11.)
         assert [f["id"] for f in frames] == ids        # all of them, live, in order
         assert max(waits) < 5, max(waits)              # nobody waited for the open transaction
         assert sorted(waits)[len(waits) // 2] < 1
