@@ -151,7 +151,8 @@ else
   #   debootstrap/buildah/podman, a Patroni cluster failing over, network
   #   namespaces with injected faults), and, since it finished minutes before the
   #   others, the session-hardening, private-live-path and hostile-input suites
-  #   (they wait out grace windows and floods);
+  #   (they wait out grace windows and floods), the SSE streams and the read
+  #   replica (a streaming standby of its own);
   # - lane 3: the longest multi-replica and tool suites (sessions on two
   #   replicas, the JS client's node suites, sqitch, the browser, the event-bus
   #   proof and the live path's relay tests, the wheel install, the HA trio), listed here by name;
@@ -159,7 +160,7 @@ else
   # Each lane starts its own PostgreSQL, ports are always free ones, and names
   # carry the pid, so the lanes share nothing. Lanes 2 and 3 print after lane 1.
   lane2=(tests/image tests/pgha tests/faults tests/test_sessions_hardening.py tests/test_live_private.py
-         tests/test_hostile_input.py)
+         tests/test_hostile_input.py tests/test_sse.py tests/test_read_replica.py)
   lane3=(tests/test_sessions.py tests/test_js_client.py tests/test_sqitch.py tests/browser
          tests/test_trust_boundary.py tests/test_event_bus_proof.py tests/test_live_relay.py
          tests/test_wheel_install.py tests/test_server_limits.py tests/test_relay_hear.py
