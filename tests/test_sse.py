@@ -281,3 +281,29 @@ def test_a_reader_that_does_not_drain_is_cut_off(server_factory, users) -> None:
     finally:
         live.close()
         sock.close()
+
+
+def test_pushed_presence_over_sse(server_factory, users) -> None:  # type: ignore[no-untyped-def]
+    """presence.track over POST: the stream gets the room's presence.state with its own
+    metadata, and a diff when a WebSocket user on another replica comes online."""
+    a = server_factory(env={"SWITCHBOARD_PRESENCE_INTERVAL": "0.3"})
+    b = server_factory(env={"SWITCHBOARD_PRESENCE_INTERVAL": "0.3"})
+    adm, tok, btok = b.login("admin"), a.login("alice"), b.login("bob")
+    for name, t in (("alice", tok), ("bob", btok)):
+        uid = httpx.get(a.base + "/me", headers=auth(t)).json()["user_id"]
+        assert httpx.put(f"{b.base}/rooms/lobby/members/{uid}", headers=auth(adm)).status_code == 204
+    sse = SSE(a.base, a.ticket(tok), "&rooms=lobby")
+    try:
+        r = sse.act(tok, {"action": "presence.track", "room": "lobby", "meta": {"device": "sse"}})
+        assert r.status_code == 200, r.text
+        state = sse.recv_until(lambda f: f.get("event") == "presence.state")
+        assert [(m["username"], m["metas"]) for m in state["payload"]["members"]] == [("alice", [{"device": "sse"}])]
+        bad = sse.act(tok, {"action": "presence.track", "room": "lobby", "meta": {"x": [1]}})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "bad_meta", bad.text
+        bob = b.ws(btok)
+        bob.send({"action": "join", "room": "lobby"})
+        diff = sse.recv_until(lambda f: f.get("event") == "presence.diff", timeout=30)
+        assert [m["username"] for m in diff["payload"]["joins"]] == ["bob"]
+        bob.close()
+    finally:
+        sse.close()
