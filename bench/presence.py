@@ -154,8 +154,8 @@ def _own_cpu() -> float:
 def _online(url: str) -> int:
     """Members of the room the database counts online (presence_sockets of live replicas)."""
     with psycopg.connect(url, autocommit=True) as c:
-        return int(c.execute("SELECT count(DISTINCT user_id) FROM switchboard.presence_sockets WHERE sockets > 0")
-                   .fetchone()[0])
+        row = c.execute("SELECT count(DISTINCT user_id) FROM switchboard.presence_sockets WHERE sockets > 0").fetchone()
+        return int(row[0]) if row else 0
 
 
 async def _churn(url: str, bases: list[str], churn_ids: list[str], rate: float, seconds: float,
@@ -224,13 +224,13 @@ async def run(a: argparse.Namespace, cluster: Cluster, db: str, procs: list[Proc
                 diag = {"extra_max": max(len(s.members - expected_idle) for s in obs),
                         "missing_max": max(len(expected_idle - s.members) for s in obs), "online_by_sql": _online(url)}
                 log(f"   wrong lists: {diag}")
-            per_obs = [len(s.frames) for s in obs]
-            r = {"mode": mode, "changes": changes, "window_s": round(wall, 2), "load1_start": load0,
+            per_obs: list[float] = [len(s.frames) for s in obs]
+            r: dict[str, Any] = {"mode": mode, "changes": changes, "window_s": round(wall, 2), "load1_start": load0,
                  "load1_end": loadavg(), **cpu, "bench_client_cpu_s": own,
                  "cpu_us_per_change": {"replicas": round(cpu["workers_cpu_s"] / changes * 1e6),
                                        "postgres": round(cpu["postgres_cpu_s"] / changes * 1e6)},
                  "presence_frames": frames, "frames_per_change": round(frames / changes, 2),
-                 "presence_bytes_per_observer_p50": median([s.bytes for s in obs]),
+                 "presence_bytes_per_observer_p50": median([float(s.bytes) for s in obs]),
                  "frames_per_observer": {"p50": median(per_obs), "max": max(per_obs)},
                  "max_frames_bound": int(wall / a.interval) + 1,
                  "lists_right_after_last_change_s": settled,
@@ -239,7 +239,7 @@ async def run(a: argparse.Namespace, cluster: Cluster, db: str, procs: list[Proc
             log(f"churn {mode}: {changes} changes in {wall:.1f}s; cpu/change replicas "
                 f"{r['cpu_us_per_change']['replicas']} us + postgres {r['cpu_us_per_change']['postgres']} us; "
                 f"frames {frames} ({r['frames_per_change']}/change, per observer p50 {median(per_obs)} max "
-                f"{max(per_obs)}, bound {r['max_frames_bound']}); lists right {settled}s after the last change, "
+                f"{max(per_obs)}, bound {r['max_frames_bound']}); lists right {settled if settled is not None else '-'} s after the last change, "
                 f"wrong {wrong}; load {loadavg()}")
     # -- storms ------------------------------------------------------------------------------
     socks = obs + [Sock(u, bases[(nobs + i) % len(bases)]) for i, u in enumerate(churn_ids)]
@@ -266,6 +266,8 @@ async def run(a: argparse.Namespace, cluster: Cluster, db: str, procs: list[Proc
                     await s.send({"action": "presence.subscribe", "room": ROOM})
             await _all([back(s, tk) for s, tk in zip(socks, tickets)], a.storm_concurrency)
             t_back = time.time()
+            # Who the database counts online once every socket is back (all of them should be).
+            online_back = await asyncio.to_thread(_online, url)
             deadline = t_back + a.settle_timeout
             while mode == "on" and time.time() < deadline and any(s.correct_at is None for s in socks):
                 await asyncio.sleep(0.1)
@@ -284,6 +286,7 @@ async def run(a: argparse.Namespace, cluster: Cluster, db: str, procs: list[Proc
             r = {"mode": mode, "sockets": len(socks), "window_s": round(wall, 2), "load1_start": load0,
                  "load1_end": loadavg(), **cpu, "bench_client_cpu_s": own,
                  "reconnected_and_joined_s": round(t_back - t_rc, 2),
+                 "online_by_sql_when_all_back": online_back,
                  "every_list_correct_s": round(t_ok - t_rc, 2) if mode == "on" and not wrong else None,
                  "presence_lag_s": round(t_ok - t_back, 2) if mode == "on" and not wrong else None,
                  "observers_never_correct": wrong,
@@ -291,10 +294,11 @@ async def run(a: argparse.Namespace, cluster: Cluster, db: str, procs: list[Proc
                  if mode == "on" else {"max": max(per_obs)},
                  "observers_over_the_per_interval_bound": sum(1 for n, b in zip(per_obs, bound) if n > b),
                  "presence_frames": sum(per_obs),
-                 "presence_bytes_per_observer_p50": median([s.bytes for s in socks])}
+                 "presence_bytes_per_observer_p50": median([float(s.bytes) for s in socks])}
             out["storm"].append(r)
-            log(f"storm {mode}: back+joined {r['reconnected_and_joined_s']}s, every list correct "
-                f"{r['every_list_correct_s']}s, frames/observer {r['frames_per_observer']}, over bound "
+            log(f"storm {mode}: back+joined {r['reconnected_and_joined_s']}s (online by SQL then {online_back}), "
+                f"every list correct "
+                f"{r['every_list_correct_s'] if r['every_list_correct_s'] is not None else '-'} s, frames/observer {r['frames_per_observer']}, over bound "
                 f"{r['observers_over_the_per_interval_bound']}; cpu replicas {cpu['workers_cpu_s']}s postgres "
                 f"{cpu['postgres_cpu_s']}s (this client {own}s) in {wall:.1f}s; load {loadavg()}")
     await asyncio.gather(*(s.close() for s in socks))
