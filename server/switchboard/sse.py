@@ -196,7 +196,7 @@ class SseResource:
         replay: asyncio.Task[None] | None = None
         try:
             yield _named("connection", {"connection": conn.id, "secret": conn.secret})
-            await ws._presence(client.user_id, ws.registry.sockets_of(client.user_id))
+            await ws._presence(client.user_id)
             if hs.after is not None:
                 replay = asyncio.ensure_future(resume(ws.db, client, hs.after, cfg.ws_replay_stall_seconds, hs.ahead))
                 replay.add_done_callback(lambda t: self._replayed(client, t))

@@ -98,6 +98,37 @@ class _FrameBucket:
         return False
 
 
+class PresenceWrites:
+    """presence_set for one replica, one user at a time, each write with the count of that
+    moment. A close and a reconnect of the same user race: each computed its count, then
+    awaited a pool connection, and a stale 0 could land after the 1 (a user online, counted
+    offline until the heartbeat's repair). Serialised per user, every write reads the
+    registry when its turn comes, so the last one written is the current count. The map
+    holds only users with a write queued or in flight."""
+
+    def __init__(self, db: Database, registry: Registry, replica: ReplicaState) -> None:
+        self.db, self.registry, self.replica = db, registry, replica
+        self._locks: dict[uuid.UUID, tuple[asyncio.Lock, list[int]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+    async def write(self, user_id: uuid.UUID) -> None:
+        lock, users = self._locks.setdefault(user_id, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                n = self.registry.sockets_of(user_id)
+                try:
+                    await self.db.presence_set(self.replica.replica_id, user_id, n)
+                except Exception as exc:
+                    LOG.warning("presence update failed (heartbeat will repair): %s", exc)
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._locks[user_id]
+
+
 class WebSocketResource:
     def __init__(self, db: Database, relay: Relay, registry: Registry, config: Config,
                  replica: ReplicaState, sessions: SessionWatch, feed: RunFeed | None = None,
@@ -114,6 +145,7 @@ class WebSocketResource:
             lambda source, reason: relay.metrics.inc("switchboard_bad_input_total", source=source, reason=reason),
             LOG)
         self.actions = Actions(db, registry, config, feed, self.rejections, streams, presence)
+        self.presence_writes = PresenceWrites(db, registry, replica)
 
     async def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         raise falcon.HTTPBadRequest(title="Bad Request",
@@ -143,7 +175,7 @@ class WebSocketResource:
             # Presence first, then hello goes out: a client that has its hello is reachable
             # (POST /tools/call finds its user online) -- it was written after the resume, and
             # a tool call right after connecting could get 404 "no socket anywhere".
-            await self._presence(client.user_id, len(self.registry.by_user.get(client.user_id, ())))
+            await self._presence(client.user_id)
             sender = asyncio.create_task(self._sender(ws, client))
             if hs.after is not None:
                 await resume(self.db, client, hs.after, self.cfg.ws_replay_stall_seconds, hs.ahead)
@@ -242,7 +274,7 @@ class WebSocketResource:
             await asyncio.gather(client.close_task, return_exceptions=True)
         if client.resume_task is not None:
             client.resume_task.cancel()
-        left = self.registry.remove(client)
+        self.registry.remove(client)
         if self.feed is not None:
             self.feed.unsubscribe(client)
         if self.actions.streams is not None:
@@ -253,15 +285,13 @@ class WebSocketResource:
         if sender is not None:
             sender.cancel()
         try:
-            await self._presence(client.user_id, left)
+            await self._presence(client.user_id)
         except Exception:
             pass  # the heartbeat's presence_sync repairs it
 
-    async def _presence(self, user_id: uuid.UUID, n: int) -> None:
-        try:
-            await self.db.presence_set(self.replica.replica_id, user_id, n)
-        except Exception as exc:
-            LOG.warning("presence update failed (heartbeat will repair): %s", exc)
+    async def _presence(self, user_id: uuid.UUID) -> None:
+        """Write the user's socket count on this replica as it is when the write's turn comes."""
+        await self.presence_writes.write(user_id)
 
     async def _sender(self, ws: falcon.asgi.WebSocket, client: Client) -> None:
         try:
