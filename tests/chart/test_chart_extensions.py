@@ -253,7 +253,7 @@ def test_the_adapter_rule_serves_the_gauge_the_server_exports_under_the_charts_n
     rule = example("prometheus-adapter-values.yaml")["rules"]["custom"][0]
     series = re.match(r"(\w+)\{", rule["seriesQuery"]).group(1)  # type: ignore[union-attr]
     metrics_py = (ROOT / "server" / "switchboard" / "metrics.py").read_text()
-    assert re.search(rf'"{series}": \("Open WebSockets on this replica"', metrics_py)
+    assert re.search(rf'"{series}": \("Open WebSockets', metrics_py)
     assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
     assert rule["name"]["as"] == chart.values["autoscaling"]["sockets"]["metricName"]
     assert example("autoscaling-sockets.yaml")["autoscaling"]["sockets"]["metricName"] == rule["name"]["as"]
