@@ -108,7 +108,7 @@ python3 -m mypy || { echo "mypy found problems (above): fix them first" >&2; exi
 # (tests/test_docs_site.py also checks that the generated reference pages are current).
 echo "scripts/test.sh: mkdocs build --strict" >&2
 docs_site=$(mktemp -d /tmp/switchboard-site.XXXXXX)
-NO_MKDOCS_2_WARNING=1 python3 -m mkdocs build --strict --quiet --site-dir "$docs_site" \
+NO_MKDOCS_2_WARNING=1 python3 -m mkdocs build --strict --site-dir "$docs_site" \
   || { rm -rf "$docs_site"; echo "mkdocs build --strict failed (above): fix the docs first" >&2; exit 1; }
 rm -rf "$docs_site"
 

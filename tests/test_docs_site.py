@@ -162,11 +162,17 @@ def github_slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-def _anchors(path: Path) -> set[str]:
-    """A heading's id on the site and on GitHub (the pages are read in both places)."""
+def _anchors(path: Path, github: bool = True) -> set[str]:
+    """A heading's id on the site, and (github) on GitHub too. A link between two pages of
+    the site must use the site's id (mkdocs build --strict refuses GitHub's); a link from a
+    file read on GitHub (README, BENCHMARKS.md) may use either."""
     headings = [re.sub(r"[`*]", "", m.group(2)).strip()
                 for line in _outside_fences(path.read_text()) if (m := re.match(r"^(#{1,6}) (.+?)\s*#*$", line))]
-    return {slugify(h) for h in headings} | {github_slug(h) for h in headings}
+    return {slugify(h) for h in headings} | ({github_slug(h) for h in headings} if github else set())
+
+
+def _in_site(page: Path) -> bool:
+    return DOCS.resolve() in page.resolve().parents
 
 
 def _link_problems(page: Path, root: Path = ROOT) -> list[str]:
@@ -179,7 +185,7 @@ def _link_problems(page: Path, root: Path = ROOT) -> list[str]:
             dest = (page.parent / path).resolve() if path else page
             if not dest.exists():
                 problems.append(f"{page.relative_to(root)}: {target} (no such file)")
-            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest, github=not _in_site(page)):
                 problems.append(f"{page.relative_to(root)}: {target} (no such heading)")
     return problems
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -36,7 +35,6 @@ def cmd_docs(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "mkdocs", "serve", "--config-file", str(config), "--dev-addr", args.addr]
     print(f"switchboard docs: serving {config.parent / 'docs'} on http://{args.addr}/ (Ctrl-C stops)",
           flush=True)
-    try:
-        return subprocess.call(cmd, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
-    except KeyboardInterrupt:
-        return 0
+    # exec, not a child: a SIGTERM to `switchboard docs` (a test stopping it, a process
+    # manager) reaches mkdocs itself, which a child process would outlive as an orphan.
+    os.execve(sys.executable, cmd, {**os.environ, "NO_MKDOCS_2_WARNING": "1"})
