@@ -48,6 +48,7 @@ import falcon
 import falcon.asgi
 
 from .errors import Problem
+from .http.event_stream import KEEPALIVE_COMMENT, KEEPALIVE_S, KeepAlive, disconnected, until_gone
 from .relay import Relay
 from .replica import ReplicaState
 from .resume import resume
@@ -55,7 +56,7 @@ from .sockets import Client, frame
 from .ws import Handshake, WebSocketResource, _FrameBucket
 
 LOG = logging.getLogger("switchboard.sse")
-SSE_KEEPALIVE_S = 15.0
+SSE_KEEPALIVE_S = KEEPALIVE_S
 DRAIN_POLL_S = 0.25          # how often the watcher looks for a shutdown (one task per process)
 _CURSOR_TAIL = re.compile(r',"cursor":"([A-Za-z0-9._~-]{1,256})"\}$')
 # Response tasks cancelled because their reader stopped draining after the stream was closed
@@ -93,10 +94,6 @@ def _named(event: str, body: Mapping[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(body, separators=(',', ':'), default=str)}\n\n".encode()
 
 
-async def _disconnected(receive: Callable[[], Awaitable[Mapping[str, Any]]]) -> None:
-    """Returns when the client has gone (a request body, if any, is skipped)."""
-    while (await receive()).get("type") != "http.disconnect":
-        pass
 
 
 def _cut(task: asyncio.Task[Any], done: asyncio.Event) -> None:
@@ -192,7 +189,7 @@ class SseResource:
         client = ws._register(closer, hs, *admitted)
         conn = SseConnection(client, _FrameBucket(cfg.ws_frame_rate, cfg.ws_frame_burst))
         self.streams.add(conn)
-        gone = asyncio.ensure_future(_disconnected(receive))
+        gone = asyncio.ensure_future(disconnected(receive))
         replay: asyncio.Task[None] | None = None
         try:
             yield _named("connection", {"connection": conn.id, "secret": conn.secret})
@@ -223,24 +220,13 @@ class SseResource:
     async def _drain(client: Client, gone: asyncio.Future[Any]) -> AsyncIterator[bytes]:
         """The client's send queue as SSE bytes until it is closed (None) or the peer goes;
         a comment every SSE_KEEPALIVE_S of silence."""
-        queue = client.queue
-        while not gone.done():
-            if queue.empty():
-                get: asyncio.Future[Any] = asyncio.ensure_future(queue.get())
-                done, _ = await asyncio.wait({get, gone}, timeout=SSE_KEEPALIVE_S,
-                                             return_when=asyncio.FIRST_COMPLETED)
-                if get not in done:
-                    get.cancel()
-                    if gone in done:
-                        return
-                    yield b": keep-alive\n\n"
-                    continue
-                text = get.result()
-            else:
-                text = queue.get_nowait()
-            if text is None:
+        async for text in until_gone(client.queue, gone, SSE_KEEPALIVE_S):
+            if isinstance(text, KeepAlive):
+                yield KEEPALIVE_COMMENT
+            elif text is None:
                 return
-            yield sse_data(text)
+            else:
+                yield sse_data(text)
 
 
 __all__ = ["SseConnection", "SseResource", "SseStreams", "sse_data"]

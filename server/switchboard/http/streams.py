@@ -33,8 +33,8 @@ from ..streams.actions import SEQ_MAX
 from ..streams.hub import StreamHub, Subscription
 from ..streams.sinks import QueueSink
 from .common import authenticate
+from .event_stream import KEEPALIVE_COMMENT, KeepAlive, disconnected, until_gone
 
-KEEPALIVE_S = 15.0
 SSE_PER_USER = 16          # open SSE responses per user and replica (each holds a subscription)
 
 
@@ -52,12 +52,6 @@ def sse_event(text: str) -> tuple[bytes, bool]:
         body = {k: p.get(k) for k in ("status", "last_seq", "final")}
         return f"event: end\ndata: {json.dumps(body, ensure_ascii=False, default=str)}\n\n".encode(), True
     return f"event: error\ndata: {json.dumps(p, ensure_ascii=False, default=str)}\n\n".encode(), True
-
-
-async def _disconnected(receive: Callable[[], Awaitable[Mapping[str, Any]]]) -> None:
-    """Returns when the client has gone (the request's body, if any, is skipped)."""
-    while (await receive()).get("type") != "http.disconnect":
-        pass
 
 
 def _after(req: falcon.Request) -> int:
@@ -112,22 +106,12 @@ class StreamEvents:
         sink = QueueSink()
         sub = Subscription(stream_id, after, sink)
         self.hub.subscribe(sub)
-        gone = asyncio.ensure_future(_disconnected(receive))
+        gone = asyncio.ensure_future(disconnected(receive))
         try:
-            while True:
-                if sink.queue.empty():
-                    get = asyncio.ensure_future(sink.queue.get())
-                    done, _ = await asyncio.wait({get, gone}, timeout=KEEPALIVE_S,
-                                                 return_when=asyncio.FIRST_COMPLETED)
-                    if get not in done:
-                        get.cancel()
-                        if gone in done:
-                            return
-                        yield b": keep-alive\n\n"
-                        continue
-                    text = get.result()
-                else:
-                    text = sink.queue.get_nowait()
+            async for text in until_gone(sink.queue, gone):
+                if isinstance(text, KeepAlive):
+                    yield KEEPALIVE_COMMENT
+                    continue
                 data, last = sse_event(text)
                 yield data
                 if last:
