@@ -31,7 +31,7 @@ PUBLISHER = {
 READER = {
     "switchboard.status()", "switchboard.metrics_snapshot()", "switchboard.event_window()",
     "switchboard.list_runs(text,text,text,timestamp with time zone,integer,bigint)",
-    "switchboard.known_handlers(text)",
+    "switchboard.known_handlers(text)", "switchboard.partition_health()",
 }
 OPERATOR = READER | {
     "switchboard.retry_run(bigint)", "switchboard.cancel_run(bigint)", "switchboard.pause_handler(text)",
@@ -39,7 +39,7 @@ OPERATOR = READER | {
     "switchboard.retry_runs(text,text,text,timestamp with time zone,integer)",
     "switchboard.cancel_runs(text,text,text,timestamp with time zone,integer)",
 }
-READER_RELATIONS = {("runs", "SELECT"), ("handlers", "SELECT"), ("replicas", "SELECT")}
+READER_RELATIONS = {("runs", "SELECT"), ("handlers", "SELECT"), ("replicas", "SELECT"), ("partitions", "SELECT")}
 _n = itertools.count()
 
 

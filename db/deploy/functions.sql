@@ -22,5 +22,6 @@ SELECT pg_advisory_xact_lock(hashtext('switchboard.migrate'));
 \ir ../functions/80_status.sql
 \ir ../functions/82_metrics.sql
 \ir ../functions/85_job_sql.sql
+\ir ../functions/88_partitions.sql
 \ir ../functions/95_roles.sql
 COMMIT;

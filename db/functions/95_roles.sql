@@ -7,8 +7,8 @@
 --                          transactions (switchboard.api): notify_user, notify_room,
 --                          enqueue, and a stream's producer side (open, append,
 --                          renew, close). It reads nothing and claims nothing.
---   switchboard_reader     dashboards: status(), metrics_snapshot(), the runs,
---                          handlers and replicas views, list_runs(), known_handlers(),
+--   switchboard_reader     dashboards: status(), metrics_snapshot(), partition_health(),
+--                          the runs, handlers, replicas and partitions views, list_runs(), known_handlers(),
 --                          event_window(). No event, ticket, session or user data.
 --   switchboard_operator   people who act on jobs: retry_run, cancel_run (and
 --                          retry_runs, cancel_runs by filter), pause_handler,
@@ -57,6 +57,8 @@ GRANT EXECUTE ON FUNCTION switchboard.list_runs(text, text, text, timestamptz, i
 GRANT EXECUTE ON FUNCTION switchboard.known_handlers(text) TO switchboard_reader;
 GRANT EXECUTE ON FUNCTION switchboard.event_window() TO switchboard_reader;
 GRANT SELECT ON switchboard.runs TO switchboard_reader;
+GRANT EXECUTE ON FUNCTION switchboard.partition_health() TO switchboard_reader;
+GRANT SELECT ON switchboard.partitions TO switchboard_reader;
 GRANT SELECT ON switchboard.handlers TO switchboard_reader;
 GRANT SELECT ON switchboard.replicas TO switchboard_reader;
 

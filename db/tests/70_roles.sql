@@ -9,7 +9,7 @@
 \pset pager off
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
-SELECT plan(41);
+SELECT plan(43);
 
 SELECT has_role(r) FROM unnest(ARRAY['switchboard_publisher', 'switchboard_reader', 'switchboard_operator']) r;
 SELECT ok(NOT rolcanlogin AND NOT rolsuper AND NOT rolcreaterole AND NOT rolcreatedb,
@@ -39,10 +39,11 @@ SELECT table_privs_are('switchboard', 'events', 'switchboard_publisher', ARRAY[]
 -- reader: status and the dashboards' views
 SELECT function_privs_are('switchboard', f, a, 'switchboard_reader', ARRAY['EXECUTE'])
   FROM (VALUES ('status', ARRAY[]::text[]), ('metrics_snapshot', ARRAY[]::text[]),
+               ('partition_health', ARRAY[]::text[]),
                ('event_window', ARRAY[]::text[]), ('known_handlers', ARRAY['text']),
                ('list_runs', ARRAY['text', 'text', 'text', 'timestamp with time zone', 'integer', 'bigint'])) v(f, a);
 SELECT table_privs_are('switchboard', v, 'switchboard_reader', ARRAY['SELECT'])
-  FROM unnest(ARRAY['runs', 'handlers', 'replicas']) v;
+  FROM unnest(ARRAY['runs', 'handlers', 'replicas', 'partitions']) v;
 SELECT function_privs_are('switchboard', 'cancel_run', ARRAY['bigint'], 'switchboard_reader', ARRAY[]::text[],
                           'switchboard_reader may not cancel a run');
 SELECT table_privs_are('switchboard', 'users', 'switchboard_reader', ARRAY[]::text[],

@@ -4,8 +4,8 @@ BEGIN;
 DO $verify$
 BEGIN
     -- exactly the functions the files define: no left-over overload of an older release
-    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 159) IS NOT TRUE THEN
-        RAISE EXCEPTION 'switchboard verify: expected exactly 159 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
+    IF ((SELECT count(*) FROM pg_catalog.pg_proc WHERE pronamespace = 'switchboard'::regnamespace) = 160) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected exactly 160 functions in schema switchboard (an overload no file defines? DROP it in a migration)' USING ERRCODE = 'P0004';
     END IF;
     IF (to_regprocedure('switchboard.cron_next(text, timestamptz, text)') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected function switchboard.cron_next(text, timestamptz, text)' USING ERRCODE = 'P0004';
@@ -1294,6 +1294,15 @@ BEGIN
     IF (has_function_privilege('switchboard_app', 'switchboard.terminate_sql_job(integer)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.terminate_sql_job(integer)' USING ERRCODE = 'P0004';
     END IF;
+    IF (to_regprocedure('switchboard.partition_health()') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected function switchboard.partition_health()' USING ERRCODE = 'P0004';
+    END IF;
+    IF ((SELECT p.proacl IS NOT NULL AND NOT EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure('switchboard.partition_health()'))) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected PUBLIC may not execute switchboard.partition_health()' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_app', 'switchboard.partition_health()', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_app may execute switchboard.partition_health()' USING ERRCODE = 'P0004';
+    END IF;
     IF (has_function_privilege('switchboard_publisher', 'switchboard.notify_user(uuid, text, jsonb)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_publisher may execute switchboard.notify_user(uuid, text, jsonb)' USING ERRCODE = 'P0004';
     END IF;
@@ -1329,6 +1338,9 @@ BEGIN
     END IF;
     IF (has_function_privilege('switchboard_reader', 'switchboard.event_window()', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_reader may execute switchboard.event_window()' USING ERRCODE = 'P0004';
+    END IF;
+    IF (has_function_privilege('switchboard_reader', 'switchboard.partition_health()', 'EXECUTE')) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected switchboard_reader may execute switchboard.partition_health()' USING ERRCODE = 'P0004';
     END IF;
     IF (has_function_privilege('switchboard_operator', 'switchboard.retry_run(bigint)', 'EXECUTE')) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected switchboard_operator may execute switchboard.retry_run(bigint)' USING ERRCODE = 'P0004';
@@ -1684,6 +1696,9 @@ BEGIN
     IF (obj_description(to_regprocedure('switchboard.terminate_sql_job(integer)'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.terminate_sql_job(integer)' USING ERRCODE = 'P0004';
     END IF;
+    IF (obj_description(to_regprocedure('switchboard.partition_health()'), 'pg_proc') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected a COMMENT on switchboard.partition_health()' USING ERRCODE = 'P0004';
+    END IF;
     IF (to_regclass('switchboard.runs') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected view switchboard.runs' USING ERRCODE = 'P0004';
     END IF;
@@ -1695,6 +1710,9 @@ BEGIN
     END IF;
     IF (to_regclass('switchboard.handlers') IS NOT NULL) IS NOT TRUE THEN
         RAISE EXCEPTION 'switchboard verify: expected view switchboard.handlers' USING ERRCODE = 'P0004';
+    END IF;
+    IF (to_regclass('switchboard.partitions') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected view switchboard.partitions' USING ERRCODE = 'P0004';
     END IF;
 END
 $verify$;
