@@ -312,8 +312,11 @@ def test_existing_case_duplicates_stop_the_migration_with_a_report(empty_db: str
 
 # -- WebSocket -----------------------------------------------------------------------------
 def test_websocket_frames_and_handshakes(server_factory, db: str) -> None:  # type: ignore[no-untyped-def]
-    make_user(db, "alice")
+    alice = make_user(db, "alice")
+    make_user(db, "admin", role="admin")
     s = server_factory(env=ENV)
+    r = httpx.put(f"{s.base}/rooms/lobby/members/{alice}", headers=auth(s.login("admin")), timeout=30)
+    assert r.status_code == 204, r.text    # a member: the presence actions below reach their checks
     token = s.login("alice")
     ws = s.ws(token)
 
@@ -327,20 +330,31 @@ def test_websocket_frames_and_handshakes(server_factory, db: str) -> None:  # ty
             if f["event"] == "pong":
                 break
         for f in frames[:-1]:
-            assert f["event"] in ("error", "joined", "left", "resumed", "resume_gap", "pong"), f
+            assert f["event"] in ("error", "joined", "left", "resumed", "resume_gap", "pong",
+                                  "presence.state", "presence.diff"), f
 
     @EXAMPLES
     @given(frame=RAW_BODIES | JSON.map(lambda v: json.dumps({"action": "join", "room": v}))
            | JSON.map(lambda v: json.dumps({"action": "resume", "after": v}))
            | JSON.map(lambda v: json.dumps({"action": "publish", "event": v, "payload": v}))
-           | JSON.map(lambda v: json.dumps({"action": v})))
+           | JSON.map(lambda v: json.dumps({"action": v}))
+           # Presence (issue 34): the room is joined below, so the metadata checks are reached.
+           | JSON.map(lambda v: json.dumps({"action": "presence.subscribe", "room": v}))
+           | JSON.map(lambda v: json.dumps({"action": "presence.track", "room": "lobby", "meta": v}))
+           | JSON.map(lambda v: json.dumps({"action": "presence.track", "room": v, "meta": {"k": v}})))
     def frames(frame: str) -> None:
         if not frame or len(frame.encode("utf-8", "surrogatepass")) > 65536:
             return
         roundtrip(frame.encode("utf-8", "surrogatepass").decode("utf-8", "replace"))
 
+    roundtrip(json.dumps({"action": "join", "room": "lobby"}))
+    ws.conn.send(json.dumps({"action": "presence.track", "room": "lobby", "meta": {"k": [1]}}))
+    refused = ws.recv(timeout=10)
+    assert (refused["event"], refused["payload"]["code"]) == ("error", "bad_meta"), refused   # reached, refused
     frames()
-    for doc in (deep(65), deep(30_000), deep(10_000, "{"), '{"action": "resume", "after": 9223372036854775808}',
+    for doc in (deep(65), deep(30_000), deep(10_000, "{"),
+                '{"action": "presence.track", "room": "lobby", "meta": ' + deep(65) + '}',
+                '{"action": "presence.track", "room": "lobby", "meta": {"k": "' + "x" * 60_000 + '"}}', '{"action": "resume", "after": 9223372036854775808}',
                 '{"action": "resume", "after": "²"}', '{"action": "join", "room": "a\\u0000b"}'):
         roundtrip(doc)
     ws.close()
