@@ -321,3 +321,62 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION switchboard._runs_history_status() FROM PUBLIC;
+
+-- The task_runs view's INSTEAD OF trigger (V0036). Hand-written writes on the view (a
+-- DBA's UPDATE in psql, scripts, tests) go to the
+-- table that holds the run: an active run stays in hot (updated in place), a run
+-- given a final status moves to history (finished_at now() if none was given), a
+-- final run made active again moves back. The functions never write through it.
+-- SECURITY INVOKER: the caller needs the privileges on the tables (the application
+-- role has none: it only SELECTs the view).
+CREATE OR REPLACE FUNCTION switchboard._task_runs_view_write()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        DELETE FROM switchboard.task_runs_hot r WHERE r.id = OLD.id;
+        IF NOT FOUND THEN
+            DELETE FROM switchboard.task_runs_history r WHERE r.id = OLD.id;
+        END IF;
+        RETURN OLD;
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        IF NEW.id IS NULL THEN
+            NEW.id := nextval(pg_get_serial_sequence('switchboard.task_runs_hot', 'id'));
+        END IF;
+    ELSE
+        IF NEW.id IS DISTINCT FROM OLD.id THEN
+            RAISE EXCEPTION 'a run''s id cannot change (% to %)', OLD.id, NEW.id USING ERRCODE = '428C9',
+                HINT = 'Insert a new run instead.';
+        END IF;
+        IF NEW.status IN ('queued', 'running') THEN
+            UPDATE switchboard.task_runs_hot r
+               SET (task_id, handler, args, status, trigger, attempt, max_attempts, queueing_lock, run_at,
+                    scheduled_for, worker, lease_expires_at, started_at, finished_at, result, error, retry_of,
+                    created_at, queue, priority)
+                 = (NEW.task_id, NEW.handler, NEW.args, NEW.status, NEW.trigger, NEW.attempt, NEW.max_attempts,
+                    NEW.queueing_lock, NEW.run_at, NEW.scheduled_for, NEW.worker, NEW.lease_expires_at,
+                    NEW.started_at, NEW.finished_at, NEW.result, NEW.error, NEW.retry_of, NEW.created_at,
+                    NEW.queue, NEW.priority)
+             WHERE r.id = OLD.id;
+            IF FOUND THEN
+                RETURN NEW;
+            END IF;
+        END IF;
+        DELETE FROM switchboard.task_runs_hot r WHERE r.id = OLD.id;
+        DELETE FROM switchboard.task_runs_history r WHERE r.id = OLD.id;
+    END IF;
+    IF NEW.status IN ('queued', 'running') THEN
+        INSERT INTO switchboard.task_runs_hot OVERRIDING SYSTEM VALUE SELECT (NEW).*;
+    ELSE
+        NEW.finished_at := coalesce(NEW.finished_at, now());
+        INSERT INTO switchboard.task_runs_history SELECT (NEW).*;
+    END IF;
+    RETURN NEW;
+END
+$$;
+COMMENT ON FUNCTION switchboard._task_runs_view_write() IS
+    'INSTEAD OF trigger of the task_runs view: routes a hand-written INSERT, UPDATE or DELETE to task_runs_hot (queued, running) or task_runs_history (final statuses), moving a run between them when its status crosses over.';
+REVOKE ALL ON FUNCTION switchboard._task_runs_view_write() FROM PUBLIC;

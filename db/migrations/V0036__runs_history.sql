@@ -53,16 +53,12 @@ END
 $drop$;
 
 ALTER TABLE switchboard.task_runs RENAME TO task_runs_hot;
--- Enforced for every new row version (NOT VALID: the finished rows already here are
--- not checked; runs_backfill() moves them): a finish that forgot to move its run,
--- or an UPDATE that makes a run final in place, fails loudly instead of leaving
--- history in the claim's table.
-ALTER TABLE switchboard.task_runs_hot
-    ADD CONSTRAINT task_runs_hot_active_only CHECK (status IN ('queued', 'running')) NOT VALID;
+-- No CHECK (status IN ('queued', 'running')) on it, not even NOT VALID: a 0.2.0
+-- replica's statement that was waiting for this migration's lock when it committed
+-- still runs the old function body (UPDATE ... SET status = 'succeeded' on this
+-- table); it must succeed, and runs_backfill() moves the row it leaves here.
 COMMENT ON TABLE switchboard.task_runs_hot IS
     'Queued and running runs (the hot table every claim walks; V0036). A run leaves it in the statement that finishes it, for task_runs_history. Read every run through the task_runs view, the runs view or list_runs().';
-COMMENT ON CONSTRAINT task_runs_hot_active_only ON switchboard.task_runs_hot IS
-    'Only queued and running runs: a final status is written by moving the run to task_runs_history. NOT VALID: finished runs of the previous release stay until runs_backfill() has moved them.';
 COMMENT ON INDEX switchboard.task_runs_finished_v2 IS
     'Finished runs still in the hot table (from before V0036): runs_backfill() walks it, oldest first; empty once drained.';
 
@@ -210,62 +206,20 @@ COMMENT ON COLUMN switchboard.task_runs.created_at IS 'When the row was created.
 COMMENT ON COLUMN switchboard.task_runs.queue IS 'Named queue: claims serve each queue with its own slots per replica (SWITCHBOARD_QUEUES). Task runs are in ''default''.';
 COMMENT ON COLUMN switchboard.task_runs.priority IS 'Within a queue, a higher priority is claimed first (-100 to 100; then oldest due first).';
 
--- Hand-written writes on the view (a DBA's UPDATE in psql, scripts, tests) go to the
--- table that holds the run: an active run stays in hot (updated in place), a run
--- given a final status moves to history (finished_at now() if none was given), a
--- final run made active again moves back. The functions never write through it.
--- SECURITY INVOKER: the caller needs the privileges on the tables (the application
--- role has none: it only SELECTs the view).
+-- Hand-written writes on the view (a DBA's UPDATE in psql, scripts, tests) are routed
+-- to the table that holds the run by this trigger. Its function is defined by the
+-- function files (db/functions/21_runs_history.sql, applied right after this version);
+-- created here as a stub only so that the trigger can be.
 CREATE FUNCTION switchboard._task_runs_view_write()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF TG_OP = 'DELETE' THEN
-        DELETE FROM switchboard.task_runs_hot r WHERE r.id = OLD.id;
-        IF NOT FOUND THEN
-            DELETE FROM switchboard.task_runs_history r WHERE r.id = OLD.id;
-        END IF;
-        RETURN OLD;
-    END IF;
-    IF TG_OP = 'INSERT' THEN
-        IF NEW.id IS NULL THEN
-            NEW.id := nextval(pg_get_serial_sequence('switchboard.task_runs_hot', 'id'));
-        END IF;
-    ELSE
-        IF NEW.id IS DISTINCT FROM OLD.id THEN
-            RAISE EXCEPTION 'a run''s id cannot change (% to %)', OLD.id, NEW.id USING ERRCODE = '428C9',
-                HINT = 'Insert a new run instead.';
-        END IF;
-        IF NEW.status IN ('queued', 'running') THEN
-            UPDATE switchboard.task_runs_hot r
-               SET (task_id, handler, args, status, trigger, attempt, max_attempts, queueing_lock, run_at,
-                    scheduled_for, worker, lease_expires_at, started_at, finished_at, result, error, retry_of,
-                    created_at, queue, priority)
-                 = (NEW.task_id, NEW.handler, NEW.args, NEW.status, NEW.trigger, NEW.attempt, NEW.max_attempts,
-                    NEW.queueing_lock, NEW.run_at, NEW.scheduled_for, NEW.worker, NEW.lease_expires_at,
-                    NEW.started_at, NEW.finished_at, NEW.result, NEW.error, NEW.retry_of, NEW.created_at,
-                    NEW.queue, NEW.priority)
-             WHERE r.id = OLD.id;
-            IF FOUND THEN
-                RETURN NEW;
-            END IF;
-        END IF;
-        DELETE FROM switchboard.task_runs_hot r WHERE r.id = OLD.id;
-        DELETE FROM switchboard.task_runs_history r WHERE r.id = OLD.id;
-    END IF;
-    IF NEW.status IN ('queued', 'running') THEN
-        INSERT INTO switchboard.task_runs_hot OVERRIDING SYSTEM VALUE SELECT (NEW).*;
-    ELSE
-        NEW.finished_at := coalesce(NEW.finished_at, now());
-        INSERT INTO switchboard.task_runs_history SELECT (NEW).*;
-    END IF;
-    RETURN NEW;
+    RAISE EXCEPTION 'switchboard.task_runs is read-only until the function files are applied'
+        USING ERRCODE = '55000', HINT = 'Apply db/functions (pgmigrate does, after every version).';
 END
 $$;
-COMMENT ON FUNCTION switchboard._task_runs_view_write() IS
-    'INSTEAD OF trigger of the task_runs view: routes a hand-written INSERT, UPDATE or DELETE to task_runs_hot (queued, running) or task_runs_history (final statuses), moving a run between them when its status crosses over.';
 REVOKE ALL ON FUNCTION switchboard._task_runs_view_write() FROM PUBLIC;
 CREATE TRIGGER task_runs_write INSTEAD OF INSERT OR UPDATE OR DELETE ON switchboard.task_runs
     FOR EACH ROW EXECUTE FUNCTION switchboard._task_runs_view_write();

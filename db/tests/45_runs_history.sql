@@ -68,9 +68,8 @@ SELECT is((SELECT count(*)::int FROM switchboard.task_runs WHERE handler = 'pgta
 SELECT is((SELECT count(*)::int FROM switchboard.retry_run((SELECT id FROM switchboard.task_runs_history
                                                               WHERE handler = 'pgtap.hist'))), 1,
           'retry_run retries a run in history');
-SELECT throws_ok($$UPDATE switchboard.task_runs_hot SET status = 'succeeded', finished_at = now()
-                    WHERE handler = 'pgtap.hist'$$, '23514', NULL,
-                 'a run cannot be made final inside the hot table');
+SELECT is((SELECT count(*)::int FROM switchboard.task_runs_hot
+            WHERE status NOT IN ('queued', 'running')), 0, 'the hot table holds only queued and running runs');
 
 -- No partition for the day (dropped here, with the run finished above): the finish
 -- lands in the default partition, and the next runs_partitions_ensure moves it into
