@@ -209,8 +209,9 @@ COMMENT ON COLUMN switchboard.task_runs.priority IS 'Within a queue, a higher pr
 -- Hand-written writes on the view (a DBA's UPDATE in psql, scripts, tests) are routed
 -- to the table that holds the run by this trigger. Its function is defined by the
 -- function files (db/functions/21_runs_history.sql, applied right after this version);
--- created here as a stub only so that the trigger can be.
-CREATE FUNCTION switchboard._task_runs_view_write()
+-- created here as a stub only so that the trigger can be (OR REPLACE: at an older
+-- migration target the function files may already have created it).
+CREATE OR REPLACE FUNCTION switchboard._task_runs_view_write()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
