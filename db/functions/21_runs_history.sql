@@ -322,6 +322,28 @@ END
 $$;
 REVOKE ALL ON FUNCTION switchboard._runs_history_status() FROM PUBLIC;
 
+-- The two gauges metrics_snapshot() adds (every replica polls it every few seconds):
+-- rows in the default partition (counted up to 100,000: it should be empty) and day
+-- partitions for days to come. Alert SwitchboardRunsHistoryNotMaintained.
+CREATE OR REPLACE FUNCTION switchboard._runs_history_metrics()
+RETURNS TABLE (item text, value double precision)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF to_regclass('switchboard.task_runs_history') IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT 'runs_history_default', count(*)::double precision
+      FROM (SELECT 1 FROM switchboard.task_runs_history_default LIMIT 100000) d
+    UNION ALL
+    SELECT 'runs_partitions_ahead', count(*)::double precision FROM switchboard._runs_history_parts() p
+     WHERE p.lower_bound > now();
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._runs_history_metrics() FROM PUBLIC;
+
 -- The task_runs view's INSTEAD OF trigger (V0036). Hand-written writes on the view (a
 -- DBA's UPDATE in psql, scripts, tests) go to the
 -- table that holds the run: an active run stays in hot (updated in place), a run

@@ -162,6 +162,12 @@ _GAUGES: dict[str, tuple[str, _Mode]] = {
                                          "livemostrecent"),
     "switchboard_event_backlog_seconds": ("Age of the oldest stored event", "livemostrecent"),
     "switchboard_live_replicas": ("Replica processes registered in the database", "livemostrecent"),
+    "switchboard_runs_history_default": (
+        "Finished runs in the default partition of task_runs_history, up to 100000 (0 unless a day partition "
+        "was missing)", "livemostrecent"),
+    "switchboard_runs_partitions_ahead": (
+        "Day partitions of task_runs_history created for days to come (3 after a maintenance sweep)",
+        "livemostrecent"),
     "switchboard_notification_queue_usage": (
         "Fraction of PostgreSQL's NOTIFY queue in use (pg_notification_queue_usage()); near 0 unless a "
         "listener stopped reading", "livemostrecent"),
@@ -176,6 +182,8 @@ SNAPSHOT_GAUGES = {
     "runs_due_age_seconds": "switchboard_runs_due_age_seconds",
     "event_backlog_seconds": "switchboard_event_backlog_seconds",
     "live_replicas": "switchboard_live_replicas",
+    "runs_history_default": "switchboard_runs_history_default",
+    "runs_partitions_ahead": "switchboard_runs_partitions_ahead",
     "notification_queue_usage": "switchboard_notification_queue_usage",
 }
 
