@@ -22,8 +22,9 @@ SELECT is((SELECT pg_get_partkeydef('switchboard.task_runs_history'::regclass)),
 SELECT has_table('switchboard', 'task_runs_history_default', 'a default partition is the safety net');
 SELECT ok(to_regclass('switchboard.task_runs_history_p' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD')) IS NOT NULL,
           'today (UTC) has its partition');
-SELECT is((SELECT count(*)::int FROM switchboard._runs_history_parts() p WHERE p.lower_bound > now()), 3,
-          'three days ahead have theirs');
+-- 3 when V0036 or the last sweep ran today (UTC); at least 2 if that was yesterday
+SELECT cmp_ok((SELECT count(*)::int FROM switchboard._runs_history_parts() p WHERE p.lower_bound > now()), '>=', 2,
+              'the days ahead have theirs');
 SELECT has_index('switchboard', 'task_runs_hot', 'task_runs_one_active', 'the exclusive-run index stays on hot');
 SELECT has_index('switchboard', 'task_runs_hot', 'task_runs_queueing_lock', 'the queueing-lock index stays on hot');
 SELECT has_index('switchboard', 'task_runs_history', 'task_runs_history_by_handler', ARRAY['handler', 'id'],
