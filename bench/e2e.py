@@ -83,8 +83,8 @@ def _cpu_per_job(cpu: dict[str, float], done: int) -> dict[str, float]:
 def _sb_jobs_run(cluster: Cluster, db: str, m: int, pids: list[int], timeout: float = 120) -> dict[str, Any]:
     url = cluster.url(db)
     with psycopg.connect(url, autocommit=True) as c:
-        c.execute("TRUNCATE switchboard.task_runs")
-        c.execute("VACUUM ANALYZE switchboard.task_runs")
+        c.execute("TRUNCATE switchboard.task_runs_hot, switchboard.task_runs_history")
+        c.execute("VACUUM ANALYZE switchboard.task_runs_hot, switchboard.task_runs_history")
     with psycopg.connect(url) as c:
         c.execute("SELECT count(*) FROM (SELECT switchboard.enqueue('noop') FROM generate_series(1, %s)) s", (m,))
         load = loadavg()

@@ -226,10 +226,10 @@ class Clients:
 
 
 def _reset(admin: psycopg.Connection[Any]) -> None:
-    admin.execute("TRUNCATE switchboard.task_runs")
+    admin.execute("TRUNCATE switchboard.task_runs_hot, switchboard.task_runs_history")
     admin.execute("TRUNCATE procrastinate_jobs CASCADE")
     admin.execute("TRUNCATE orders, order_lines")
-    admin.execute("VACUUM ANALYZE switchboard.task_runs, procrastinate_jobs, orders")
+    admin.execute("VACUUM ANALYZE switchboard.task_runs_hot, switchboard.task_runs_history, procrastinate_jobs, orders")
 
 
 def _counts(admin: psycopg.Connection[Any]) -> dict[str, int]:

@@ -1,38 +1,49 @@
 #!/usr/bin/env python3
-"""Issue 35's baseline: today's task_runs (history in the hot table) as history grows.
+"""Issue 35: run history apart from the hot table (V0036) against today's layout, as history grows.
 
     python bench/history.py [--sizes 0,1000000,5000000] [--seconds 8] [--rounds 2]
                             [--drain 50000] [--workers 2] [--no-retention]
     python bench/history.py --sizes 0,10000000,50000000   # the issue's full curve (hours, ~40 GB)
 
 One throwaway PostgreSQL (the suite's settings: fsync off, 256 MB shared
-buffers, autovacuum on) migrated with the real migrations. For each history
-size H, in increasing order, switchboard.task_runs is topped up to H finished
-runs (one INSERT ... SELECT generate_series: 95 % succeeded, 5 % failed, six
-handler names, finished_at spread over 30 days ending a day ago), then
-VACUUM ANALYZE, then measured beside a baseline that has no history: bench_hot,
-a table created LIKE task_runs INCLUDING ALL (same columns, indexes,
-constraints and storage settings), emptied before each size.
+buffers, autovacuum on) migrated with the real migrations. Three sides, same run:
+
+- sb: Switchboard as it is now (V0036): H finished runs in
+  switchboard.task_runs_history, one partition per day (the bench creates the
+  31 past days' partitions), queued/running runs in task_runs_hot; the real
+  functions (enqueue, claim_due_tasks, finish_runs: a finish moves the run).
+- old: today's layout before V0036, emulated: bench_old, a table created LIKE
+  task_runs_hot INCLUDING ALL (the columns, every index of the old task_runs,
+  its storage settings) holding the same H finished runs, driven by the same
+  claim/finish statements as plain SQL (a finish is an UPDATE in place).
+- plain: bench_hot, the same table with no history at all, the same plain SQL.
+
+For each history size H, in increasing order, both histories are topped up to H
+finished runs (one INSERT ... SELECT generate_series each: 95 % succeeded, 5 %
+failed, six handler names, finished_at spread over 30 days ending a day ago),
+then VACUUM ANALYZE. bench_hot is emptied before each size.
 
 - claim + finish: pgbench, 4 clients, each transaction enqueue + claim 1 +
   finish (three autocommit statements: switchboard.enqueue,
   claim_due_tasks(w, lease, 1), finish_runs) against the same three statements
-  as plain SQL on bench_hot. Transactions/s and PostgreSQL CPU per job (utime +
-  stime of the cluster's processes, /proc), rounds alternating A B B A.
+  as plain SQL on bench_old and bench_hot. Transactions/s and PostgreSQL CPU per
+  job (utime + stime of the cluster's processes, /proc), rounds rotating the sides.
 - drain: N queued noop jobs drained by W worker connections calling
   claim_due_tasks(w, lease, 50) + finish_runs (as bench/scale.py's drain),
-  against the same batched UPDATE ... SKIP LOCKED on bench_hot.
-- sizes: pg_relation_size and pg_indexes_size of task_runs (and per index) at
-  each H, after its measurements.
-- retention (largest H, autovacuum off on task_runs): reap_runs(keep, 10000)
-  until it returns < 10000: seconds, WAL bytes (pg_current_wal_lsn diff), dead
-  tuples left (pg_stat_user_tables), then the VACUUM it obliges (seconds, WAL);
-  against DROP TABLE of a copy of the same H rows with the same indexes (what
-  dropping a partition costs), measured the same way.
+  against the same batched UPDATE ... SKIP LOCKED on bench_old and bench_hot.
+- sizes: pg_relation_size and pg_indexes_size of task_runs_hot, of the
+  history and of bench_old at each H, after its measurements.
+- retention (largest H, autovacuum off): sb: reap_runs(keep, 10000), which
+  detaches and drops every day partition older than keep; old: the batched
+  DELETE reap_runs did before V0036 (10,000 rows a statement, ctid, SKIP LOCKED)
+  on bench_old until it deletes < 10000, then the VACUUM it obliges.
 
-Each size's figure is reported as Switchboard ÷ baseline at that size, and
-that ratio at H ÷ the same ratio at H = 0 ("vs H=0"): the box's other load hits
-both sides alike, so this is the figure to hold to "flat within 10 %".
+Each size's figure is reported as side ÷ plain at that size, and that ratio at
+H ÷ the same ratio at H = 0 ("vs H=0"), for sb and for old: the box's other load
+hits every side alike, so this is the figure to hold to "flat within 10 %".
+Retention (largest H): reap_runs dropping the day partitions of H runs (sb)
+against the batched DELETE of the same H rows from bench_old plus the VACUUM it
+obliges (old): seconds, WAL bytes, dead tuples left.
 Raw results: bench/results/history.json.
 """
 
@@ -58,44 +69,61 @@ from scale import DB, wait_quiet
 import psycopg
 
 REAP_BATCH = 10_000
-KEEP = "12 hours"  # history ends a day ago; the runs the measurements finish are kept
+KEEP = "1 second"  # every filled day (ending a day ago) is older; today's partition (the runs the
+                   # measurements finished) is not: its range ends tomorrow
+OLD_KEEP = "12 hours"  # bench_old: the filled history (ending a day ago), not the measurements' runs
 HANDLERS = "ARRAY['email.send', 'webhook.deliver', 'report.build', 'image.resize', 'billing.charge', 'search.index']"
 
 SB_TX = """SELECT switchboard.enqueue('bench.noop');
 SELECT coalesce(max(id), 0) AS rid FROM switchboard.claim_due_tasks('w' || :client_id, '60 seconds', 1) \\gset
 SELECT count(*) FROM switchboard.finish_runs('w' || :client_id, ARRAY[:rid]::bigint[]);
 """
-PLAIN_CLAIM = """UPDATE bench_hot r SET status = 'running', worker = {w}, lease_expires_at = now() + interval '60 seconds',
+PLAIN_CLAIM = """UPDATE {t} r SET status = 'running', worker = {w}, lease_expires_at = now() + interval '60 seconds',
        started_at = now()
- WHERE r.id = ANY (ARRAY(SELECT q.id FROM bench_hot q
+ WHERE r.id = ANY (ARRAY(SELECT q.id FROM {t} q
                           WHERE q.status = 'queued' AND q.queue = 'default' AND q.run_at <= now()
                           ORDER BY q.priority DESC, q.run_at, q.id LIMIT {n} FOR UPDATE OF q SKIP LOCKED))
 RETURNING r.id"""
-PLAIN_FINISH = """UPDATE bench_hot SET status = 'succeeded', finished_at = now(), lease_expires_at = NULL
+PLAIN_FINISH = """UPDATE {t} SET status = 'succeeded', finished_at = now(), lease_expires_at = NULL
  WHERE id = ANY ({ids}) AND worker = {w} AND status = 'running'"""
-PLAIN_TX = ("INSERT INTO bench_hot (handler, trigger) VALUES ('bench.noop', 'enqueue');\n"
-            "WITH c AS (" + PLAIN_CLAIM.format(w="'w' || :client_id", n=1) + ")\n"
+
+
+def plain_tx(t: str) -> str:
+    return (f"INSERT INTO {t} (handler, trigger) VALUES ('bench.noop', 'enqueue');\n"
+            "WITH c AS (" + PLAIN_CLAIM.format(t=t, w="'w' || :client_id", n=1) + ")\n"
             "SELECT coalesce(max(id), 0) AS rid FROM c \\gset\n"
-            + PLAIN_FINISH.format(ids="ARRAY[:rid]::bigint[]", w="'w' || :client_id") + ";\n")
+            + PLAIN_FINISH.format(t=t, ids="ARRAY[:rid]::bigint[]", w="'w' || :client_id") + ";\n")
+
+
+TABLES = {"sb": "switchboard.task_runs_hot", "old": "bench_old", "plain": "bench_hot"}
+SCRIPTS = {"sb": SB_TX, "old": plain_tx("bench_old"), "plain": plain_tx("bench_hot")}
 
 
 def setup_hot(db: DB) -> None:
-    """bench_hot: task_runs' shape, indexes and storage settings, never any history."""
-    db.execute("CREATE TABLE bench_hot (LIKE switchboard.task_runs INCLUDING ALL)")
+    """bench_hot and bench_old: the hot table's shape, every index of the old task_runs
+    (task_runs_hot keeps them all), its storage settings. Past days' partitions of
+    the history: the bench fills 30 days ending a day ago."""
     opts = db.execute("SELECT array_to_string(reloptions, ', ') FROM pg_class "
-                      "WHERE oid = 'switchboard.task_runs'::regclass")[0][0]
-    if opts:
-        db.execute(f"ALTER TABLE bench_hot SET ({opts})")
+                      "WHERE oid = 'switchboard.task_runs_hot'::regclass")[0][0]
+    for t in ("bench_hot", "bench_old"):
+        db.execute(f"CREATE TABLE {t} (LIKE switchboard.task_runs_hot INCLUDING ALL)")
+        if opts:
+            db.execute(f"ALTER TABLE {t} SET ({opts})")
+    db.execute("DROP TABLE switchboard.task_runs_history_before")
+    db.execute("""DO $$
+        DECLARE d date;
+        BEGIN
+            FOR i IN 1..32 LOOP
+                d := (now() AT TIME ZONE 'UTC')::date - i;
+                EXECUTE format('CREATE TABLE switchboard.%I PARTITION OF switchboard.task_runs_history'
+                               ' FOR VALUES FROM (%L) TO (%L)', 'task_runs_history_p' || to_char(d, 'YYYYMMDD'),
+                               d::timestamp AT TIME ZONE 'UTC', (d + 1)::timestamp AT TIME ZONE 'UTC');
+            END LOOP;
+        END $$""")
 
 
-def fill_history(db: DB, have: int, want: int, top: int) -> dict[str, Any]:
-    """Top task_runs up from `have` to `want` finished runs; finished_at runs from 31 to 1 days ago over `top`."""
-    lsn = db.execute("SELECT pg_current_wal_lsn()")[0][0]
-    t = time.perf_counter()
-    db.execute(f"""
-        INSERT INTO switchboard.task_runs (handler, args, status, trigger, attempt, max_attempts, run_at, worker,
-                                           started_at, finished_at, result, error, created_at)
-        SELECT ({HANDLERS})[1 + mod(i, 6)], jsonb_build_object('id', i, 'tenant', mod(i, 977)),
+FILL_SELECT = f"""
+        SELECT 1000000000000 + i, ({HANDLERS})[1 + mod(i, 6)], jsonb_build_object('id', i, 'tenant', mod(i, 977)),
                CASE WHEN mod(i, 20) = 0 THEN 'failed' ELSE 'succeeded' END, 'enqueue', 1 + (mod(i, 20) = 0)::int, 3,
                f - interval '2 seconds', 'host-' || mod(i, 4) || ':' || (1000 + mod(i, 7)) || ':a1b2c3',
                f - (mod(i, 900)) * interval '1 millisecond', f,
@@ -103,21 +131,40 @@ def fill_history(db: DB, have: int, want: int, top: int) -> dict[str, Any]:
                CASE WHEN mod(i, 20) = 0 THEN 'TimeoutError: upstream did not answer in 30 s' END,
                f - interval '2 seconds'
           FROM generate_series(%s::bigint, %s::bigint) AS i,
-               LATERAL (SELECT now() - interval '31 days' + (i::float8 / %s) * interval '30 days' AS f) AS x""",
-               (have + 1, want, max(top, 1)))
+               LATERAL (SELECT now() - interval '31 days' + (i::float8 / %s) * interval '30 days' AS f) AS x"""
+FILL_COLS = ("(id, handler, args, status, trigger, attempt, max_attempts, run_at, worker, started_at, finished_at,"
+             " result, error, created_at)")
+
+
+def fill_history(db: DB, have: int, want: int, top: int) -> dict[str, Any]:
+    """Top both histories up from `have` to `want` finished runs (the same rows; ids far above
+    the hot table's); finished_at runs from 31 to 1 days ago over `top`."""
+    lsn = db.execute("SELECT pg_current_wal_lsn()")[0][0]
+    t = time.perf_counter()
+    for table in ("switchboard.task_runs_history", "bench_old"):
+        over = " OVERRIDING SYSTEM VALUE" if table == "bench_old" else ""
+        db.execute(f"INSERT INTO {table} {FILL_COLS}{over} {FILL_SELECT}", (have + 1, want, max(top, 1)))
     ins = time.perf_counter() - t
-    db.execute("VACUUM ANALYZE switchboard.task_runs")
+    db.execute("VACUUM ANALYZE switchboard.task_runs_history")
+    db.execute("VACUUM ANALYZE bench_old")
     return {"rows": want - have, "insert_s": round(ins, 1), "with_vacuum_s": round(time.perf_counter() - t, 1),
             "wal_bytes": int(db.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", (lsn,))[0][0])}
 
 
 def sizes(db: DB, table: str) -> dict[str, Any]:
-    rel = db.execute("SELECT pg_relation_size(%s), pg_indexes_size(%s), pg_total_relation_size(%s)",
-                     (table, table, table))[0]
-    idx = db.execute("SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) FROM pg_index "
-                     "WHERE indrelid = %s::regclass ORDER BY 1", (table,))
-    return {"table_bytes": rel[0], "indexes_bytes": rel[1], "total_bytes": rel[2],
-            "per_index_bytes": {n.split(".")[-1]: b for n, b in idx}}
+    """Table and index bytes; a partitioned table counts its partitions."""
+    parts = [r[0] for r in db.execute("SELECT relid::text FROM pg_partition_tree(%s::regclass) WHERE isleaf",
+                                      (table,))] or [table]
+    tb = ib = 0
+    per: dict[str, int] = {}
+    for t in parts:
+        rel = db.execute("SELECT pg_relation_size(%s), pg_indexes_size(%s)", (t, t))[0]
+        tb, ib = tb + rel[0], ib + rel[1]
+        for n, b in db.execute("SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) FROM pg_index "
+                               "WHERE indrelid = %s::regclass ORDER BY 1", (t,)):
+            per[n.split(".")[-1]] = b
+    return {"table_bytes": tb, "indexes_bytes": ib, "total_bytes": tb + ib,
+            "per_index_bytes": per if len(parts) == 1 else {}}
 
 
 class PgCpu:
@@ -185,8 +232,8 @@ def pgbench(cluster: Cluster, db: str, script: str, clients: int, seconds: int) 
 # -- drain -----------------------------------------------------------------------------------------
 def _drain_worker(url: str, mode: str, wid: int, batch: int, q: Any, go: Any) -> None:
     w = f"d{wid}"
-    claim = PLAIN_CLAIM.format(w="%(w)s", n="%(n)s")
-    finish = PLAIN_FINISH.format(ids="%(ids)s", w="%(w)s")
+    claim = PLAIN_CLAIM.format(t=TABLES[mode], w="%(w)s", n="%(n)s")
+    finish = PLAIN_FINISH.format(t=TABLES[mode], ids="%(ids)s", w="%(w)s")
     done, empty, last = 0, 0, 0.0
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("SELECT 1")
@@ -211,7 +258,7 @@ def _drain_worker(url: str, mode: str, wid: int, batch: int, q: Any, go: Any) ->
 
 
 def drain(cluster: Cluster, db: DB, mode: str, n: int, workers: int, batch: int = 50) -> dict[str, Any]:
-    table = "switchboard.task_runs" if mode == "sb" else "bench_hot"
+    table = TABLES[mode]
     db.execute(f"""INSERT INTO {table} (handler, args, status, trigger, max_attempts, run_at)
                    SELECT 'bench.noop', '{{}}', 'queued', 'enqueue', 3, now() - interval '1 minute'
                      FROM generate_series(1, %s)""", (n,))
@@ -257,52 +304,67 @@ def _dead(db: DB, table: str) -> dict[str, int]:
     return {"n_live_tup": r[0][0], "n_dead_tup": r[0][1]} if r else {}
 
 
+OLD_REAP = """DELETE FROM bench_old r
+ WHERE r.ctid = ANY (ARRAY(SELECT o.ctid FROM bench_old o
+                            WHERE o.status IN ('succeeded', 'failed', 'abandoned', 'cancelled')
+                              AND o.finished_at < now() - %(keep)s::interval
+                            ORDER BY o.finished_at LIMIT %(n)s FOR UPDATE SKIP LOCKED))
+   AND r.status IN ('succeeded', 'failed', 'abandoned', 'cancelled') AND r.finished_at < now() - %(keep)s::interval"""
+
+
+def _history_dead(db: DB) -> dict[str, int]:
+    r = db.execute("SELECT coalesce(sum(n_live_tup), 0), coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables "
+                   "WHERE schemaname = 'switchboard' AND relname LIKE 'task_runs_history%%'")
+    return {"n_live_tup": int(r[0][0]), "n_dead_tup": int(r[0][1])}
+
+
 def retention(db: DB, h: int) -> dict[str, Any]:
+    """The same H finished runs: dropped as day partitions (sb) vs deleted in batches + VACUUM (old)."""
     out: dict[str, Any] = {"rows": h, "batch": REAP_BATCH, "keep": KEEP}
-    db.execute("ALTER TABLE switchboard.task_runs SET (autovacuum_enabled = false)")
-    # The floor: the same rows, the same indexes, in a table of their own, dropped.
-    db.execute(f"""CREATE TABLE bench_part AS SELECT * FROM switchboard.task_runs
-                    WHERE status IN ('succeeded', 'failed') AND finished_at < now() - interval '{KEEP}'""")
-    for (d,) in db.execute("SELECT indexdef FROM pg_indexes WHERE schemaname = 'switchboard' "
-                           "AND tablename = 'task_runs'"):
-        db.execute(re.sub(r"INDEX (\S+) ON switchboard\.task_runs", r"INDEX \1_bp ON bench_part", d, count=1))
-    db.execute("VACUUM ANALYZE bench_part")
-    out["drop_table_sizes"] = sizes(db, "bench_part")
+    db.execute("ALTER TABLE bench_old SET (autovacuum_enabled = false)")
+    db.execute("VACUUM bench_old")  # so that every dead tuple counted after is the reap's
+    n_parts = db.execute("SELECT count(*) FROM switchboard._runs_history_parts() p "
+                         "WHERE NOT p.is_default AND p.upper_bound <= now() - %s::interval", (KEEP,))[0][0]
+    before = {**sizes(db, "switchboard.task_runs_history"), **_history_dead(db)}
     with psycopg.connect(db.url, autocommit=True) as c:
         lsn, t = _wal(c), time.perf_counter()
-        c.execute("DROP TABLE bench_part")
+        k = _one(c, "SELECT switchboard.reap_runs(%s::interval, %s)", (KEEP, REAP_BATCH))
         secs = time.perf_counter() - t
-        out["drop"] = {"seconds": round(secs, 4), "wal_bytes": _wal_since(c, lsn), "dead_tuples_left": 0}
-    log(f"  retention floor: DROP TABLE of {h:,} rows: {out['drop']}")
-    db.execute("VACUUM switchboard.task_runs")  # so that every dead tuple counted after is the reap's
+        wal = _wal_since(c, lsn)
+    gone = db.execute("SELECT count(*) FROM switchboard._runs_history_parts() p "
+                      "WHERE NOT p.is_default AND p.upper_bound <= now() - %s::interval", (KEEP,))[0][0]
     time.sleep(1.5)
-    before = {**sizes(db, "switchboard.task_runs"), **_dead(db, "switchboard.task_runs")}
+    out["sb_drop_partitions"] = {"partitions": n_parts, "left": gone, "rows_deleted_one_by_one": k,
+                                 "seconds": round(secs, 4), "wal_bytes": wal, **_history_dead(db),
+                                 "sizes_before": before, "sizes_after": sizes(db, "switchboard.task_runs_history")}
+    log(f"  sb reap_runs: {n_parts} day partitions ({h:,} runs) dropped in {secs:.3f} s, WAL {wal / 2**10:.0f} KiB, "
+        f"dead tuples {out['sb_drop_partitions']['n_dead_tup']}")
+    before = {**sizes(db, "bench_old"), **_dead(db, "bench_old")}
     with psycopg.connect(db.url, autocommit=True) as c:
         lsn, t, calls, deleted = _wal(c), time.perf_counter(), 0, 0
         while True:
-            k = _one(c, "SELECT switchboard.reap_runs(%s::interval, %s)", (KEEP, REAP_BATCH))
+            k = c.execute(OLD_REAP, {"keep": OLD_KEEP, "n": REAP_BATCH}).rowcount
             calls, deleted = calls + 1, deleted + k
             if k < REAP_BATCH:
                 break
         secs = time.perf_counter() - t
         wal = _wal_since(c, lsn)
     time.sleep(1.5)  # the backend has exited: its statistics are flushed
-    out["reap_runs"] = {"deleted": deleted, "calls": calls, "seconds": round(secs, 2), "wal_bytes": wal,
-                        **_dead(db, "switchboard.task_runs"), "sizes_before": before,
-                        "sizes_after": sizes(db, "switchboard.task_runs")}
-    log(f"  reap_runs: {deleted:,} rows in {secs:.1f} s ({calls} calls), WAL {wal / 2**20:.0f} MiB, "
-        f"dead tuples left {out['reap_runs'].get('n_dead_tup')}")
+    out["old_batched_delete"] = {"deleted": deleted, "calls": calls, "seconds": round(secs, 2), "wal_bytes": wal,
+                                 **_dead(db, "bench_old"), "sizes_before": before, "sizes_after": sizes(db, "bench_old")}
+    log(f"  old batched DELETE: {deleted:,} rows in {secs:.1f} s ({calls} calls), WAL {wal / 2**20:.0f} MiB, "
+        f"dead tuples left {out['old_batched_delete'].get('n_dead_tup')}")
     with psycopg.connect(db.url, autocommit=True) as c:
         lsn, t = _wal(c), time.perf_counter()
-        c.execute("VACUUM switchboard.task_runs")
+        c.execute("VACUUM bench_old")
         secs = time.perf_counter() - t
         wal = _wal_since(c, lsn)
-    out["vacuum_after_reap"] = {"seconds": round(secs, 2), "wal_bytes": wal,
-                                "sizes_after": sizes(db, "switchboard.task_runs")}
-    log(f"  VACUUM after the reap: {secs:.1f} s, WAL {wal / 2**20:.0f} MiB")
-    db.execute("ALTER TABLE switchboard.task_runs RESET (autovacuum_enabled)")
-    r, v, d = out["reap_runs"], out["vacuum_after_reap"], out["drop"]
-    out["reap_plus_vacuum_over_drop"] = {
+    out["old_vacuum_after_delete"] = {"seconds": round(secs, 2), "wal_bytes": wal,
+                                      "sizes_after": sizes(db, "bench_old")}
+    log(f"  VACUUM after the DELETE: {secs:.1f} s, WAL {wal / 2**20:.0f} MiB")
+    db.execute("ALTER TABLE bench_old RESET (autovacuum_enabled)")
+    r, v, d = out["old_batched_delete"], out["old_vacuum_after_delete"], out["sb_drop_partitions"]
+    out["old_delete_plus_vacuum_over_sb_drop"] = {
         "seconds": round((r["seconds"] + v["seconds"]) / max(d["seconds"], 1e-4), 1),
         "wal_bytes": round((r["wal_bytes"] + v["wal_bytes"]) / max(d["wal_bytes"], 1), 1)}
     return out
@@ -316,21 +378,21 @@ def _med(xs: list[dict[str, Any]], k: str) -> float:
 def measure(cluster: Cluster, db: DB, a: argparse.Namespace) -> dict[str, Any]:
     db.execute("TRUNCATE bench_hot")
     # Warm-up, not counted: a first pgbench on a never-analyzed bench_hot ran on plans made
-    # for an empty table (half the rate of the next run); both sides get one short run, then ANALYZE.
-    for script in (SB_TX, PLAIN_TX):
+    # for an empty table (half the rate of the next run); every side gets one short run, then ANALYZE.
+    for script in SCRIPTS.values():
         pgbench(cluster, db.name, script, a.clients, 2)
-    db.execute("ANALYZE switchboard.task_runs")
-    db.execute("ANALYZE bench_hot")
+    for t in TABLES.values():
+        db.execute(f"ANALYZE {t}")
     pt: dict[str, Any] = {"loadavg_before": wait_quiet()}
-    runs: dict[str, list[dict[str, Any]]] = {"sb": [], "plain": []}
-    order = (["sb", "plain", "plain", "sb"] * a.rounds)[: 2 * a.rounds]
+    runs: dict[str, list[dict[str, Any]]] = {"sb": [], "old": [], "plain": []}
+    order = (["sb", "old", "plain", "plain", "old", "sb"] * a.rounds)[: 3 * a.rounds]
     for mode in order:
-        r = pgbench(cluster, db.name, SB_TX if mode == "sb" else PLAIN_TX, a.clients, a.seconds)
+        r = pgbench(cluster, db.name, SCRIPTS[mode], a.clients, a.seconds)
         runs[mode].append(r)
         log(f"  claim+finish {mode:<5} {r['tps']:8.0f} tx/s  {r['pg_cpu_us_per_job']:7.1f} µs PG CPU/job")
     pt["claim_finish"] = {m: {"runs": v, "tps": _med(v, "tps"), "pg_cpu_us_per_job": _med(v, "pg_cpu_us_per_job")}
                           for m, v in runs.items()}
-    druns: dict[str, list[dict[str, Any]]] = {"sb": [], "plain": []}
+    druns: dict[str, list[dict[str, Any]]] = {"sb": [], "old": [], "plain": []}
     for mode in order:
         r = drain(cluster, db, mode, a.drain, a.workers)
         druns[mode].append(r)
@@ -338,25 +400,27 @@ def measure(cluster: Cluster, db: DB, a: argparse.Namespace) -> dict[str, Any]:
             f"  (left {r['left']})")
     pt["drain"] = {m: {"runs": v, "jobs_per_s": _med(v, "jobs_per_s"),
                        "pg_cpu_us_per_job": _med(v, "pg_cpu_us_per_job")} for m, v in druns.items()}
-    pt["sizes_after"] = {"task_runs": sizes(db, "switchboard.task_runs"), "bench_hot": sizes(db, "bench_hot")}
+    pt["sizes_after"] = {"task_runs_hot": sizes(db, "switchboard.task_runs_hot"),
+                         "task_runs_history": sizes(db, "switchboard.task_runs_history"),
+                         "bench_old": sizes(db, "bench_old"), "bench_hot": sizes(db, "bench_hot")}
     pt["loadavg_after"] = loadavg()
     return pt
 
 
 def ratios(points: list[dict[str, Any]]) -> None:
-    """Switchboard ÷ baseline at each size, and that ratio ÷ the same at H = 0."""
+    """sb and old ÷ plain (no history) at each size, and that ratio ÷ the same at H = 0."""
     base: dict[str, float] = {}
     for pt in points:
         r: dict[str, float] = {}
         for fig, key in (("claim_finish", "tps"), ("claim_finish", "pg_cpu_us_per_job"),
                          ("drain", "jobs_per_s"), ("drain", "pg_cpu_us_per_job")):
-            sb, plain = pt[fig]["sb"][key], pt[fig]["plain"][key]
-            name = f"{fig}.{key}"
-            r[name + ".sb_over_plain"] = round(sb / plain, 3)
-            base.setdefault(name, sb / plain)
-            r[name + ".vs_h0"] = round(sb / plain / base[name], 3)
-            base.setdefault(name + ".raw", sb)
-            r[name + ".raw_vs_h0"] = round(sb / base[name + ".raw"], 3)
+            for side in ("sb", "old"):
+                v, plain = pt[fig][side][key], pt[fig]["plain"][key]
+                name = f"{fig}.{key}.{side}"
+                r[name + "_over_plain"] = round(v / plain, 3)
+                base.setdefault(name, v / plain)
+                r[name + ".vs_h0"] = round(v / plain / base[name], 3)
+            r[f"{fig}.{key}.sb_over_old"] = round(pt[fig]["sb"][key] / pt[fig]["old"][key], 3)
         pt["ratios"] = r
 
 
@@ -391,7 +455,7 @@ def main() -> None:
                 log(f"  filled {fill['rows']:,} runs in {fill['with_vacuum_s']} s (with VACUUM ANALYZE), "
                     f"WAL {fill['wal_bytes'] / 2**20:.0f} MiB")
             # The runs earlier sizes' measurements finished are kept: steady-state history.
-            pt = {"history": h, "fill": fill, "sizes_before": sizes(db, "switchboard.task_runs")}
+            pt = {"history": h, "fill": fill, "sizes_before": sizes(db, "switchboard.task_runs_history")}
             pt.update(measure(cluster, db, a))
             res["points"].append(pt)
             ratios(res["points"])
@@ -406,11 +470,13 @@ def main() -> None:
     write_json(out_path, res)
     for pt in res["points"]:
         r = pt["ratios"]
-        log(f"H={pt['history']:>11,}: claim+finish tx/s {r['claim_finish.tps.vs_h0']}x, "
-            f"CPU/job {r['claim_finish.pg_cpu_us_per_job.vs_h0']}x; drain jobs/s {r['drain.jobs_per_s.vs_h0']}x, "
-            f"CPU/job {r['drain.pg_cpu_us_per_job.vs_h0']}x (vs H=0, each over its no-history baseline); "
-            f"task_runs {pt['sizes_after']['task_runs']['table_bytes'] / 2**20:.0f} MiB + "
-            f"{pt['sizes_after']['task_runs']['indexes_bytes'] / 2**20:.0f} MiB indexes")
+        log(f"H={pt['history']:>11,}: vs H=0 (each over no history) sb|old: claim+finish CPU/job "
+            f"{r['claim_finish.pg_cpu_us_per_job.sb.vs_h0']}x|{r['claim_finish.pg_cpu_us_per_job.old.vs_h0']}x, "
+            f"tx/s {r['claim_finish.tps.sb.vs_h0']}x|{r['claim_finish.tps.old.vs_h0']}x; drain jobs/s "
+            f"{r['drain.jobs_per_s.sb.vs_h0']}x|{r['drain.jobs_per_s.old.vs_h0']}x, CPU/job "
+            f"{r['drain.pg_cpu_us_per_job.sb.vs_h0']}x|{r['drain.pg_cpu_us_per_job.old.vs_h0']}x; "
+            f"hot {pt['sizes_after']['task_runs_hot']['total_bytes'] / 2**20:.0f} MiB, "
+            f"bench_old {pt['sizes_after']['bench_old']['total_bytes'] / 2**20:.0f} MiB")
     log(f"wall {res['wall_seconds']} s -> {out_path}")
 
 

@@ -109,9 +109,9 @@ def main() -> None:
         time.sleep(1.5)
         for r in range(a.runs):
             with psycopg.connect(url, autocommit=True) as c:
-                c.execute("TRUNCATE switchboard.task_runs")
+                c.execute("TRUNCATE switchboard.task_runs_hot, switchboard.task_runs_history")
                 if not a.no_vacuum:
-                    c.execute("VACUUM ANALYZE switchboard.task_runs")
+                    c.execute("VACUUM ANALYZE switchboard.task_runs_hot, switchboard.task_runs_history")
                 c.execute("SELECT pg_stat_reset()")
                 if a.pgss:
                     c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")

@@ -135,9 +135,9 @@ def drain(cluster: Cluster, db: str, side: str, m: int, pids: list[int], seed: f
     url, handlers = cluster.url(db), HANDLERS[side]
     with psycopg.connect(url, autocommit=True) as c:
         if analyzed_history:
-            c.execute("ANALYZE switchboard.task_runs")
-        c.execute("TRUNCATE switchboard.task_runs")
-        c.execute("VACUUM ANALYZE switchboard.task_runs")
+            c.execute("ANALYZE switchboard.task_runs_hot, switchboard.task_runs_history")
+        c.execute("TRUNCATE switchboard.task_runs_hot, switchboard.task_runs_history")
+        c.execute("VACUUM ANALYZE switchboard.task_runs_hot, switchboard.task_runs_history")
         if track_functions:
             c.execute("SELECT pg_stat_reset()")
     timeout = max(120.0, m / 50)

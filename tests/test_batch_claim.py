@@ -84,11 +84,11 @@ def test_a_one_handler_backlog_is_claimed_by_walking_the_index_head(db: str) -> 
     backlog -- custom plans (first five calls) and the generic plan after them alike."""
     with psycopg.connect(db, autocommit=True) as c:
         c.execute("UPDATE switchboard.tasks SET is_active = false")
-        c.execute("""INSERT INTO switchboard.task_runs (handler, args, status, trigger, max_attempts, run_at)
+        c.execute("""INSERT INTO switchboard.task_runs_hot (handler, args, status, trigger, max_attempts, run_at)
                      SELECT 'bulk', '{}', 'queued', 'enqueue', 3, now() - interval '1 minute'
                        FROM generate_series(1, 30000)""")
-        c.execute("VACUUM ANALYZE switchboard.task_runs")
-        backlog_pages = c.execute("SELECT relpages FROM pg_class WHERE oid = 'switchboard.task_runs'::regclass"
+        c.execute("VACUUM ANALYZE switchboard.task_runs_hot")
+        backlog_pages = c.execute("SELECT relpages FROM pg_class WHERE oid = 'switchboard.task_runs_hot'::regclass"
                                   ).fetchone()[0]
         assert backlog_pages > 200
         for call in ("claim_due_task('w1')", "claim_due_tasks('w2', '60 seconds', 4)"):
@@ -152,7 +152,7 @@ def test_a_tick_due_behind_the_queue_head_waits_in_the_fast_path(db: str) -> Non
         assert calls == 0 and [r[0] for r in rows] == older[:3] and all(r[1] is None for r in rows)
         # the two older runs left are locked by another worker: the tick is taken now
         with psycopg.connect(db) as other:
-            other.execute("SELECT id FROM switchboard.task_runs WHERE id = ANY(%s) FOR UPDATE", (older[3:],))
+            other.execute("SELECT id FROM switchboard.task_runs_hot WHERE id = ANY(%s) FOR UPDATE", (older[3:],))
             rows, calls = _nested_claim_calls(
                 c, "SELECT task_id, trigger FROM switchboard.claim_due_tasks('w1', '60 seconds', 3)")
             assert calls == 1 and rows == [(tid, "schedule")]
@@ -221,12 +221,12 @@ def test_plans_made_on_an_empty_queue_do_not_scan_a_later_burst(db: str) -> None
     the whole table or index per call. Counted in buffers, so it holds on any machine."""
     with psycopg.connect(db, autocommit=True) as c:
         c.execute("UPDATE switchboard.tasks SET is_active = false")
-        c.execute("TRUNCATE switchboard.task_runs")
-        c.execute("VACUUM ANALYZE switchboard.task_runs")
+        c.execute("TRUNCATE switchboard.task_runs_hot, switchboard.task_runs_history")
+        c.execute("VACUUM ANALYZE switchboard.task_runs_hot")
         for _ in range(12):        # past the five custom plans after which a generic one is cached
             c.execute("SELECT * FROM switchboard.finish_and_claim('w', '{1,2,3,4,5,6,7,8}', NULL, '60 seconds', 8)")
         c.execute("SELECT switchboard.enqueue('noop') FROM generate_series(1, 150000)")
-        pages = c.execute("SELECT pg_relation_size('switchboard.task_runs') / current_setting('block_size')::int"
+        pages = c.execute("SELECT pg_relation_size('switchboard.task_runs_hot') / current_setting('block_size')::int"
                           ).fetchone()[0]
         assert pages > 1500
         ids = [r[0] for r in c.execute(

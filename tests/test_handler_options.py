@@ -277,22 +277,22 @@ def test_claims_walk_the_index_head_after_an_analyze_that_saw_no_queued_run(db: 
     with psycopg.connect(db, autocommit=True) as c:
         c.execute("UPDATE switchboard.tasks SET is_active = false")
         _opts(c, "opt.qa", '{"queue": "qa"}')
-        c.execute("""INSERT INTO switchboard.task_runs (handler, args, status, trigger, max_attempts, run_at,
+        c.execute("""INSERT INTO switchboard.task_runs_hot (handler, args, status, trigger, max_attempts, run_at,
                                                        finished_at, queue, priority)
-                     SELECT CASE WHEN i % 2 = 0 THEN 'noop' ELSE 'opt.qa' END, '{}', 'succeeded', 'enqueue', 3,
-                            now() - interval '1 hour', now(), CASE WHEN i % 2 = 0 THEN 'default' ELSE 'qa' END,
+                     SELECT CASE WHEN i % 2 = 0 THEN 'noop' ELSE 'opt.qa' END, '{}', 'running', 'enqueue', 3,
+                            now() - interval '1 hour', NULL, CASE WHEN i % 2 = 0 THEN 'default' ELSE 'qa' END,
                             (i % 11) - 5
                        FROM generate_series(1, 60000) i""")
-        c.execute("ANALYZE switchboard.task_runs")          # what autoanalyze saw: nothing queued
-        c.execute("TRUNCATE switchboard.task_runs")         # the finished runs reaped; ANALYZE of an
-        c.execute("VACUUM ANALYZE switchboard.task_runs")   # empty table keeps those statistics
-        c.execute("""INSERT INTO switchboard.task_runs (handler, args, status, trigger, max_attempts, run_at,
+        c.execute("ANALYZE switchboard.task_runs_hot")      # what autoanalyze saw: nothing queued
+        c.execute("TRUNCATE switchboard.task_runs_hot")     # the runs moved out; ANALYZE of an
+        c.execute("VACUUM ANALYZE switchboard.task_runs_hot")  # empty table keeps those statistics
+        c.execute("""INSERT INTO switchboard.task_runs_hot (handler, args, status, trigger, max_attempts, run_at,
                                                        queue, priority)
                      SELECT CASE WHEN i % 2 = 0 THEN 'noop' ELSE 'opt.qa' END, '{}', 'queued', 'enqueue', 3,
                             now() - interval '1 minute', CASE WHEN i % 2 = 0 THEN 'default' ELSE 'qa' END,
                             (i % 11) - 5
                        FROM generate_series(1, 60000) i""")
-        backlog_pages = c.execute("SELECT pg_relation_size('switchboard.task_runs') / 8192").fetchone()[0]
+        backlog_pages = c.execute("SELECT pg_relation_size('switchboard.task_runs_hot') / 8192").fetchone()[0]
         assert backlog_pages > 600
         for call in ("claim_due_task('w1')", "claim_due_tasks('w2', '60 seconds', 4)",
                      "claim_due_tasks('w3', '60 seconds', '{default,qa}', '{2,3}')"):

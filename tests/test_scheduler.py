@@ -366,7 +366,16 @@ def test_reap_runs_keeps_recent_history_only(conn: psycopg.Connection) -> None:
                  (ids[0], ids[1]))
     conn.execute("UPDATE switchboard.task_runs SET run_at = now() - interval '9 days' WHERE id = %s", (ids[4],))
     retry_of_1 = conn.execute("SELECT id FROM switchboard.task_runs WHERE retry_of = %s", (ids[1],)).fetchone()[0]
-    assert conn.execute("SELECT switchboard.reap_runs('7 days')").fetchone()[0] == 2
+    # V0036: retention drops whole day partitions. Runs finished 8 days ago (moved there
+    # by the UPDATE) are in task_runs_history_before, whose range ends today: a
+    # partition goes when all of it is older than keep, so they stay ...
+    assert conn.execute("SELECT switchboard.reap_runs('7 days')").fetchone()[0] == 0
+    every = {ids[0], ids[1], ids[2], ids[3], ids[4], retry_of_1}
+    assert {r[0] for r in conn.execute("SELECT id FROM switchboard.task_runs WHERE handler = 'h'")} == every
+    # ... until it is: with keep 0 that partition is dropped whole (no row is deleted one
+    # by one: 0 back), today's partition and the active runs stay.
+    assert conn.execute("SELECT switchboard.reap_runs('0 seconds')").fetchone()[0] == 0
+    assert conn.execute("SELECT to_regclass('switchboard.task_runs_history_before')").fetchone()[0] is None
     left = {r[0] for r in conn.execute("SELECT id FROM switchboard.task_runs WHERE handler = 'h'")}
     assert left == {ids[2], ids[3], ids[4], retry_of_1}
     throws_ok(conn, "SELECT switchboard.reap_runs('-1 day')", "22023")
@@ -489,7 +498,7 @@ def test_fenced_updates_probe_the_primary_key(db: str) -> None:
         c.execute("SELECT count(*) FROM generate_series(1, 200) g, "
                   "LATERAL switchboard.enqueue('p', jsonb_build_object('i', g))")
         # statistics taken while nothing ran (the usual case: a small running set)...
-        c.execute("VACUUM ANALYZE switchboard.task_runs")
+        c.execute("VACUUM ANALYZE switchboard.task_runs_hot")
         # ...then 50 workers hold runs
         runs = [claim(c, f"w{i}")["id"] for i in range(50)]
         c.execute("SET plan_cache_mode = force_generic_plan")  # what PL/pgSQL settles on
@@ -498,7 +507,9 @@ def test_fenced_updates_probe_the_primary_key(db: str) -> None:
         assert c.execute("SELECT switchboard.heartbeat_run(%s, 'w0')", (runs[0],)).fetchone()[0]
         assert c.execute("SELECT switchboard.finish_run(%s, 'w1', true)", (runs[1],)).fetchone()[0]
         assert c.execute("SELECT switchboard.release_run(%s, 'w2')", (runs[2],)).fetchone()[0]
-    updates = [p for p in plans if "UPDATE switchboard.task_runs" in p and "worker =" in p]
+    # finish_run moves the run (V0036: DELETE from task_runs_hot ... INSERT into history)
+    updates = [p for p in plans if ("UPDATE switchboard.task_runs_hot" in p or "DELETE FROM switchboard.task_runs_hot" in p)
+               and "worker =" in p]
     assert len(updates) == 3, plans
     for plan in updates:
         assert "Index Scan using task_runs_pkey" in plan, plan

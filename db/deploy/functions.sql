@@ -7,6 +7,7 @@ BEGIN;
 SELECT pg_advisory_xact_lock(hashtext('switchboard.migrate'));
 \ir ../functions/10_cron.sql
 \ir ../functions/20_scheduler.sql
+\ir ../functions/21_runs_history.sql
 \ir ../functions/22_queues.sql
 \ir ../functions/25_batch_claim.sql
 \ir ../functions/27_operate.sql

@@ -234,8 +234,17 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    DELETE FROM switchboard.tasks t WHERE t.id = task_id;
-    RETURN FOUND;
+    DELETE FROM switchboard.tasks t WHERE t.id = task_id;   -- its hot runs go by the foreign key
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF to_regclass('switchboard.task_runs_history') IS NULL THEN   -- an older target (pgmigrate -t N)
+        RETURN true;
+    END IF;
+    -- Its finished runs (V0036: history has no foreign key, see V0036). After the task's
+    -- DELETE, which waited for any finish of its runs: a new snapshot sees those too.
+    DELETE FROM switchboard.task_runs_history h WHERE h.task_id = delete_task.task_id;
+    RETURN true;
 END
 $$;
 COMMENT ON FUNCTION switchboard.delete_task(uuid) IS
@@ -256,7 +265,7 @@ BEGIN
     IF run.attempt >= run.max_attempts THEN
         RETURN false;
     END IF;
-    INSERT INTO switchboard.task_runs
+    INSERT INTO switchboard.task_runs_hot
         (task_id, handler, args, status, trigger, attempt, max_attempts, queueing_lock,
          run_at, scheduled_for, retry_of, queue, priority)
     VALUES (run.task_id, run.handler, run.args, 'queued', 'retry', run.attempt + 1,
@@ -281,15 +290,23 @@ DECLARE
     v_count integer := 0;
     v_retried integer := 0;
 BEGIN
+    -- The run moves to history in the statement that abandons it (V0036).
     FOR v_run IN
-        UPDATE switchboard.task_runs r
-           SET status = 'abandoned', finished_at = now(),
-               error = 'lease expired: worker ' || coalesce(r.worker, '?') || ' stopped heartbeating'
-         WHERE r.id IN (SELECT e.id FROM switchboard.task_runs e
-                         WHERE e.status = 'running' AND e.lease_expires_at < now()
-                         ORDER BY e.lease_expires_at LIMIT max_rows
-                         FOR UPDATE SKIP LOCKED)
-        RETURNING r.*
+        WITH gone AS (
+            DELETE FROM switchboard.task_runs_hot r
+             WHERE r.id IN (SELECT e.id FROM switchboard.task_runs_hot e
+                             WHERE e.status = 'running' AND e.lease_expires_at < now()
+                             ORDER BY e.lease_expires_at LIMIT max_rows
+                             FOR UPDATE SKIP LOCKED)
+               AND r.status = 'running'
+            RETURNING r.*)
+        INSERT INTO switchboard.task_runs_history
+        SELECT g.id, g.task_id, g.handler, g.args, 'abandoned', g.trigger, g.attempt, g.max_attempts,
+               g.queueing_lock, g.run_at, g.scheduled_for, g.worker, g.lease_expires_at, g.started_at,
+               now(), g.result, 'lease expired: worker ' || coalesce(g.worker, '?') || ' stopped heartbeating',
+               g.retry_of, g.created_at, g.queue, g.priority
+          FROM gone g
+        RETURNING *
     LOOP
         v_count := v_count + 1;
         IF switchboard._queue_retry(v_run, now()) THEN
@@ -372,7 +389,7 @@ BEGIN
         RETURN;
     END IF;
     UPDATE switchboard.tasks SET next_run_at = v_next WHERE id = v_task.id;
-    INSERT INTO switchboard.task_runs
+    INSERT INTO switchboard.task_runs_hot
         (task_id, handler, args, status, trigger, attempt, max_attempts,
          run_at, scheduled_for, worker, lease_expires_at, started_at)
     VALUES (v_task.id, v_task.handler, v_task.args, 'running', 'schedule', 1,
@@ -499,14 +516,14 @@ BEGIN
     -- the head is looked at, so a closed gate locks nothing. One statement
     -- instead of the check below plus the UPDATE (bench/sql.py --floor, see
     -- BENCHMARKS.md "c23").
-    UPDATE switchboard.task_runs
+    UPDATE switchboard.task_runs_hot
        SET status = 'running', worker = v_worker, lease_expires_at = v_now + v_lease,
            started_at = v_now
-     WHERE id = (SELECT q.id FROM switchboard.task_runs q
+     WHERE id = (SELECT q.id FROM switchboard.task_runs_hot q
                   WHERE q.status = 'queued' AND q.queue = 'default' AND q.run_at <= v_now
                     AND (q.handler || '') <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
                   ORDER BY q.priority DESC, q.run_at, q.id LIMIT 1 FOR UPDATE OF q SKIP LOCKED)
-       AND NOT EXISTS (SELECT 1 FROM switchboard.task_runs e
+       AND NOT EXISTS (SELECT 1 FROM switchboard.task_runs_hot e
                         WHERE e.status = 'running' AND e.lease_expires_at < v_now)
        AND NOT EXISTS (SELECT 1 FROM switchboard.tasks t
                         WHERE t.is_active AND t.next_run_at <= v_now
@@ -518,7 +535,7 @@ BEGIN
     END IF;
 
     -- One statement answers both: is a lease to rescue, is a tick due?
-    SELECT EXISTS (SELECT 1 FROM switchboard.task_runs
+    SELECT EXISTS (SELECT 1 FROM switchboard.task_runs_hot
                     WHERE status = 'running' AND lease_expires_at < v_now),
            (SELECT t.next_run_at FROM switchboard.tasks t
              WHERE t.is_active AND t.next_run_at <= v_now
@@ -540,7 +557,7 @@ BEGIN
         -- with it; otherwise the claim in step 2 is the only scan of the head.
         v_queued_at := NULL;
         IF v_task_at IS NOT NULL THEN
-            SELECT q.run_at INTO v_queued_at FROM switchboard.task_runs q
+            SELECT q.run_at INTO v_queued_at FROM switchboard.task_runs_hot q
              WHERE q.status = 'queued' AND q.queue = 'default' AND q.run_at <= v_now
                AND (q.handler || '') <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
              ORDER BY q.priority DESC, q.run_at, q.id LIMIT 1;
@@ -560,10 +577,10 @@ BEGIN
 
         -- 2. the queue head
         IF v_queued_at IS NOT NULL OR v_task_at IS NULL THEN
-            UPDATE switchboard.task_runs
+            UPDATE switchboard.task_runs_hot
                SET status = 'running', worker = v_worker, lease_expires_at = v_now + v_lease,
                    started_at = v_now
-             WHERE id = (SELECT q.id FROM switchboard.task_runs q
+             WHERE id = (SELECT q.id FROM switchboard.task_runs_hot q
                           WHERE q.status = 'queued' AND q.queue = 'default' AND q.run_at <= v_now
                             AND (q.handler || '') <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
                           ORDER BY q.priority DESC, q.run_at, q.id LIMIT 1 FOR UPDATE OF q SKIP LOCKED)
@@ -613,7 +630,7 @@ BEGIN
         RAISE EXCEPTION 'invalid trigger "%"', v_trigger USING ERRCODE = '22023',
             HINT = 'A trigger is a short label such as manual or api.';
     END IF;
-    INSERT INTO switchboard.task_runs (task_id, handler, args, status, trigger, max_attempts, run_at)
+    INSERT INTO switchboard.task_runs_hot (task_id, handler, args, status, trigger, max_attempts, run_at)
     SELECT t.id, t.handler, t.args, 'queued', v_trigger, t.max_attempts, now()
       FROM switchboard.tasks t WHERE t.id = v_id
     ON CONFLICT (task_id) WHERE status IN ('queued', 'running') AND task_id IS NOT NULL DO NOTHING
@@ -691,7 +708,7 @@ BEGIN
                 HINT = 'A queue exists when a handler''s options name it (SELECT DISTINCT queue FROM switchboard.handler_options) or it is default; replicas serve it with the slots SWITCHBOARD_QUEUES gives.';
         END IF;
     END IF;
-    INSERT INTO switchboard.task_runs
+    INSERT INTO switchboard.task_runs_hot
         (task_id, handler, args, status, trigger, max_attempts, queueing_lock, run_at, queue, priority)
     VALUES (NULL, enqueue.handler, enqueue.args, 'queued', 'enqueue', v_attempts,
             enqueue.queueing_lock, coalesce(enqueue.run_at, now()), v_queue, v_priority)
@@ -721,7 +738,7 @@ AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM switchboard._check_lease(heartbeat_run.lease);
-    UPDATE switchboard.task_runs SET lease_expires_at = now() + heartbeat_run.lease
+    UPDATE switchboard.task_runs_hot SET lease_expires_at = now() + heartbeat_run.lease
      WHERE id = heartbeat_run.run_id AND worker = heartbeat_run.worker AND status = 'running';
     RETURN FOUND;
 END
@@ -745,19 +762,33 @@ BEGIN
     IF finish_run.ok IS NULL OR finish_run.retry IS NULL THEN
         RAISE EXCEPTION 'ok and retry must be true or false' USING ERRCODE = '22023';
     END IF;
+    -- The run moves to history in the statement that finishes it (V0036): DELETE from
+    -- the hot table (fenced on worker and status, as the UPDATE was), INSERT what it
+    -- returned. A concurrent finish, cancel or rescue of the same run waits for the
+    -- row lock and then finds the row gone: 0 rows, false, as before.
     -- Success needs nothing back from the row (V0017): no RETURNING * into a
     -- record, which only a retry (below) reads.
     IF finish_run.ok THEN
-        UPDATE switchboard.task_runs
-           SET status = 'succeeded', finished_at = now(), lease_expires_at = NULL,
-               result = finish_run.result, error = left(finish_run.error, 10000)
-         WHERE id = finish_run.run_id AND worker = finish_run.worker AND status = 'running';
+        WITH gone AS (
+            DELETE FROM switchboard.task_runs_hot r
+             WHERE r.id = finish_run.run_id AND r.worker = finish_run.worker AND r.status = 'running'
+            RETURNING r.*)
+        INSERT INTO switchboard.task_runs_history
+        SELECT g.id, g.task_id, g.handler, g.args, 'succeeded', g.trigger, g.attempt, g.max_attempts,
+               g.queueing_lock, g.run_at, g.scheduled_for, g.worker, NULL, g.started_at,
+               now(), finish_run.result, left(finish_run.error, 10000), g.retry_of, g.created_at, g.queue, g.priority
+          FROM gone g;
         RETURN FOUND;
     END IF;
-    UPDATE switchboard.task_runs
-       SET status = 'failed', finished_at = now(), lease_expires_at = NULL,
-           result = finish_run.result, error = left(finish_run.error, 10000)
-     WHERE id = finish_run.run_id AND worker = finish_run.worker AND status = 'running'
+    WITH gone AS (
+        DELETE FROM switchboard.task_runs_hot r
+         WHERE r.id = finish_run.run_id AND r.worker = finish_run.worker AND r.status = 'running'
+        RETURNING r.*)
+    INSERT INTO switchboard.task_runs_history
+    SELECT g.id, g.task_id, g.handler, g.args, 'failed', g.trigger, g.attempt, g.max_attempts,
+           g.queueing_lock, g.run_at, g.scheduled_for, g.worker, NULL, g.started_at,
+           now(), finish_run.result, left(finish_run.error, 10000), g.retry_of, g.created_at, g.queue, g.priority
+      FROM gone g
     RETURNING * INTO v_run;
     IF NOT FOUND THEN
         RETURN false;
@@ -784,7 +815,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
-    UPDATE switchboard.task_runs
+    UPDATE switchboard.task_runs_hot
        SET status = 'queued', worker = NULL, lease_expires_at = NULL, started_at = NULL, run_at = now()
      WHERE id = release_run.run_id AND worker = release_run.worker AND status = 'running';
     IF FOUND THEN
@@ -823,61 +854,4 @@ GRANT EXECUTE ON FUNCTION switchboard.reap_expired_runs() TO switchboard_app;
 
 -- cancel_run, retry_run, pause_handler / resume_handler: db/functions/27_operate.sql.
 
--- reap_runs: bounded since V0013. One DELETE of every old run was one
--- transaction of any size: a week of history at 1,000 jobs/s is 600 million
--- rows, and even 1,000,000 rows is seconds of I/O and WAL, a snapshot that
--- holds back every vacuum of the database (the claim's queue index fills
--- with dead entries meanwhile) and a lock on every row. Now one call deletes
--- at most max_rows, oldest finished first (the task_runs_finished index),
--- and returns how many; a caller that gets max_rows back calls again in a new
--- transaction (the maintenance handler does, within its time budget).
-CREATE OR REPLACE FUNCTION switchboard.reap_runs(keep interval, max_rows integer)
-RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_n integer;
-BEGIN
-    IF keep IS NULL OR keep < interval '0' THEN
-        RAISE EXCEPTION 'invalid keep interval "%"', keep USING ERRCODE = '22023',
-            HINT = 'keep is a non-negative interval such as ''7 days''.';
-    END IF;
-    IF max_rows IS NULL OR max_rows NOT BETWEEN 1 AND 1000000 THEN
-        RAISE EXCEPTION 'invalid max_rows %', max_rows USING ERRCODE = '22023',
-            HINT = 'max_rows bounds one call (one transaction): 1 to 1000000; 10000 is the default batch.';
-    END IF;
-    -- ctid, not id: the rows found are deleted without a second index probe.
-    -- SKIP LOCKED: a run that someone is touching right now waits for the next call.
-    DELETE FROM switchboard.task_runs r
-     WHERE r.ctid = ANY (ARRAY(SELECT o.ctid FROM switchboard.task_runs o
-                                WHERE o.status IN ('succeeded', 'failed', 'abandoned', 'cancelled')
-                                  AND o.finished_at < now() - keep
-                                ORDER BY o.finished_at
-                                LIMIT max_rows FOR UPDATE SKIP LOCKED))
-       AND r.status IN ('succeeded', 'failed', 'abandoned', 'cancelled') AND r.finished_at < now() - keep;
-    GET DIAGNOSTICS v_n = ROW_COUNT;
-    RETURN v_n;
-END
-$$;
-COMMENT ON FUNCTION switchboard.reap_runs(interval, integer) IS
-    'Delete at most max_rows finished runs (succeeded, failed, abandoned, cancelled) older than keep, oldest first, in the caller''s transaction. Returns how many; max_rows back means more are due (call again, in a new transaction).';
-REVOKE ALL ON FUNCTION switchboard.reap_runs(interval, integer) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION switchboard.reap_runs(interval, integer) TO switchboard_app;
-
--- The one-argument form (a DBA's call, and maintenance(keep_runs, ...)'s, which
--- the 0.2.0 server's sweep calls), now one batch of 10,000 (the documented batch
--- size): its callers already loop on the count or run it every maintenance tick.
-CREATE OR REPLACE FUNCTION switchboard.reap_runs(keep interval DEFAULT '7 days')
-RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    RETURN switchboard.reap_runs(keep, 10000);
-END
-$$;
-COMMENT ON FUNCTION switchboard.reap_runs(interval) IS
-    'Delete finished runs (succeeded, failed, abandoned, cancelled) older than keep, at most 10000 per call (one batch; see reap_runs(interval, integer)). Returns how many were deleted.';
-REVOKE ALL ON FUNCTION switchboard.reap_runs(interval) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION switchboard.reap_runs(interval) TO switchboard_app;
+-- reap_runs (retention of finished runs): db/functions/21_runs_history.sql.

@@ -183,7 +183,7 @@ BEGIN
     -- there forever. A run enqueued into a queue of its own choosing stays put.
     v_old_queue := coalesce(v_old_queue, 'default');
     IF v_n > 0 AND v_old_queue <> v_queue THEN
-        UPDATE switchboard.task_runs r SET queue = v_queue
+        UPDATE switchboard.task_runs_hot r SET queue = v_queue
          WHERE r.handler = handler AND r.status = 'queued' AND r.queue = v_old_queue;
     END IF;
     RETURN v_n > 0;

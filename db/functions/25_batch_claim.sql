@@ -49,9 +49,9 @@ DECLARE
     v_fast boolean := false;
     -- Dynamic, so planned at each call (see the comment above finish_runs): the oldest
     -- $4 due queued runs of unpaused handlers, leased to $1 from $2 for $3.
-    v_take constant text := 'UPDATE switchboard.task_runs r
+    v_take constant text := 'UPDATE switchboard.task_runs_hot r
            SET status = ''running'', worker = $1, lease_expires_at = $2 + $3, started_at = $2
-         WHERE r.id = ANY (ARRAY(SELECT q.id FROM switchboard.task_runs q
+         WHERE r.id = ANY (ARRAY(SELECT q.id FROM switchboard.task_runs_hot q
                                   WHERE q.status = ''queued'' AND q.queue = ''default'' AND q.run_at <= $2
                                     AND (q.handler || '''') <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
                                   ORDER BY q.priority DESC, q.run_at, q.id
@@ -64,7 +64,7 @@ BEGIN
     END IF;
     IF claim_due_tasks.worker IS NOT NULL AND length(claim_due_tasks.worker) BETWEEN 1 AND 200
        AND claim_due_tasks.lease > interval '0' AND claim_due_tasks.lease <= interval '1 day'
-       AND NOT EXISTS (SELECT 1 FROM switchboard.task_runs e
+       AND NOT EXISTS (SELECT 1 FROM switchboard.task_runs_hot e
                         WHERE e.status = 'running' AND e.lease_expires_at < v_now)
     THEN
         v_fast := true;
@@ -73,7 +73,7 @@ BEGIN
            AND t.handler <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
          ORDER BY t.next_run_at LIMIT 1;
         IF v_task_at IS NOT NULL THEN
-            SELECT q.run_at INTO v_queued_at FROM switchboard.task_runs q
+            SELECT q.run_at INTO v_queued_at FROM switchboard.task_runs_hot q
              WHERE q.status = 'queued' AND q.queue = 'default' AND q.run_at <= v_now
                AND (q.handler || '') <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
              ORDER BY q.priority DESC, q.run_at, q.id LIMIT 1;
@@ -102,6 +102,8 @@ COMMENT ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) IS
 REVOKE ALL ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) TO switchboard_app;
 
+-- Each finished run moves to history in the same statement (V0036): DELETE from the
+-- hot table (fenced as the UPDATE was: worker and status), INSERT what it returned.
 -- Planned at each call (V0018: EXECUTE, a one-shot plan), here and in
 -- claim_due_tasks' UPDATE: an idle replica polls, so cached generic plans of
 -- both were often made while the queue was empty, where every path costs the same. A burst then ran on them:
@@ -126,11 +128,17 @@ BEGIN
             HINT = 'Pass one result per run id, or NULL for none.';
     END IF;
     RETURN QUERY EXECUTE
-    'UPDATE switchboard.task_runs r
-        SET status = ''succeeded'', finished_at = now(), lease_expires_at = NULL, result = x.res
-       FROM unnest($2, coalesce($3, array_fill(NULL::jsonb, ARRAY[cardinality($2)]))) AS x(id, res)
-      WHERE r.id = x.id AND r.worker = $1 AND r.status = ''running''
-     RETURNING r.id'
+    'WITH gone AS (
+         DELETE FROM switchboard.task_runs_hot r
+          USING unnest($2, coalesce($3, array_fill(NULL::jsonb, ARRAY[cardinality($2)]))) AS x(id, res)
+          WHERE r.id = x.id AND r.worker = $1 AND r.status = ''running''
+         RETURNING r.*, x.res)
+     INSERT INTO switchboard.task_runs_history
+     SELECT g.id, g.task_id, g.handler, g.args, ''succeeded'', g.trigger, g.attempt, g.max_attempts,
+            g.queueing_lock, g.run_at, g.scheduled_for, g.worker, NULL, g.started_at, now(), g.res,
+            g.error, g.retry_of, g.created_at, g.queue, g.priority
+       FROM gone g
+     RETURNING id'
     USING finish_runs.worker, run_ids, results;
 END
 $$;
@@ -255,7 +263,7 @@ BEGIN
         v_default := slots[array_lower(slots, 1) + v_pos - array_lower(queues, 1)];
     END IF;
     IF v_default > 0 THEN
-        IF EXISTS (SELECT 1 FROM switchboard.task_runs e WHERE e.status = 'running' AND e.lease_expires_at < v_now) THEN
+        IF EXISTS (SELECT 1 FROM switchboard.task_runs_hot e WHERE e.status = 'running' AND e.lease_expires_at < v_now) THEN
             v_all := false;
         ELSE
             SELECT t.next_run_at INTO v_task_at FROM switchboard.tasks t
@@ -263,7 +271,7 @@ BEGIN
                AND t.handler <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
              ORDER BY t.next_run_at LIMIT 1;
             IF v_task_at IS NOT NULL THEN
-                SELECT q.run_at INTO v_queued_at FROM switchboard.task_runs q
+                SELECT q.run_at INTO v_queued_at FROM switchboard.task_runs_hot q
                  WHERE q.status = 'queued' AND q.queue = 'default' AND q.run_at <= v_now
                    AND (q.handler || '') <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
                  ORDER BY q.priority DESC, q.run_at, q.id LIMIT 1;
@@ -277,12 +285,12 @@ BEGIN
     END IF;
     -- Dynamic, planned at each call (see finish_runs' comment).
     RETURN QUERY EXECUTE
-    'UPDATE switchboard.task_runs r
+    'UPDATE switchboard.task_runs_hot r
         SET status = ''running'', worker = $1, lease_expires_at = $2 + $3, started_at = $2
       WHERE r.id = ANY (ARRAY(
             SELECT x.id FROM unnest($4::text[], $5::integer[]) AS w(queue, n)
             CROSS JOIN LATERAL (
-                SELECT q.id FROM switchboard.task_runs q
+                SELECT q.id FROM switchboard.task_runs_hot q
                  WHERE q.status = ''queued'' AND q.queue = w.queue AND q.run_at <= $2
                    AND (q.handler || '''') <> ALL (ARRAY(SELECT p.handler FROM switchboard.paused_handlers p))
                  ORDER BY q.priority DESC, q.run_at, q.id

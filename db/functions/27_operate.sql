@@ -2,9 +2,10 @@
 --
 -- Every decision is still one statement on task_runs, fenced or made
 -- exclusive by what already guards the scheduler:
---   * cancel_run and finish_run both UPDATE ... WHERE status = 'running'
---     (or 'queued'); the row lock orders them, and the loser re-reads the row,
---     finds it final and changes nothing. A worker whose run was cancelled
+--   * cancel_run and finish_run both take the run out of task_runs_hot
+--     (V0036: DELETE ... WHERE status = 'running' (or 'queued') RETURNING, moved
+--     to task_runs_history in the same statement); the row lock orders them,
+--     and the loser re-reads the row, finds it gone and changes nothing. A worker whose run was cancelled
 --     learns it from lost_runs() (asked when the relay hears switchboard_runs,
 --     which cancel_run sends at commit) or, at the latest, from its next
 --     heartbeat_run(), which answers false.
@@ -155,12 +156,19 @@ DECLARE
     v_status text;
     v_who text := switchboard._actor();
 BEGIN
-    UPDATE switchboard.task_runs r
-       SET status = 'cancelled', finished_at = now(), lease_expires_at = NULL,
-           error = CASE WHEN r.status = 'running'
-                        THEN 'cancelled by ' || v_who || ' while running on ' || coalesce(r.worker, '?')
-                        ELSE 'cancelled by ' || v_who || ' before it started' END
-     WHERE r.id = cancel_run.run_id AND r.status IN ('queued', 'running');
+    -- The run moves to history in the statement that cancels it (V0036).
+    WITH gone AS (
+        DELETE FROM switchboard.task_runs_hot r
+         WHERE r.id = cancel_run.run_id AND r.status IN ('queued', 'running')
+        RETURNING r.*)
+    INSERT INTO switchboard.task_runs_history
+    SELECT g.id, g.task_id, g.handler, g.args, 'cancelled', g.trigger, g.attempt, g.max_attempts,
+           g.queueing_lock, g.run_at, g.scheduled_for, g.worker, NULL, g.started_at, now(), g.result,
+           CASE WHEN g.status = 'running'
+                THEN 'cancelled by ' || v_who || ' while running on ' || coalesce(g.worker, '?')
+                ELSE 'cancelled by ' || v_who || ' before it started' END,
+           g.retry_of, g.created_at, g.queue, g.priority
+      FROM gone g;
     IF FOUND THEN
         PERFORM switchboard._wake_workers();
         RETURN true;
@@ -203,7 +211,7 @@ BEGIN
         RAISE EXCEPTION 'run % is %, not finished', run_id, v_old.status USING ERRCODE = '55000',
             HINT = 'Only a finished run (succeeded, failed, abandoned, cancelled) can be retried; cancel_run() it first or wait.';
     END IF;
-    INSERT INTO switchboard.task_runs
+    INSERT INTO switchboard.task_runs_hot
         (task_id, handler, args, status, trigger, attempt, max_attempts, queueing_lock,
          run_at, scheduled_for, retry_of, queue, priority)
     VALUES (v_old.task_id, v_old.handler, v_old.args, 'queued', 'manual_retry', v_old.attempt + 1,
@@ -212,7 +220,7 @@ BEGIN
     ON CONFLICT DO NOTHING
     RETURNING * INTO v_new;
     IF NOT FOUND THEN
-        SELECT r.id, r.status INTO v_active FROM switchboard.task_runs r
+        SELECT r.id, r.status INTO v_active FROM switchboard.task_runs_hot r
          WHERE r.status IN ('queued', 'running')
            AND (r.retry_of = v_old.id
                 OR (v_old.task_id IS NOT NULL AND r.task_id = v_old.task_id)
@@ -309,15 +317,15 @@ BEGIN
            -- a busy task or queueing lock is not picked (it would only conflict and take
            -- a place in the page); two picked runs of one task or lock: the first wins
            AND NOT (r.task_id IS NOT NULL AND EXISTS (
-                    SELECT 1 FROM switchboard.task_runs a
+                    SELECT 1 FROM switchboard.task_runs_hot a
                      WHERE a.task_id = r.task_id AND a.status IN ('queued', 'running')))
            AND NOT (r.queueing_lock IS NOT NULL AND EXISTS (
-                    SELECT 1 FROM switchboard.task_runs a
+                    SELECT 1 FROM switchboard.task_runs_hot a
                      WHERE a.queueing_lock = r.queueing_lock AND a.status IN ('queued', 'running')))
          ORDER BY r.id
          LIMIT max_rows
     ), made AS (
-        INSERT INTO switchboard.task_runs
+        INSERT INTO switchboard.task_runs_hot
             (task_id, handler, args, status, trigger, attempt, max_attempts, queueing_lock,
              run_at, scheduled_for, retry_of, queue, priority)
         SELECT p.task_id, p.handler, p.args, 'queued', 'manual_retry', p.attempt + 1,
@@ -325,7 +333,7 @@ BEGIN
                p.queue, p.priority
           FROM picked p ORDER BY p.id
         ON CONFLICT DO NOTHING
-        RETURNING task_runs.retry_of, task_runs.id
+        RETURNING task_runs_hot.retry_of, task_runs_hot.id
     )
     SELECT m.retry_of, m.id FROM made m ORDER BY m.retry_of;
     GET DIAGNOSTICS v_n = ROW_COUNT;
@@ -366,21 +374,28 @@ BEGIN
     -- runs in tests/test_operate_sql.py (a subquery the planner may execute again).
     RETURN QUERY
     WITH picked AS MATERIALIZED (
-        SELECT c.id FROM switchboard.task_runs c
+        SELECT c.id FROM switchboard.task_runs_hot c
          WHERE c.status = v_status
            AND (v_handler IS NULL OR c.handler = v_handler)
            AND (v_task IS NULL OR c.task_id = v_task)
            AND (v_since IS NULL OR c.created_at >= v_since)
          ORDER BY c.id LIMIT max_rows FOR UPDATE
+    ), gone AS (
+        -- moved to history in the statement that cancels them (V0036)
+        DELETE FROM switchboard.task_runs_hot r
+         USING picked p
+         WHERE r.id = p.id AND r.status = v_status
+        RETURNING r.*
     )
-    UPDATE switchboard.task_runs r
-       SET status = 'cancelled', finished_at = now(), lease_expires_at = NULL,
-           error = CASE WHEN r.status = 'running'
-                        THEN 'cancelled by ' || v_who || ' while running on ' || coalesce(r.worker, '?')
-                        ELSE 'cancelled by ' || v_who || ' before it started' END
-      FROM picked p
-     WHERE r.id = p.id AND r.status = v_status
-    RETURNING r.id;
+    INSERT INTO switchboard.task_runs_history
+    SELECT g.id, g.task_id, g.handler, g.args, 'cancelled', g.trigger, g.attempt, g.max_attempts,
+           g.queueing_lock, g.run_at, g.scheduled_for, g.worker, NULL, g.started_at, now(), g.result,
+           CASE WHEN g.status = 'running'
+                THEN 'cancelled by ' || v_who || ' while running on ' || coalesce(g.worker, '?')
+                ELSE 'cancelled by ' || v_who || ' before it started' END,
+           g.retry_of, g.created_at, g.queue, g.priority
+      FROM gone g
+    RETURNING task_runs_history.id;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     IF v_n > 0 THEN
         PERFORM switchboard._wake_workers();

@@ -84,9 +84,10 @@ AS $$
     UNION ALL SELECT 'db_timeline', switchboard._timeline()
     UNION ALL SELECT 'db_started_at', extract(epoch FROM pg_postmaster_start_time())::bigint
     UNION ALL SELECT 'unlogged_state_since', extract(epoch FROM switchboard._unlogged_since())::bigint
+    UNION ALL SELECT h.item, h.value FROM switchboard._runs_history_status() h
 $$;
 COMMENT ON FUNCTION switchboard.status() IS
-    'One look at the system: due tasks, broken tasks (next fire time not computable: see tasks.last_error), runs by status (runs_cancelled apart from runs_failed), expired leases, live tickets, rate-limit keys, event backlog, live replicas, sockets, handlers that active tasks or pending runs need but no live replica serves (see the switchboard.handlers view), handlers paused by pause_handler(); and the server itself: db_in_recovery (0/1), db_timeline (goes up by one at every promotion), db_started_at and unlogged_state_since (epoch seconds; the latter moves when crash recovery or a promotion emptied the UNLOGGED tables).';
+    'One look at the system: due tasks, broken tasks (next fire time not computable: see tasks.last_error), runs by status (runs_cancelled apart from runs_failed), expired leases, live tickets, rate-limit keys, event backlog, live replicas, sockets, handlers that active tasks or pending runs need but no live replica serves (see the switchboard.handlers view), handlers paused by pause_handler(); and the server itself: db_in_recovery (0/1), db_timeline (goes up by one at every promotion), db_started_at and unlogged_state_since (epoch seconds; the latter moves when crash recovery or a promotion emptied the UNLOGGED tables); run history (V0036): runs_history_default (rows in the default partition: a day partition was missing), runs_partitions_ahead (day partitions created for days to come), runs_partition_oldest_age_seconds (how long ago the oldest partition''s range ended: retention drops it after keep), runs_backfill_pending (finished runs of the previous release not moved yet).';
 REVOKE ALL ON FUNCTION switchboard.status() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.status() TO switchboard_app;
 
@@ -95,6 +96,36 @@ GRANT EXECUTE ON FUNCTION switchboard.status() TO switchboard_app;
 -- its own index; the whole sweep is one transaction. reap_events comes first:
 -- it ticks when no relay does, and only as its transaction's first write (see
 -- _reap_tick).
+-- The run-history part of a sweep (V0036): day partitions created ahead, the previous
+-- release's finished runs moved out of the hot table (one batch), then retention
+-- (old day partitions dropped, old rows outside them deleted). Keys: runs (rows
+-- deleted one by one, as before), runs_partitions_created, runs_partitions_dropped,
+-- runs_partitions_busy (a partition lock not granted within the lock_timeout: tried
+-- again next sweep), runs_default_moved (rows moved out of the default partition into
+-- a new day partition), runs_backfilled.
+CREATE OR REPLACE FUNCTION switchboard._maintain_runs_history(keep_runs interval, max_rows integer)
+RETURNS jsonb
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_ensure record;
+    v_reap record;
+    v_backfilled integer;
+BEGIN
+    SELECT * INTO v_ensure FROM switchboard.runs_partitions_ensure(3);
+    v_backfilled := switchboard.runs_backfill(max_rows);
+    SELECT * INTO v_reap FROM switchboard._reap_runs(keep_runs, max_rows);
+    RETURN jsonb_build_object('runs', v_reap.deleted,
+                              'runs_partitions_created', v_ensure.created,
+                              'runs_partitions_dropped', v_reap.dropped,
+                              'runs_partitions_busy', v_ensure.busy + v_reap.busy,
+                              'runs_default_moved', v_ensure.moved,
+                              'runs_backfilled', v_backfilled);
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._maintain_runs_history(interval, integer) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION switchboard.maintenance(
     keep_runs interval DEFAULT '7 days', keep_events interval DEFAULT '5 minutes',
     rate_limit_idle interval DEFAULT '1 hour', replica_stale interval DEFAULT '30 seconds')
@@ -108,7 +139,7 @@ DECLARE
 BEGIN
     v := v || jsonb_build_object('events', switchboard.reap_events(keep_events));
     v := v || jsonb_build_object('expired_runs', switchboard.reap_expired_runs());
-    v := v || jsonb_build_object('runs', switchboard.reap_runs(keep_runs));
+    v := v || switchboard._maintain_runs_history(keep_runs, 10000);
     v := v || jsonb_build_object('tickets', switchboard.reap_tickets());
     v := v || jsonb_build_object('sessions', switchboard.reap_sessions());
     v := v || jsonb_build_object('rate_limits', switchboard.reap_rate_limits(rate_limit_idle));
@@ -123,7 +154,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.maintenance(interval, interval, interval, interval) IS
-    'Run every reaper once, in one transaction (old events first, with the unbounded reap_events(keep_events); expired leases, old runs, tickets, sessions ended a day ago, idle rate-limit keys, dead replicas, expired revocations, stale tool calls). What the 0.2.0 server''s sweep calls; this release''s calls maintenance(max_rows, ...). Returns counts per reaper.';
+    'Run every reaper once, in one transaction (old events first, with the unbounded reap_events(keep_events); expired leases, run history (day partitions created ahead, the previous release''s finished runs moved out of the hot table, old partitions dropped), old runs, tickets, sessions ended a day ago, idle rate-limit keys, dead replicas, expired revocations, stale tool calls). What the 0.2.0 server''s sweep calls; this release''s calls maintenance(max_rows, ...). Returns counts per reaper.';
 REVOKE ALL ON FUNCTION switchboard.maintenance(interval, interval, interval, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.maintenance(interval, interval, interval, interval) TO switchboard_app;
 
@@ -151,7 +182,7 @@ BEGIN
     END IF;
     v := v || jsonb_build_object('events', switchboard.reap_events(keep_events, max_rows));
     v := v || jsonb_build_object('expired_runs', switchboard.reap_expired_runs());
-    v := v || jsonb_build_object('runs', switchboard.reap_runs(keep_runs, max_rows));
+    v := v || switchboard._maintain_runs_history(keep_runs, max_rows);
     v := v || jsonb_build_object('tickets', switchboard.reap_tickets());
     v := v || jsonb_build_object('sessions', switchboard.reap_sessions());
     v := v || jsonb_build_object('rate_limits', switchboard.reap_rate_limits(rate_limit_idle, max_rows));
@@ -167,6 +198,6 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.maintenance(integer, interval, interval, interval, interval) IS
-    'Run every reaper once, each bounded to max_rows (old runs, idle rate-limit keys, old events, streams) where a backlog can build; sweep again while any count equals max_rows. Otherwise as maintenance(keep_runs, keep_events, rate_limit_idle, replica_stale). Returns counts per reaper.';
+    'Run every reaper once, each bounded to max_rows (old runs, idle rate-limit keys, old events, streams) where a backlog can build; run history: day partitions created ahead (runs_partitions_created), finished runs of the previous release moved out of the hot table (runs_backfilled), day partitions older than keep_runs dropped (runs_partitions_dropped; runs_partitions_busy when a lock was not granted at once: retried next sweep); sweep again while any count equals max_rows. Otherwise as maintenance(keep_runs, keep_events, rate_limit_idle, replica_stale). Returns counts per reaper.';
 REVOKE ALL ON FUNCTION switchboard.maintenance(integer, interval, interval, interval, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.maintenance(integer, interval, interval, interval, interval) TO switchboard_app;

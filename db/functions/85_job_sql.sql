@@ -110,7 +110,7 @@ BEGIN
         RAISE EXCEPTION 'invalid kill_after "%"', kill_after USING ERRCODE = '22023',
             HINT = 'The statement''s timeout plus a grace period, between 0 and 2 days.';
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM switchboard.task_runs r
+    IF NOT EXISTS (SELECT 1 FROM switchboard.task_runs_hot r
                     WHERE r.id = sql_job_register.run_id AND r.status = 'running' AND r.handler = 'sql') THEN
         RAISE EXCEPTION 'run % is not a running sql task run', run_id USING ERRCODE = '22023',
             HINT = 'Only the backend of a running sql task registers itself, just before its statement.';

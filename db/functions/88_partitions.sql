@@ -1,4 +1,4 @@
--- The partition layout for DBAs and for the alerts (issue 35, item 5).
+-- The partition layout for DBAs (issue 35, item 5).
 --
 -- Two tables are partitioned: switchboard.task_runs_history by finish time (a
 -- day per partition, V0036) and switchboard.events by id (V0037). Each has a
@@ -47,9 +47,8 @@ COMMENT ON COLUMN switchboard.partitions.comment IS
 REVOKE ALL ON switchboard.partitions FROM PUBLIC;
 GRANT SELECT ON switchboard.partitions TO switchboard_app;
 
--- The gauges of the partition layout (exported by every replica with
--- metrics_snapshot()'s, and read by the alerts SwitchboardPartitionsNotAhead and
--- SwitchboardRunHistoryNotDropped). Cheap: catalog rows, one sequence read, and
+-- The partition layout as figures, for a DBA in psql (the replicas' gauges and
+-- alerts read status() and metrics_snapshot()). Cheap: catalog rows, one sequence read, and
 -- at most 10,001 rows of each DEFAULT partition.
 --   run_partitions_ahead_seconds   how far ahead of now() the newest day of
 --                                  task_runs_history reaches (about 3-4 days)
@@ -109,6 +108,6 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.partition_health() IS
-    'The partition layout as gauges (exported on /metrics beside metrics_snapshot()): run_partitions_ahead_seconds (how far past now() the newest day partition of task_runs_history reaches; maintenance keeps it 3 to 4 days), run_history_oldest_seconds (how long ago the oldest day partition ended; retention drops it once older than 7 days), run_history_default_rows and events_default_rows (rows in the DEFAULT partitions, which stay empty while maintenance keeps ahead; capped at 10001), event_partitions_ahead_ids (ids left before event_id_seq passes the newest events partition). No rows for a table that is not partitioned (a database before V0036 / V0037).';
+    'The partition layout as figures for a DBA: run_partitions_ahead_seconds (how far past now() the newest day partition of task_runs_history reaches; maintenance keeps it 3 to 4 days), run_history_oldest_seconds (how long ago the oldest day partition ended; retention drops it once older than 7 days), run_history_default_rows and events_default_rows (rows in the DEFAULT partitions, which stay empty while maintenance keeps ahead; capped at 10001), event_partitions_ahead_ids (ids left before event_id_seq passes the newest events partition). No rows for a table that is not partitioned (a database before V0036 / V0037).';
 REVOKE ALL ON FUNCTION switchboard.partition_health() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.partition_health() TO switchboard_app;

@@ -185,7 +185,8 @@ SELECT is((SELECT unlogged_since FROM switchboard.db_instance()), (SELECT since 
           'db_instance records unlogged_since in the UNLOGGED marker row');
 SELECT results_eq('SELECT item FROM switchboard.metrics_snapshot() ORDER BY item',
                   $$VALUES ('event_backlog_seconds'), ('expired_leases'), ('live_replicas'), ('runs_due'),
-                           ('runs_due_age_seconds')$$, 'metrics_snapshot: the five gauges');
+                           ('runs_due_age_seconds'), ('runs_history_default'), ('runs_partitions_ahead')$$,
+                  'metrics_snapshot: the seven gauges');
 SELECT cmp_ok((SELECT value FROM switchboard.metrics_snapshot() WHERE item = 'live_replicas'), '>=', 2::double precision,
               'metrics_snapshot counts the live replicas');
 

@@ -21,7 +21,7 @@ SELECT has_function('switchboard', 'finish_run', ARRAY['bigint', 'text', 'boolea
 SELECT has_table('switchboard', 'handler_options', 'handler options are a table');
 SELECT has_column('switchboard', 'task_runs', 'queue', 'a run has a queue');
 SELECT has_column('switchboard', 'task_runs', 'priority', 'a run has a priority');
-SELECT has_index('switchboard', 'task_runs', 'task_runs_ready', ARRAY['queue', 'priority', 'run_at', 'id'],
+SELECT has_index('switchboard', 'task_runs_hot', 'task_runs_ready', ARRAY['queue', 'priority', 'run_at', 'id'],
                  'the claim reads task_runs_ready');
 SELECT isnt(obj_description('switchboard.handler_options'::regclass, 'pg_class'), NULL,
             'handler_options has a COMMENT');

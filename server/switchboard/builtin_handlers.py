@@ -24,7 +24,7 @@ from .handlers import HandlerContext, HandlerError, HandlerRegistry
 # since V0015) delete at most this many rows per sweep and transaction; a full
 # batch back means more are due.
 REAP_BATCH = 10_000
-REAPED_IN_BATCHES = ("runs", "rate_limits", "events")
+REAPED_IN_BATCHES = ("runs", "runs_backfilled", "rate_limits", "events")
 # How long one maintenance tick keeps sweeping while a reaper comes back full.
 MAINTENANCE_BUDGET_S = 5.0
 NOTIFY_USAGE = 'notify needs args {"user_id" or "room", "event": "<name>", "payload": {...}}'

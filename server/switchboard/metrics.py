@@ -23,7 +23,6 @@ a fresh directory under /tmp.
 from __future__ import annotations
 
 import asyncio
-import math
 import logging
 import os
 import time
@@ -163,24 +162,15 @@ _GAUGES: dict[str, tuple[str, _Mode]] = {
                                          "livemostrecent"),
     "switchboard_event_backlog_seconds": ("Age of the oldest stored event", "livemostrecent"),
     "switchboard_live_replicas": ("Replica processes registered in the database", "livemostrecent"),
+    "switchboard_runs_history_default": (
+        "Finished runs in the default partition of task_runs_history, up to 100000 (0 unless a day partition "
+        "was missing)", "livemostrecent"),
+    "switchboard_runs_partitions_ahead": (
+        "Day partitions of task_runs_history created for days to come (3 after a maintenance sweep)",
+        "livemostrecent"),
     "switchboard_notification_queue_usage": (
         "Fraction of PostgreSQL's NOTIFY queue in use (pg_notification_queue_usage()); near 0 unless a "
         "listener stopped reading", "livemostrecent"),
-    # From switchboard.partition_health() (issue 35): absent until the tables are partitioned.
-    "switchboard_run_partitions_ahead_seconds": (
-        "How far past now the newest day partition of task_runs_history reaches (maintenance keeps 3 to 4 "
-        "days)", "livemostrecent"),
-    "switchboard_run_history_oldest_seconds": (
-        "How long ago the oldest day partition of task_runs_history ended (retention drops it after 7 days)",
-        "livemostrecent"),
-    "switchboard_run_history_default_rows": (
-        "Finished runs in task_runs_history's DEFAULT partition (0 while partitions are created ahead; "
-        "capped at 10001)", "livemostrecent"),
-    "switchboard_event_partitions_ahead_ids": (
-        "Event ids left before event_id_seq passes the newest events partition", "livemostrecent"),
-    "switchboard_events_default_rows": (
-        "Events in the events table's DEFAULT partition (0 while partitions are created ahead; capped at "
-        "10001)", "livemostrecent"),
     "switchboard_db_timeline": ("WAL timeline of the PostgreSQL primary this replica uses (NaN: not seen yet)",
                                 "livemax"),
     "switchboard_db_last_change_timestamp_seconds": (
@@ -192,20 +182,10 @@ SNAPSHOT_GAUGES = {
     "runs_due_age_seconds": "switchboard_runs_due_age_seconds",
     "event_backlog_seconds": "switchboard_event_backlog_seconds",
     "live_replicas": "switchboard_live_replicas",
+    "runs_history_default": "switchboard_runs_history_default",
+    "runs_partitions_ahead": "switchboard_runs_partitions_ahead",
     "notification_queue_usage": "switchboard_notification_queue_usage",
-    "run_partitions_ahead_seconds": "switchboard_run_partitions_ahead_seconds",
-    "run_history_oldest_seconds": "switchboard_run_history_oldest_seconds",
-    "run_history_default_rows": "switchboard_run_history_default_rows",
-    "event_partitions_ahead_ids": "switchboard_event_partitions_ahead_ids",
-    "events_default_rows": "switchboard_events_default_rows",
 }
-
-# partition_health() gives these only once the tables are partitioned; a 0 would
-# read as "no partition ahead" to the alerts.
-UNKNOWN_UNTIL_READ = ("switchboard_run_partitions_ahead_seconds", "switchboard_run_history_oldest_seconds",
-                      "switchboard_run_history_default_rows", "switchboard_event_partitions_ahead_ids",
-                      "switchboard_events_default_rows")
-
 
 class Family(NamedTuple):
     """One metric family as declared here (docs/reference/metrics.md is written from these)."""
@@ -244,8 +224,6 @@ class Metrics:
         self._gauges = {n: Gauge(n, h, registry=self.registry, multiprocess_mode=mode)
                         for n, (h, mode) in _GAUGES.items()}
         self._children: dict[tuple[Any, ...], Any] = {}
-        for name in UNKNOWN_UNTIL_READ:   # NaN, not 0, while the database has not said
-            self._gauges[name].set(math.nan)
 
     def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
         if labels:

@@ -10,12 +10,15 @@ at most once per ``interval`` (1 s), and sends what it found as one
 only. A replica with no subscriber runs no query at all.
 
 What one poll reads (FEED_SQL, one statement on a pooled connection; each part an
-index range bounded by LIMIT ``MAX_RUNS``; docs/how-to/operations/console.md has its plan):
+index range bounded by LIMIT ``MAX_RUNS``; docs/how-to/operations/console.md has its plan).
+Row versions (``xmin``) are read from the tables, not the ``task_runs`` view (V0036:
+queued and running runs in task_runs_hot, finished ones in task_runs_history, where a
+finish moves them, so a finish is a new version too):
   * new runs: ``id >`` the highest id seen ``LOOKBACK`` s ago (primary key);
   * claims: running runs with ``started_at`` after the previous poll's
     ``now()`` minus ``LOOKBACK`` (task_runs_running: the running rows only);
   * finishes (succeeded, failed, abandoned, cancelled): ``finished_at`` after
-    the same point (task_runs_finished_v2);
+    the same point (task_runs_history_finished);
   * releases (a run handed back to the queue by a stopping replica): queued
     runs whose ``run_at`` is in that window and due (task_runs_queued).
 ``started_at``/``finished_at`` are the claiming/finishing transaction's
@@ -68,20 +71,24 @@ FEEDS = ("runs",)
 FEED_SQL = """
 WITH p AS (
     SELECT coalesce(%(since)s::timestamptz, now() - %(lookback)s::interval) AS since
+), floor AS (
+    SELECT coalesce(%(floor)s::bigint, (SELECT max(id) FROM switchboard.task_runs)) AS id
 ), fresh AS (
-    SELECT id, xmin::text::bigint AS v, NULL::timestamptz AS at FROM switchboard.task_runs
-     WHERE id > coalesce(%(floor)s::bigint, (SELECT max(id) FROM switchboard.task_runs))
-     ORDER BY id DESC LIMIT %(n)s
+    SELECT f.id, f.v, NULL::timestamptz AS at FROM (
+        SELECT id, xmin::text::bigint AS v FROM switchboard.task_runs_hot WHERE id > (SELECT id FROM floor)
+        UNION ALL
+        SELECT id, xmin::text::bigint AS v FROM switchboard.task_runs_history WHERE id > (SELECT id FROM floor)
+    ) f ORDER BY f.id DESC LIMIT %(n)s
 ), claimed AS (
-    SELECT id, xmin::text::bigint AS v, started_at AS at FROM switchboard.task_runs
+    SELECT id, xmin::text::bigint AS v, started_at AS at FROM switchboard.task_runs_hot
      WHERE status = 'running' AND lease_expires_at IS NOT NULL AND started_at > (SELECT since FROM p)
      ORDER BY started_at DESC LIMIT %(n)s
 ), finished AS (
-    SELECT id, xmin::text::bigint AS v, finished_at AS at FROM switchboard.task_runs
-     WHERE status IN ('succeeded', 'failed', 'abandoned', 'cancelled') AND finished_at > (SELECT since FROM p)
+    SELECT id, xmin::text::bigint AS v, finished_at AS at FROM switchboard.task_runs_history
+     WHERE finished_at > (SELECT since FROM p)
      ORDER BY finished_at DESC LIMIT %(n)s
 ), released AS (
-    SELECT id, xmin::text::bigint AS v, run_at AS at FROM switchboard.task_runs
+    SELECT id, xmin::text::bigint AS v, run_at AS at FROM switchboard.task_runs_hot
      WHERE status = 'queued' AND run_at > (SELECT since FROM p) AND run_at <= now()
      ORDER BY run_at DESC LIMIT %(n)s
 ), hit AS (

@@ -39,8 +39,7 @@ EXPECTED_ALERTS = {
     "SwitchboardRelayBehindRetention",  # issue 30: events reaped before a relay read them
     "SwitchboardRunsFailing",   # issue 33: a handler failing a large share of its runs
     "SwitchboardReadReplicaSkipped",   # issue 35: the read replica configured but never used
-    "SwitchboardPartitionsNotAhead",   # issue 35: maintenance not creating partitions ahead
-    "SwitchboardRunHistoryNotDropped",   # issue 35: run history past retention not dropped
+    "SwitchboardRunsHistoryNotMaintained",   # issue 35: run history partitions not created ahead
 }
 
 

@@ -128,10 +128,7 @@ class OperateQueries(PoolBase):
         # session that LISTENs and never reads (idle in transaction) pins the queue, and
         # when it is full every NOTIFY -- every event, announcement and wake-up -- fails
         # at COMMIT (docs/how-to/operations/runbooks.md#switchboardnotifyqueuefilling).
-        # partition_health(): the partition layout's gauges (none before V0036/V0037).
         rows = await self.fetchall("SELECT item, value FROM switchboard.metrics_snapshot() "
                                    "UNION ALL SELECT 'notification_queue_usage', "
-                                   "pg_catalog.pg_notification_queue_usage() "
-                                   "UNION ALL SELECT item, value FROM switchboard.partition_health()",
-                                   timeout=timeout)
+                                   "pg_catalog.pg_notification_queue_usage()", timeout=timeout)
         return {r["item"]: r["value"] for r in rows}
