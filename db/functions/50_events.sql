@@ -739,7 +739,7 @@ BEGIN
             END IF;
             v_lo := greatest(v_lo, coalesce((SELECT max(d.id) FROM switchboard.events_default d), 0) + v_headroom + 1);
             v_name := 'events_p' || v_lo;
-            EXECUTE format('CREATE TABLE switchboard.%I (LIKE switchboard.events INCLUDING DEFAULTS INCLUDING CONSTRAINTS)',
+            EXECUTE format('CREATE TABLE switchboard.%I (LIKE switchboard.events INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING COMMENTS)',
                            v_name);
             EXECUTE format('REVOKE ALL ON TABLE switchboard.%I FROM PUBLIC', v_name);
             EXECUTE format('ALTER TABLE switchboard.events ATTACH PARTITION switchboard.%I FOR VALUES FROM (%s) TO (%s)',

@@ -63,6 +63,16 @@ CREATE INDEX events_room ON switchboard.events (room, id) WHERE room IS NOT NULL
 CREATE INDEX events_created ON switchboard.events (created_at);
 CREATE INDEX events_xid ON switchboard.events (xid);
 REVOKE ALL ON TABLE switchboard.events FROM PUBLIC;
+-- Before any partition is created: LIKE ... INCLUDING COMMENTS copies the columns' COMMENTs.
+COMMENT ON TABLE switchboard.events IS
+    'Events for users and rooms, kept for the resume window (reap_events()). Written by notify_user() / notify_room(). Partitioned by RANGE (id) since V0037: reap_events drops a whole partition once every row of it is reapable; events_partitions_ensure() keeps partitions ahead of event_id_seq; events_default catches ids no partition covers. See event_partitions().';
+COMMENT ON COLUMN switchboard.events.id IS 'Event id (event_id_seq): unique, increasing in insert order, not commit order (delivery order is by tick). The partition key.';
+COMMENT ON COLUMN switchboard.events.user_id IS 'Target user (or NULL when room is set).';
+COMMENT ON COLUMN switchboard.events.room IS 'Target room (or NULL when user_id is set).';
+COMMENT ON COLUMN switchboard.events.event IS 'Event label, e.g. run.updated.';
+COMMENT ON COLUMN switchboard.events.payload IS 'JSON payload, up to 1 MiB.';
+COMMENT ON COLUMN switchboard.events.created_at IS 'When it was published.';
+COMMENT ON COLUMN switchboard.events.xid IS 'The publishing transaction (pg_current_xact_id()): a tick''s snapshot decides which batch the event belongs to, whatever order ids were assigned in.';
 
 -- Knobs and counters of the partition maintenance (one row).
 CREATE TABLE switchboard.event_partitioning (
@@ -107,7 +117,7 @@ BEGIN
                    format('Partition of switchboard.events: the events stored before V0037 (ids below %s). '
                           'Dropped by reap_events once every row of it is reapable.', v_hi));
     FOR i IN 0..1 LOOP
-        EXECUTE format('CREATE TABLE switchboard.%I (LIKE switchboard.events INCLUDING DEFAULTS INCLUDING CONSTRAINTS)',
+        EXECUTE format('CREATE TABLE switchboard.%I (LIKE switchboard.events INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING COMMENTS)',
                        'events_p' || (v_hi + i * v_span));
         EXECUTE format('ALTER TABLE switchboard.events ATTACH PARTITION switchboard.%I FOR VALUES FROM (%s) TO (%s)',
                        'events_p' || (v_hi + i * v_span), v_hi + i * v_span, v_hi + (i + 1) * v_span);
@@ -120,18 +130,12 @@ BEGIN
 END
 $convert$;
 
-CREATE TABLE switchboard.events_default PARTITION OF switchboard.events DEFAULT;
+-- CREATE TABLE + ATTACH here too (the columns' COMMENTs come with LIKE).
+CREATE TABLE switchboard.events_default
+    (LIKE switchboard.events INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING COMMENTS);
+ALTER TABLE switchboard.events ATTACH PARTITION switchboard.events_default DEFAULT;
 REVOKE ALL ON TABLE switchboard.events_default FROM PUBLIC;
 
-COMMENT ON TABLE switchboard.events IS
-    'Events for users and rooms, kept for the resume window (reap_events()). Written by notify_user() / notify_room(). Partitioned by RANGE (id) since V0037: reap_events drops a whole partition once every row of it is reapable; events_partitions_ensure() keeps partitions ahead of event_id_seq; events_default catches ids no partition covers. See event_partitions().';
-COMMENT ON COLUMN switchboard.events.id IS 'Event id (event_id_seq): unique, increasing in insert order, not commit order (delivery order is by tick). The partition key.';
-COMMENT ON COLUMN switchboard.events.user_id IS 'Target user (or NULL when room is set).';
-COMMENT ON COLUMN switchboard.events.room IS 'Target room (or NULL when user_id is set).';
-COMMENT ON COLUMN switchboard.events.event IS 'Event label, e.g. run.updated.';
-COMMENT ON COLUMN switchboard.events.payload IS 'JSON payload, up to 1 MiB.';
-COMMENT ON COLUMN switchboard.events.created_at IS 'When it was published.';
-COMMENT ON COLUMN switchboard.events.xid IS 'The publishing transaction (pg_current_xact_id()): a tick''s snapshot decides which batch the event belongs to, whatever order ids were assigned in.';
 COMMENT ON TABLE switchboard.events_default IS
     'DEFAULT partition of switchboard.events: events whose id no partition covers (the sequence outran the partitions created ahead: a burst). A publish never fails for want of a partition. Its rows are deleted row by row once reapable; the next partition starts above them. Normally empty: status()/metrics_snapshot() report events_default_rows and an alert fires while it holds rows.';
 COMMENT ON TABLE switchboard.event_partitioning IS
