@@ -674,13 +674,17 @@ REVOKE ALL ON FUNCTION switchboard.event_partitions() FROM PUBLIC;
 -- granted is skipped (creates_skipped) and tried again at the next sweep. It happens
 -- once per partition, i.e. about once per retention window.
 --
--- Where the next partition starts. Normally at the top of the last one, which is at
--- least a whole partition above the sequence. When the sequence outran the partitions
--- ahead (a burst; its ids landed in events_default), above them: a publisher that
--- routed a row to events_default before this ATTACH commits inserts it after (it waits
--- for the lock), and PostgreSQL then checks the row against the DEFAULT partition's new
--- constraint: it must not fall in the new range. Ids given out from here on that go to
--- events_default wait for the lock, one per session, so the new range starts
+-- Where the next partition starts. Normally at the top of the last one: a partition is
+-- created when fewer than `ahead` lie wholly above the sequence, so with ahead >= 2 at
+-- least one whole partition (min_span ids or more) separates the sequence from the new
+-- range, and no id of the new range is given out before this transaction commits
+-- unless that many are published meanwhile (the residual risk: such a publish would
+-- fail, see below). When the sequence outran the partitions ahead (a burst; its ids
+-- landed in events_default), above them: a publisher that routed a row to
+-- events_default before this ATTACH commits inserts it after (it waits for the lock),
+-- and PostgreSQL then checks the row against the DEFAULT partition's new constraint
+-- (23514 if it falls in the new range). Ids given out from here on that go to
+-- events_default wait for the lock, at most one per session, so the new range starts
 -- max_connections above both the sequence and events_default's highest id.
 CREATE OR REPLACE FUNCTION switchboard.events_partitions_ensure(keep interval DEFAULT '5 minutes')
 RETURNS integer
@@ -732,12 +736,13 @@ BEGIN
             SELECT count(*) FILTER (WHERE p.from_id > v_last), max(p.to_id) INTO v_have, v_top
               FROM switchboard.event_partitions() p WHERE NOT p.is_default;
             EXIT WHEN v_have >= v_ahead;
-            v_lo := coalesce(v_top, v_last + 1);
-            IF v_lo <= v_last + v_headroom THEN
-                -- Outrun (or nearly): start above every id that may be in flight.
-                v_lo := greatest(v_lo, v_last + 1) + v_headroom;
+            v_lo := v_top;
+            IF v_lo IS NULL OR v_lo <= v_last THEN
+                -- Outrun: start above every id that may be in flight (each session waits
+                -- for events_default's lock with at most one) and above events_default's rows.
+                v_lo := greatest(v_last, coalesce((SELECT max(d.id) FROM switchboard.events_default d), 0))
+                        + v_headroom + 1;
             END IF;
-            v_lo := greatest(v_lo, coalesce((SELECT max(d.id) FROM switchboard.events_default d), 0) + v_headroom + 1);
             v_name := 'events_p' || v_lo;
             EXECUTE format('CREATE TABLE switchboard.%I (LIKE switchboard.events INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING COMMENTS)',
                            v_name);
