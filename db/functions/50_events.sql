@@ -765,7 +765,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.events_partitions_ensure(interval) IS
-    'Keep event_partitioning.ahead (default 2) partitions of events above event_id_seq, each spanning max(event_partitioning.min_span, the ids published over the last keep): CREATE TABLE + ATTACH PARTITION (SHARE UPDATE EXCLUSIVE on events), never PARTITION OF. Takes ACCESS EXCLUSIVE on events_default under event_partitioning.lock_timeout; not granted: skipped (creates_skipped), 0. After a burst that outran the partitions the next one starts above the ids in events_default. reap_events calls it every sweep; returns how many partitions it created. Nothing before V0037.';
+    'Keep event_partitioning.ahead (default 2) partitions of events above event_id_seq, each spanning max(event_partitioning.min_span, the ids published over the last keep): CREATE TABLE + ATTACH PARTITION (SHARE UPDATE EXCLUSIVE on events), not CREATE TABLE ... PARTITION OF (ACCESS EXCLUSIVE). Takes ACCESS EXCLUSIVE on events_default under event_partitioning.lock_timeout; not granted: skipped (creates_skipped), 0. After a burst that outran the partitions the next one starts above the ids in events_default. reap_events calls it every sweep; returns how many partitions it created. Nothing before V0037.';
 REVOKE ALL ON FUNCTION switchboard.events_partitions_ensure(interval) FROM PUBLIC;
 
 -- Retention by partition (V0037), called by reap_events (both forms) at the end of
@@ -875,6 +875,56 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION switchboard._events_default_rows() FROM PUBLIC;
+
+-- What the SwitchboardEventsNotReaped alert watches (metrics_snapshot's
+-- event_backlog_seconds), in seconds. Before V0037: the age of the oldest stored event
+-- (row reaping keeps it near keep). Since: events stay until their whole partition can
+-- go, so the oldest stored event of a quiet installation is as old as its partition
+-- took to fill (hours at one event a second): the age of the newest event of the
+-- oldest allocated partition (one that only waits for its rows to be reapable, about
+-- keep after that event), or of the oldest event in events_default (deleted row by row
+-- once reapable), whichever is older. Index probes (events_created) per partition.
+CREATE OR REPLACE FUNCTION switchboard._event_backlog_seconds()
+RETURNS double precision
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_part text;
+    v_at timestamptz;
+    v_oldest timestamptz;
+BEGIN
+    IF NOT switchboard._events_partitioned() THEN
+        RETURN coalesce(extract(epoch FROM now() - (SELECT min(e.created_at) FROM switchboard.events e)), 0);
+    END IF;
+    SELECT min(d.created_at) INTO v_oldest FROM switchboard.events_default d;
+    SELECT p.partition_name INTO v_part FROM switchboard.event_partitions() p
+     WHERE p.allocated ORDER BY p.to_id LIMIT 1;
+    IF v_part IS NOT NULL THEN
+        EXECUTE format('SELECT max(e.created_at) FROM switchboard.%I e', v_part) INTO v_at;
+        v_oldest := least(v_oldest, v_at);
+    END IF;
+    RETURN greatest(coalesce(extract(epoch FROM now() - v_oldest), 0), 0);
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._event_backlog_seconds() FROM PUBLIC;
+
+-- How many partitions lie wholly above event_id_seq (what events_partitions_ensure
+-- keeps at event_partitioning.ahead); NULL before V0037.
+CREATE OR REPLACE FUNCTION switchboard._event_partitions_ahead()
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT switchboard._events_partitioned() THEN
+        RETURN NULL;
+    END IF;
+    RETURN (SELECT count(*) FROM switchboard.event_partitions() p
+             WHERE NOT p.is_default AND p.from_id > switchboard._event_id_allocated());
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._event_partitions_ahead() FROM PUBLIC;
 
 -- Row-by-row retention where there is no partition to drop: events_default since
 -- V0037, the whole table before (older migration targets). At most max_rows (NULL:
@@ -993,7 +1043,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.reap_events(interval) IS
-    'Delete the events that became visible more than keep ago (default 5 minutes) and the ticks before them, in one transaction however many (the 0.2.0 server''s sweep calls this form; see reap_events(keep, max_rows)); advance event_window(); drop ephemeral events older than a minute. Returns how many events. Retention counts from the tick that covered an event, never from its insert, so an event is kept at least keep after its COMMIT however long its transaction stayed open, and the first call that starts more than keep after that tick deletes it. When no tick was taken since the previous call (no relay is ticking: every replica down, or a database used from psql alone), the call takes one itself (event_tick()) before it reaps, so every event committed before such a call is deleted by the first call that starts more than keep after it. It ticks only as the first write of a READ COMMITTED transaction and not while another ticker holds the ticker row (-1), and a call that ticked holds that row until its transaction ends: call it in a transaction of its own, as maintenance() does.';
+    'Remove the events that became visible more than keep ago (default 5 minutes) and the ticks before them, in one transaction however many (the 0.2.0 server''s sweep calls this form; see reap_events(keep, max_rows)); advance event_window(); drop ephemeral events older than a minute. Returns how many events. Since V0037 events go a partition at a time: a partition of events is dropped once its id range is given out and every row of it is visible in the cut''s snapshot (rows that no partition covered, in events_default, are deleted one by one), so an event may stay longer than keep, about two keep windows at a steady rate; then it makes sure partitions lie ahead (events_partitions_ensure). Retention counts from the tick that covered an event, never from its insert, so an event is kept at least keep after its COMMIT however long its transaction stayed open, and the first call that starts more than keep after that tick deletes it. When no tick was taken since the previous call (no relay is ticking: every replica down, or a database used from psql alone), the call takes one itself (event_tick()) before it reaps, so every event committed before such a call is deleted by the first call that starts more than keep after it. It ticks only as the first write of a READ COMMITTED transaction and not while another ticker holds the ticker row (-1), and a call that ticked holds that row until its transaction ends: call it in a transaction of its own, as maintenance() does.';
 REVOKE ALL ON FUNCTION switchboard.reap_events(interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.reap_events(interval) TO switchboard_app;
 
@@ -1066,7 +1116,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION switchboard.reap_events(interval, integer) IS
-    'reap_events(keep) in bounded batches (what maintenance(max_rows, ...) calls): delete at most max_rows of the events that became visible more than keep ago, oldest first, in one short transaction; call again while it returns max_rows. Returns how many events. The window (event_window().first_tick) moves to the cut before the cut''s events go, so a position inside a partly reaped batch already gets resume_gap. Retention as reap_events(keep): at least keep after an event''s COMMIT, counted from the tick that covered it; the first call that starts more than keep after that tick moves the window past the event and deletes it, or leaves it to the following calls when more than max_rows are due. When no tick was taken since the previous call (no relay is ticking), the call takes one itself (event_tick()) first, so every event committed before such a call is past the window after the first call that starts more than keep after it. It ticks only as the first write of a READ COMMITTED transaction and not while another ticker holds the ticker row (-1), and a call that ticked holds that row until its transaction ends: call it in a transaction of its own, as maintenance() does.';
+    'reap_events(keep) in bounded batches (what maintenance(max_rows, ...) calls): drop every partition of events whose id range is given out and whose every row is visible in the cut''s snapshot (one DROP however many rows: the count may exceed max_rows), and delete at most max_rows of the events in events_default that became visible more than keep ago, oldest first, in one short transaction; call again while it returns max_rows or more. Returns how many events. The window (event_window().first_tick) moves to the cut before the cut''s events go, so a position inside a partly reaped batch already gets resume_gap. Retention as reap_events(keep): at least keep after an event''s COMMIT, counted from the tick that covered it; the first call that starts more than keep after that tick moves the window past the event and deletes it, or leaves it to the following calls when more than max_rows are due. When no tick was taken since the previous call (no relay is ticking), the call takes one itself (event_tick()) first, so every event committed before such a call is past the window after the first call that starts more than keep after it. It ticks only as the first write of a READ COMMITTED transaction and not while another ticker holds the ticker row (-1), and a call that ticked holds that row until its transaction ends: call it in a transaction of its own, as maintenance() does.';
 REVOKE ALL ON FUNCTION switchboard.reap_events(interval, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.reap_events(interval, integer) TO switchboard_app;
 

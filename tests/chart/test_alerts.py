@@ -39,6 +39,8 @@ EXPECTED_ALERTS = {
     "SwitchboardRelayBehindRetention",  # issue 30: events reaped before a relay read them
     "SwitchboardRunsFailing",   # issue 33: a handler failing a large share of its runs
     "SwitchboardReadReplicaSkipped",   # issue 35: the read replica configured but never used
+    "SwitchboardEventsInDefaultPartition",   # issue 35: events no partition covered (a burst)
+    "SwitchboardEventPartitionsNotAhead",    # issue 35: no partition created ahead of the sequence
 }
 
 
