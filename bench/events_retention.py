@@ -169,12 +169,22 @@ def main() -> None:
             rnd: dict[str, Any] = {}
             for mode in (("drop", "rows") if r % 2 == 0 else ("rows", "drop")):
                 log(f"round {r + 1}: {mode}")
+                stats: dict[str, Any] = {}
+                # alone: time, WAL, dead tuples, VACUUM (no other writer in the WAL figure)
                 name = cluster.new_db(f"sb_ret_{mode}")
                 url = cluster.url(name)
-                uid = prepare(url, args.events, mode)
-                stats: dict[str, Any] = {}
-                publish_during(url, uid, args.publishers, stats)
+                prepare(url, args.events, mode)
+                reap(url, stats)
                 dead_and_vacuum(url, stats)
+                cluster.drop_db(name)
+                # again, with publishers: their throughput and their longest publish
+                name = cluster.new_db(f"sb_ret_{mode}_pub")
+                url = cluster.url(name)
+                uid = prepare(url, args.events, mode)
+                during: dict[str, Any] = {}
+                publish_during(url, uid, args.publishers, during)
+                stats.update({k: v for k, v in during.items() if k.startswith("publish")})
+                stats["reap_s_with_publishers"] = during["reap_s"]
                 log(f"  {mode}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                              for k, v in stats.items()))
                 rnd[mode] = stats
