@@ -3,7 +3,8 @@
 -- Before, retention was row DELETE (reap_events): every event became a dead tuple,
 -- its WAL was written twice (insert, delete) and autovacuum followed the reaper.
 -- Now switchboard.events is PARTITION BY RANGE (id) (id is the primary key, so the
--- key stays valid on the parent) and reap_events drops a partition once every row
+-- key stays valid on the parent) and reap_events detaches a partition (and drops it
+-- at the next sweep) once every row
 -- of it is reapable (db/functions/50_events.sql: _events_drop_partitions): its id
 -- range is entirely allocated (event_id_seq is past its upper bound) and every
 -- row's transaction is visible in the cut's snapshot. events_partitions_ensure()
