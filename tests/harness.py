@@ -75,6 +75,21 @@ def tick_covering_everything(url: str, timeout: float = 30) -> None:
             time.sleep(0.01)
 
 
+def seal_event_partition(url: str) -> int | None:
+    """Let the partition that holds the newest event id fill up at once (V0037): advance
+    event_id_seq to its last id, as the rest of its 10,000 publishes would. reap_events
+    drops a partition only once its whole range is given out, so a test that publishes a
+    handful of events and expects them reaped seals their partition first; later events
+    land in the next one. Returns the sequence's new value (None: nothing to seal)."""
+    with psycopg.connect(url, autocommit=True) as c:
+        row = c.execute(
+            "SELECT setval('switchboard.event_id_seq', p.to_id - 1) FROM switchboard.event_partitions() p"
+            " WHERE NOT p.is_default AND NOT p.allocated"
+            "   AND coalesce(p.from_id, 0) <= switchboard._event_id_allocated()"
+            " ORDER BY p.to_id LIMIT 1").fetchone()
+        return None if row is None else int(row[0])
+
+
 class Server:
     """One replica: `switchboard serve` in its own process."""
 

@@ -72,12 +72,15 @@ PROMISES: dict[str, tuple[str, tuple[str, ...]]] = {
         "with no relay ticking a call ticks itself", (
             "tests/test_events.py::test_reap_events_counts_retention_from_the_tick_and_advances_the_window",
             "tests/test_events_dba.py::test_reap_events_honours_keep_with_no_ticker",
-            "tests/test_events_dba.py::test_reap_ticks_only_when_no_relay_ticked_since_its_previous_call")),
+            "tests/test_events_dba.py::test_reap_ticks_only_when_no_relay_ticked_since_its_previous_call",
+            "tests/test_event_partitions.py::test_a_populated_020_database_migrates_to_head_while_publishing")),
     "switchboard.reap_events(interval,integer)": (
         "as reap_events(keep), in batches of max_rows; the window moves first", (
             "tests/test_reap_events_batched.py::test_bounded_reap_deletes_at_most_max_rows_and_moves_the_horizon_first",
             "tests/test_events_dba.py::test_reap_events_honours_keep_with_no_ticker",
-            "tests/test_events_dba.py::test_reap_ticks_only_when_no_relay_ticked_since_its_previous_call")),
+            "tests/test_events_dba.py::test_reap_ticks_only_when_no_relay_ticked_since_its_previous_call",
+            "tests/test_event_partitions.py::test_publishers_racing_partition_drops_lose_nothing_silently",
+            "tests/test_event_partitions.py::test_a_steady_rate_never_lands_in_default_and_old_partitions_go")),
     "switchboard.publish_client_event(uuid,text,text,jsonb)": (
         "never stored in events, no id", (
             "tests/test_events.py::test_a_client_event_is_never_stored_and_has_no_id",)),

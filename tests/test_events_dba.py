@@ -19,7 +19,7 @@ import time
 
 import psycopg
 
-from harness import ROOT
+from harness import ROOT, seal_event_partition
 
 ARGON = "$argon2id$v=19$m=65536,t=3,p=4$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA"
 END = 9223372036854775807
@@ -202,6 +202,7 @@ def test_reap_events_honours_keep_with_no_ticker(db: str) -> None:
         for n, (form, call) in enumerate(REAPS.items()):
             uid = c.execute("SELECT switchboard.create_user(%s, %s)", (f"reaped-{n}", ARGON)).fetchone()[0]
             old = _publish(c, uid, 5)
+            seal_event_partition(db)                      # their partition is full (V0037)
             first_tick, through = _window(c)
             c.execute(call, (keep,))                      # sees them committed: the tick is its own
             seen_at = _clock(c)

@@ -17,7 +17,7 @@ import threading
 import time
 
 import psycopg
-from harness import WS, make_user, tick_covering_everything
+from harness import WS, make_user, seal_event_partition, tick_covering_everything
 from websockets.sync.client import connect
 
 ENV = {"SWITCHBOARD_WS_QUEUE_SIZE": "100"}
@@ -142,6 +142,7 @@ def test_cursor_below_the_horizon_gets_resume_gap(db: str, server_factory) -> No
     srv = server_factory(env=ENV)
     tok = srv.login("cid")
     old = _publish(db, uid, 0, 10)
+    seal_event_partition(db)                           # their partition is full: reap_events may drop it
     tick_covering_everything(db)                       # a tick covers them (the relay's may not have yet)
     with psycopg.connect(db, autocommit=True) as c:
         c.execute("SELECT switchboard.reap_events('0 seconds')")

@@ -21,7 +21,9 @@ APP_HELPERS = {"_every_interval", "_check_timezone"}
 
 # Public functions the application may NOT run: whether event contents may travel on the
 # bus (the live path, V0020) is the owner's decision, not the app's.
-OWNER_ONLY = {"event_live_path"}
+# The partitions of events (V0037) are the owner's too: reap_events (SECURITY DEFINER)
+# creates and drops them; a DBA reads the layout.
+OWNER_ONLY = {"event_live_path", "event_partitions", "events_partitions_ensure"}
 
 
 def _app_may_execute(name: str) -> bool:

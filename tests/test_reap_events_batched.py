@@ -16,7 +16,22 @@ END = 9223372036854775807
 
 
 def _user(c: psycopg.Connection, name: str) -> str:
+    _rows_in_default(c)
     return c.execute("SELECT switchboard.create_user(%s, %s)", (name, ARGON)).fetchone()[0]
+
+
+def _rows_in_default(c: psycopg.Connection) -> None:
+    """Since V0037 reap_events drops whole partitions; rows are deleted one by one only
+    in events_default, where a burst that outran the partitions ahead lands. These tests
+    pin that row path (bounded batches, the horizon first, leftovers, racing reapers):
+    the range partitions of the fresh database go, so the test's events land in
+    events_default. The first reap_events creates partitions ahead again, starting
+    max_connections ids above the sequence: the few events published after it still
+    land in events_default."""
+    for (name,) in c.execute("SELECT partition_name FROM switchboard.event_partitions() "
+                             "WHERE NOT is_default").fetchall():
+        c.execute(f"ALTER TABLE switchboard.events DETACH PARTITION switchboard.{name}")
+        c.execute(f"DROP TABLE switchboard.{name}")
 
 
 def _publish(c: psycopg.Connection, uid: str, n: int) -> list[int]:

@@ -160,7 +160,7 @@ def test_status_counts_what_is_there(db: str) -> None:
         "tasks_due": 0, "tasks_active": 0,
         "runs_queued": 1, "runs_running": 1, "runs_succeeded": 1, "runs_failed": 0, "runs_abandoned": 0,
         "runs_cancelled": 0, "handlers_paused": 0, "runs_due": 1, "expired_leases": 0, "live_tickets": 2, "rate_limit_keys": 3,
-        "events_retained": 4, "event_backlog_seconds": 0, "last_event_id": last,
+        "events_retained": 4, "event_backlog_seconds": 0, "last_event_id": last, "events_default_rows": 0,
         "live_replicas": 1, "users_online": 1, "sockets_open": 3,
         "handlers_unserved": 1,  # 's' has pending runs; r1 registers no handler
         "tasks_broken": 0,

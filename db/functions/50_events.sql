@@ -594,6 +594,407 @@ COMMENT ON FUNCTION switchboard.event_batch(bigint) IS
 REVOKE ALL ON FUNCTION switchboard.event_batch(bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.event_batch(bigint) TO switchboard_app;
 
+-- Partitions of events (V0037). switchboard.events is PARTITION BY RANGE (id):
+-- partitions events_p<first id> ahead of event_id_seq (events_partitions_ensure),
+-- events_p0 (what V0037 found) and a DEFAULT partition, events_default, for ids no
+-- partition covers. Retention drops whole partitions (_events_drop_partitions,
+-- from reap_events). Every function below also loads at older migration targets
+-- (events not partitioned): each checks first and does nothing there.
+
+-- Whether events is partitioned (V0037 applied).
+CREATE OR REPLACE FUNCTION switchboard._events_partitioned()
+RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce((SELECT c.relkind = 'p' FROM pg_class c WHERE c.oid = to_regclass('switchboard.events')), false)
+$$;
+REVOKE ALL ON FUNCTION switchboard._events_partitioned() FROM PUBLIC;
+
+-- The highest id event_id_seq has given out (0: none). Not transactional: what any
+-- session took so far, committed or not.
+CREATE OR REPLACE FUNCTION switchboard._event_id_allocated()
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN (SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END FROM switchboard.event_id_seq s);
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._event_id_allocated() FROM PUBLIC;
+
+-- The DBA's view of the layout: one row per partition, from the catalog (so a
+-- partition a DBA added by hand is seen too). from_id NULL: MINVALUE; to_id is
+-- exclusive. allocated: every id of the range was given out (the sequence is past
+-- it), so no new row can land in it.
+CREATE OR REPLACE FUNCTION switchboard.event_partitions()
+RETURNS TABLE (partition_name text, from_id bigint, to_id bigint, is_default boolean, allocated boolean,
+               approx_rows bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_last bigint;
+BEGIN
+    IF NOT switchboard._events_partitioned() THEN
+        RETURN;
+    END IF;
+    v_last := switchboard._event_id_allocated();
+    RETURN QUERY
+    SELECT b.relname::text, b.lo, b.hi, b.dflt, NOT b.dflt AND b.hi IS NOT NULL AND b.hi - 1 <= v_last,
+           greatest(b.reltuples, 0)::bigint
+      FROM (SELECT c.relname, c.reltuples, m.bound = 'DEFAULT' AS dflt,
+                   nullif(btrim(r[1], ''''), 'MINVALUE')::bigint AS lo,
+                   nullif(btrim(r[2], ''''), 'MAXVALUE')::bigint AS hi
+              FROM pg_inherits i
+              JOIN pg_class c ON c.oid = i.inhrelid
+             CROSS JOIN LATERAL (SELECT pg_get_expr(c.relpartbound, c.oid) AS bound) m
+              LEFT JOIN LATERAL regexp_match(m.bound, 'FROM \(([^)]*)\) TO \(([^)]*)\)') r ON true
+             WHERE i.inhparent = 'switchboard.events'::regclass) b
+     ORDER BY b.dflt, b.lo NULLS FIRST;
+END
+$$;
+COMMENT ON FUNCTION switchboard.event_partitions() IS
+    'The partitions of switchboard.events (V0037), oldest first, then the DEFAULT one: name, id range [from_id, to_id) (from_id NULL: MINVALUE), is_default, allocated (event_id_seq is past the range: no new row can land in it, so reap_events may drop it once every row is reapable), approx_rows (pg_class.reltuples; -1 before the first ANALYZE reads as 0). No rows at a migration target before V0037.';
+REVOKE ALL ON FUNCTION switchboard.event_partitions() FROM PUBLIC;
+
+-- Partitions ahead (V0037), called by reap_events (both forms) at the end of each
+-- call, so by maintenance() every sweep. Keeps event_partitioning.ahead (2) partitions
+-- above event_id_seq with no id given out yet; each new one spans max(min_span, the
+-- ids published over the last keep window), so a partition holds about one retention
+-- window and retention keeps about two of them.
+--
+-- CREATE TABLE + ATTACH PARTITION, never CREATE TABLE ... PARTITION OF: ATTACH takes
+-- SHARE UPDATE EXCLUSIVE on events (publishers and readers go on), PARTITION OF takes
+-- ACCESS EXCLUSIVE. With a DEFAULT partition ATTACH also takes ACCESS EXCLUSIVE on
+-- events_default (and scans it for rows of the new range), which blocks relay reads
+-- (a read locks every partition) until the caller's transaction ends: taken first,
+-- explicitly, under event_partitioning.lock_timeout, and a creation whose lock is not
+-- granted is skipped (creates_skipped) and tried again at the next sweep. It happens
+-- once per partition, i.e. about once per retention window.
+--
+-- Where the next partition starts. Normally at the top of the last one: a partition is
+-- created when fewer than `ahead` lie wholly above the sequence, so with ahead >= 2 at
+-- least one whole partition (min_span ids or more) separates the sequence from the new
+-- range, and no id of the new range is given out before this transaction commits
+-- unless that many are published meanwhile (the residual risk: such a publish would
+-- fail, see below). When the sequence outran the partitions ahead (a burst; its ids
+-- landed in events_default), above them: a publisher that routed a row to
+-- events_default before this ATTACH commits inserts it after (it waits for the lock),
+-- and PostgreSQL then checks the row against the DEFAULT partition's new constraint
+-- (23514 if it falls in the new range). Ids given out from here on that go to
+-- events_default wait for the lock, at most one per session, so the new range starts
+-- max_connections above both the sequence and events_default's highest id.
+CREATE OR REPLACE FUNCTION switchboard.events_partitions_ensure(keep interval DEFAULT '5 minutes')
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
+AS $$
+DECLARE
+    v_min_span bigint;
+    v_ahead integer;
+    v_timeout interval;
+    v_last bigint;
+    v_have integer;
+    v_top bigint;
+    v_span bigint;
+    v_lo bigint;
+    v_headroom bigint := current_setting('max_connections')::bigint;
+    v_name text;
+    v_n integer := 0;
+BEGIN
+    IF keep IS NULL OR keep < interval '0' THEN
+        RAISE EXCEPTION 'invalid keep interval "%"', keep USING ERRCODE = '22023',
+            HINT = 'keep is the resume window, e.g. ''5 minutes'': a partition spans the ids published over it.';
+    END IF;
+    IF NOT switchboard._events_partitioned() THEN
+        RETURN 0;
+    END IF;
+    -- Cheap check first (every sweep): enough partitions ahead?
+    v_last := switchboard._event_id_allocated();
+    SELECT c.ahead INTO v_ahead FROM switchboard.event_partitioning c WHERE c.singleton;
+    SELECT count(*) FILTER (WHERE p.from_id > v_last) INTO v_have
+      FROM switchboard.event_partitions() p WHERE NOT p.is_default;
+    IF v_have >= v_ahead THEN
+        RETURN 0;
+    END IF;
+    -- One creator at a time (the row lock), then the knobs.
+    SELECT c.min_span, c.ahead, c.lock_timeout INTO v_min_span, v_ahead, v_timeout
+      FROM switchboard.event_partitioning c WHERE c.singleton FOR UPDATE;
+    -- The ids published over the last keep window: from the oldest event created in
+    -- it (one descent of events_created per partition) to the sequence.
+    SELECT v_last - e.id INTO v_span FROM switchboard.events e
+     WHERE e.created_at >= now() - keep ORDER BY e.created_at LIMIT 1;
+    v_span := greatest(v_min_span, coalesce(v_span, 0));
+    BEGIN
+        PERFORM set_config('lock_timeout', (extract(epoch FROM v_timeout) * 1000)::bigint || 'ms', true);
+        LOCK TABLE switchboard.events_default IN ACCESS EXCLUSIVE MODE;
+        v_last := switchboard._event_id_allocated();
+        LOOP
+            SELECT count(*) FILTER (WHERE p.from_id > v_last), max(p.to_id) INTO v_have, v_top
+              FROM switchboard.event_partitions() p WHERE NOT p.is_default;
+            EXIT WHEN v_have >= v_ahead;
+            v_lo := v_top;
+            IF v_lo IS NULL OR v_lo <= v_last THEN
+                -- Outrun: start above every id that may be in flight (each session waits
+                -- for events_default's lock with at most one) and above events_default's rows.
+                v_lo := greatest(v_last, coalesce((SELECT max(d.id) FROM switchboard.events_default d), 0))
+                        + v_headroom + 1;
+            END IF;
+            v_name := 'events_p' || v_lo;
+            EXECUTE format('CREATE TABLE switchboard.%I (LIKE switchboard.events INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING COMMENTS)',
+                           v_name);
+            EXECUTE format('REVOKE ALL ON TABLE switchboard.%I FROM PUBLIC', v_name);
+            EXECUTE format('ALTER TABLE switchboard.events ATTACH PARTITION switchboard.%I FOR VALUES FROM (%s) TO (%s)',
+                           v_name, v_lo, v_lo + v_span);
+            EXECUTE format('COMMENT ON TABLE switchboard.%I IS %L', v_name,
+                           format('Partition of switchboard.events: ids %s to %s, created ahead by events_partitions_ensure() at %s. Dropped by reap_events once every row of it is reapable.',
+                                  v_lo, v_lo + v_span - 1, now()));
+            v_n := v_n + 1;
+        END LOOP;
+    EXCEPTION WHEN lock_not_available THEN
+        UPDATE switchboard.event_partitioning SET creates_skipped = creates_skipped + 1 WHERE singleton;
+        RETURN 0;
+    END;
+    IF v_n > 0 THEN
+        UPDATE switchboard.event_partitioning SET created = created + v_n, last_create_at = now() WHERE singleton;
+    END IF;
+    RETURN v_n;
+END
+$$;
+COMMENT ON FUNCTION switchboard.events_partitions_ensure(interval) IS
+    'Keep event_partitioning.ahead (default 2) partitions of events above event_id_seq, each spanning max(event_partitioning.min_span, the ids published over the last keep): CREATE TABLE + ATTACH PARTITION (SHARE UPDATE EXCLUSIVE on events), not CREATE TABLE ... PARTITION OF (ACCESS EXCLUSIVE). Takes ACCESS EXCLUSIVE on events_default under event_partitioning.lock_timeout; not granted: skipped (creates_skipped), 0. After a burst that outran the partitions the next one starts above the ids in events_default. reap_events calls it every sweep; returns how many partitions it created. Nothing before V0037.';
+REVOKE ALL ON FUNCTION switchboard.events_partitions_ensure(interval) FROM PUBLIC;
+
+-- Retention by partition (V0037), called by reap_events (both forms) at the end of
+-- each call with the snapshot of the cut (event_horizon.reaped_tick). A partition goes
+-- only when every row of it is reapable: its range is allocated (the sequence is past
+-- it: no new row can come) and no row has a transaction not visible in the cut's
+-- snapshot. Oldest first; the first partition that does not qualify stops the sweep.
+--
+-- The race: a publisher that took an id in the range may not have committed yet, and
+-- this snapshot does not see its row. So the locks come first: ACCESS EXCLUSIVE on the
+-- parent (ONLY) and then on the partition, under event_partitioning.lock_timeout. The
+-- parent's lock waits for every transaction that published (each holds ROW EXCLUSIVE
+-- on events until it ends), and DETACH needs it anyway (DETACH ... CONCURRENTLY, which
+-- does not, cannot run in a function or a transaction block). Parent first: a reader
+-- locks the parent, then every partition; the other order could deadlock with it.
+-- Then the check again, in a new statement (READ COMMITTED: a fresh snapshot that sees
+-- every row committed before the lock), then DETACH, and the table is renamed
+-- events_detached_<first id>; the next sweep DROPs it (see below why not now). A lock not granted, or a
+-- row that committed meanwhile, skips the partition until the next sweep
+-- (drops_skipped): the subtransaction is rolled back, which releases its locks.
+--
+-- While the parent's lock is requested and held (until the caller's transaction ends)
+-- publishers and relay reads wait: at most lock_timeout plus the rest of the caller's
+-- transaction, once per partition (BENCHMARKS.md "Issue 35: events retention").
+-- Returns the number of rows dropped; reaped_through moves to the highest id dropped.
+CREATE OR REPLACE FUNCTION switchboard._events_drop_partitions(cut pg_snapshot)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
+AS $$
+DECLARE
+    v_part record;
+    v_xmax xid8 := pg_snapshot_xmax(cut);
+    v_xip xid8[] := ARRAY(SELECT pg_snapshot_xip(cut));
+    v_rows bigint;
+    v_max bigint;
+    v_late boolean;
+    v_timeout interval;
+    v_total bigint := 0;
+    v_dropped integer := 0;
+    v_skipped integer := 0;
+    v_name text;
+    v_names text[] := '{}';
+    v_counts bigint[] := '{}';
+    v_maxes bigint[] := '{}';
+    -- Whether a row of the partition is not visible in the cut: a transaction at or
+    -- above its xmax (the highest xid: one descent of the partition's events_xid), or
+    -- one in its xip (an equality probe each). Index paths whatever the statistics: as
+    -- EXISTS (... WHERE xid >= $1) a partition never analyzed was read sequentially,
+    -- 125 ms for 1,000,000 rows, under the lock that stalls every publisher.
+    v_check text := 'SELECT coalesce((SELECT e.xid FROM switchboard.%1$I e ORDER BY e.xid DESC LIMIT 1) >= $1, false) '
+                    '    OR EXISTS (SELECT 1 FROM unnest($2::xid8[]) x(xid) '
+                    '                CROSS JOIN LATERAL (SELECT 1 FROM switchboard.%1$I e WHERE e.xid = x.xid LIMIT 1) hit)';
+BEGIN
+    IF cut IS NULL OR NOT switchboard._events_partitioned()
+       OR current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN 0;   -- the re-check needs a fresh snapshot per statement
+    END IF;
+    SELECT c.lock_timeout INTO v_timeout FROM switchboard.event_partitioning c WHERE c.singleton;
+    -- What the previous sweeps detached goes now, in a transaction of its own: a DROP
+    -- unlinks the files at COMMIT (40 to 120 ms for 1,000,000 events here), before the
+    -- locks are released, so dropping in the detaching transaction would have stalled
+    -- every publisher that long. Nobody reads a detached table; this DROP locks it alone.
+    FOR v_part IN SELECT c.relname AS partition_name FROM pg_class c
+                   WHERE c.relnamespace = 'switchboard'::regnamespace AND c.relkind = 'r'
+                     AND c.relname LIKE 'events\_detached\_%'
+                     AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = c.oid) LOOP
+        EXECUTE format('DROP TABLE switchboard.%I', v_part.partition_name);
+    END LOOP;
+    -- First, without a lock, every partition that qualifies now (index probes on its
+    -- events_xid) and what it holds: the counts read whole partitions, and once the
+    -- first partition is detached this transaction holds events' lock, so nothing slow
+    -- may come after it (counting a partition of 1,000,000 rows under the lock was a
+    -- 0.1 s stall for every publisher).
+    FOR v_part IN SELECT p.partition_name FROM switchboard.event_partitions() p
+                   WHERE p.allocated ORDER BY p.to_id LOOP
+        EXECUTE format(v_check, v_part.partition_name) INTO v_late USING v_xmax, v_xip;
+        EXIT WHEN v_late;
+        EXECUTE format('SELECT count(*), max(e.id) FROM switchboard.%I e', v_part.partition_name)
+           INTO v_rows, v_max;
+        v_names := v_names || v_part.partition_name::text;
+        v_counts := v_counts || v_rows;
+        v_maxes := v_maxes || v_max;
+    END LOOP;
+    FOR i IN 1 .. coalesce(array_length(v_names, 1), 0) LOOP
+        v_name := v_names[i];
+        v_rows := v_counts[i];
+        v_max := v_maxes[i];
+        BEGIN
+            PERFORM set_config('lock_timeout', (extract(epoch FROM v_timeout) * 1000)::bigint || 'ms', true);
+            LOCK TABLE ONLY switchboard.events IN ACCESS EXCLUSIVE MODE;
+            EXECUTE format('LOCK TABLE switchboard.%I IN ACCESS EXCLUSIVE MODE', v_name);
+            -- Again, in a new statement: every transaction that wrote here has ended.
+            -- A row that committed since the first check is not visible in the cut
+            -- (it committed after it), so it shows here.
+            EXECUTE format(v_check, v_name) INTO v_late USING v_xmax, v_xip;
+            IF v_late THEN
+                RAISE EXCEPTION USING ERRCODE = 'lock_not_available';   -- undo the locks, skip
+            END IF;
+            EXECUTE format('ALTER TABLE switchboard.events DETACH PARTITION switchboard.%I', v_name);
+            EXECUTE format('ALTER TABLE switchboard.%I RENAME TO %I', v_name,
+                           'events_detached_' || substr(v_name, 9));
+            EXECUTE format('COMMENT ON TABLE switchboard.%I IS %L', 'events_detached_' || substr(v_name, 9),
+                           format('Detached from switchboard.events by reap_events at %s (every row reapable); dropped by the next sweep.', now()));
+        EXCEPTION WHEN lock_not_available THEN
+            v_skipped := v_skipped + 1;
+            EXIT;
+        END;
+        v_total := v_total + v_rows;
+        v_dropped := v_dropped + 1;
+        IF v_max IS NOT NULL THEN
+            UPDATE switchboard.event_horizon SET reaped_through = greatest(reaped_through, v_max);
+        END IF;
+    END LOOP;
+    IF v_dropped > 0 OR v_skipped > 0 THEN
+        UPDATE switchboard.event_partitioning
+           SET dropped = dropped + v_dropped, drops_skipped = drops_skipped + v_skipped,
+               last_drop_at = CASE WHEN v_dropped > 0 THEN now() ELSE last_drop_at END
+         WHERE singleton;
+    END IF;
+    RETURN v_total;
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._events_drop_partitions(pg_snapshot) FROM PUBLIC;
+
+-- Rows of events_default (a burst outran the partitions ahead), 0 before V0037.
+CREATE OR REPLACE FUNCTION switchboard._events_default_rows()
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT switchboard._events_partitioned() THEN
+        RETURN 0;
+    END IF;
+    RETURN (SELECT count(*) FROM switchboard.events_default);
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._events_default_rows() FROM PUBLIC;
+
+-- What the SwitchboardEventsNotReaped alert watches (metrics_snapshot's
+-- event_backlog_seconds), in seconds. Before V0037: the age of the oldest stored event
+-- (row reaping keeps it near keep). Since: events stay until their whole partition can
+-- go, so the oldest stored event of a quiet installation is as old as its partition
+-- took to fill (hours at one event a second): the age of the newest event of the
+-- oldest allocated partition (one that only waits for its rows to be reapable, about
+-- keep after that event), or of the oldest event in events_default (deleted row by row
+-- once reapable), whichever is older. Index probes (events_created) per partition.
+CREATE OR REPLACE FUNCTION switchboard._event_backlog_seconds()
+RETURNS double precision
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_part text;
+    v_at timestamptz;
+    v_oldest timestamptz;
+BEGIN
+    IF NOT switchboard._events_partitioned() THEN
+        RETURN coalesce(extract(epoch FROM now() - (SELECT min(e.created_at) FROM switchboard.events e)), 0);
+    END IF;
+    SELECT min(d.created_at) INTO v_oldest FROM switchboard.events_default d;
+    SELECT p.partition_name INTO v_part FROM switchboard.event_partitions() p
+     WHERE p.allocated ORDER BY p.to_id LIMIT 1;
+    IF v_part IS NOT NULL THEN
+        EXECUTE format('SELECT max(e.created_at) FROM switchboard.%I e', v_part) INTO v_at;
+        v_oldest := least(v_oldest, v_at);
+    END IF;
+    RETURN greatest(coalesce(extract(epoch FROM now() - v_oldest), 0), 0);
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._event_backlog_seconds() FROM PUBLIC;
+
+-- How many partitions lie wholly above event_id_seq (what events_partitions_ensure
+-- keeps at event_partitioning.ahead); NULL before V0037.
+CREATE OR REPLACE FUNCTION switchboard._event_partitions_ahead()
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT switchboard._events_partitioned() THEN
+        RETURN NULL;
+    END IF;
+    RETURN (SELECT count(*) FROM switchboard.event_partitions() p
+             WHERE NOT p.is_default AND p.from_id > switchboard._event_id_allocated());
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._event_partitions_ahead() FROM PUBLIC;
+
+-- Row-by-row retention where there is no partition to drop: events_default since
+-- V0037, the whole table before (older migration targets). At most max_rows (NULL:
+-- all) of the events visible in snap, oldest first; returns (count, highest id).
+CREATE OR REPLACE FUNCTION switchboard._events_delete_rows(snap pg_snapshot, max_rows integer,
+                                                          OUT n integer, OUT max_id bigint)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF switchboard._events_partitioned() THEN
+        WITH gone AS (
+            DELETE FROM switchboard.events_default e
+             WHERE e.id = ANY (ARRAY(SELECT b.id FROM switchboard.events_default b
+                                      WHERE b.xid < pg_snapshot_xmax(snap) AND pg_visible_in_snapshot(b.xid, snap)
+                                      ORDER BY b.xid
+                                      LIMIT max_rows))
+            RETURNING e.id
+        )
+        SELECT count(*), max(g.id) INTO n, max_id FROM gone g;
+    ELSE
+        -- The batch: events_xid's range below the snapshot's xmax, oldest first;
+        -- deleted through the primary key (id = ANY (ARRAY(...))). A join with the
+        -- batch instead is planned as a hash join over a sequential scan of all
+        -- of events: every batch would read the whole backlog again.
+        WITH gone AS (
+            DELETE FROM switchboard.events e
+             WHERE e.id = ANY (ARRAY(SELECT b.id FROM switchboard.events b
+                                      WHERE b.xid < pg_snapshot_xmax(snap) AND pg_visible_in_snapshot(b.xid, snap)
+                                      ORDER BY b.xid
+                                      LIMIT max_rows))
+            RETURNING e.id
+        )
+        SELECT count(*), max(g.id) INTO n, max_id FROM gone g;
+    END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION switchboard._events_delete_rows(pg_snapshot, integer) FROM PUBLIC;
+
 -- reap_events ticks when no relay does (V0026). Retention counts from the tick
 -- that covered an event, so with no relay ticking (every replica down, or a
 -- database used from psql alone) nothing committed since the last tick was ever
@@ -652,12 +1053,9 @@ BEGIN
     SELECT k.tick, k.snap INTO v_cut, v_snap
       FROM switchboard.event_ticks k WHERE k.created_at < now() - keep ORDER BY k.tick DESC LIMIT 1;
     IF v_cut IS NOT NULL AND v_cut > (SELECT h.reaped_tick FROM switchboard.event_horizon h) THEN
-        WITH gone AS (
-            DELETE FROM switchboard.events e
-             WHERE e.xid < pg_snapshot_xmax(v_snap) AND pg_visible_in_snapshot(e.xid, v_snap)
-            RETURNING e.id
-        )
-        SELECT count(*), max(id) INTO v_n, v_max FROM gone;
+        -- Row by row only where no partition can go (events_default; the whole table
+        -- before V0037).
+        SELECT d.n, d.max_id INTO v_n, v_max FROM switchboard._events_delete_rows(v_snap, NULL) d;
         DELETE FROM switchboard.event_ticks k WHERE k.tick < v_cut;
         UPDATE switchboard.event_horizon
            SET reaped_tick = v_cut, reaped_through = greatest(reaped_through, coalesce(v_max, 0));
@@ -666,11 +1064,17 @@ BEGIN
        SET reap_seen_tick = coalesce((SELECT max(k.tick) FROM switchboard.event_ticks k), reap_seen_tick);
     -- Ephemeral rows are only read within 30 s of their NOTIFY.
     DELETE FROM switchboard.ephemeral_events x WHERE x.created_at < now() - interval '1 minute';
+    -- Last (V0037): whole partitions, then the partitions ahead. A drop holds its
+    -- ACCESS EXCLUSIVE lock on events until the caller's transaction ends.
+    v_n := v_n + switchboard._events_drop_partitions(
+        (SELECT k.snap FROM switchboard.event_ticks k
+          WHERE k.tick = (SELECT h.reaped_tick FROM switchboard.event_horizon h)));
+    PERFORM switchboard.events_partitions_ensure(keep);
     RETURN v_n;
 END
 $$;
 COMMENT ON FUNCTION switchboard.reap_events(interval) IS
-    'Delete the events that became visible more than keep ago (default 5 minutes) and the ticks before them, in one transaction however many (the 0.2.0 server''s sweep calls this form; see reap_events(keep, max_rows)); advance event_window(); drop ephemeral events older than a minute. Returns how many events. Retention counts from the tick that covered an event, never from its insert, so an event is kept at least keep after its COMMIT however long its transaction stayed open, and the first call that starts more than keep after that tick deletes it. When no tick was taken since the previous call (no relay is ticking: every replica down, or a database used from psql alone), the call takes one itself (event_tick()) before it reaps, so every event committed before such a call is deleted by the first call that starts more than keep after it. It ticks only as the first write of a READ COMMITTED transaction and not while another ticker holds the ticker row (-1), and a call that ticked holds that row until its transaction ends: call it in a transaction of its own, as maintenance() does.';
+    'Remove the events that became visible more than keep ago (default 5 minutes) and the ticks before them, in one transaction however many (the 0.2.0 server''s sweep calls this form; see reap_events(keep, max_rows)); advance event_window(); drop ephemeral events older than a minute. Returns how many events. Since V0037 events go a partition at a time: a partition of events is detached (and dropped by the next call) once its id range is given out and every row of it is visible in the cut''s snapshot (rows that no partition covered, in events_default, are deleted one by one), so an event may stay longer than keep, about two keep windows at a steady rate; then it makes sure partitions lie ahead (events_partitions_ensure). Retention counts from the tick that covered an event, never from its insert, so an event is kept at least keep after its COMMIT however long its transaction stayed open, and the first call that starts more than keep after that tick deletes it. When no tick was taken since the previous call (no relay is ticking: every replica down, or a database used from psql alone), the call takes one itself (event_tick()) before it reaps, so every event committed before such a call is deleted by the first call that starts more than keep after it. It ticks only as the first write of a READ COMMITTED transaction and not while another ticker holds the ticker row (-1), and a call that ticked holds that row until its transaction ends: call it in a transaction of its own, as maintenance() does.';
 REVOKE ALL ON FUNCTION switchboard.reap_events(interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.reap_events(interval) TO switchboard_app;
 
@@ -724,31 +1128,26 @@ BEGIN
        SET reap_seen_tick = coalesce((SELECT max(k.tick) FROM switchboard.event_ticks k), reap_seen_tick);
     SELECT k.snap INTO v_snap FROM switchboard.event_ticks k WHERE k.tick = v_reaped;
     IF v_snap IS NOT NULL THEN
-        -- The batch: events_xid's range below the snapshot's xmax, oldest first;
-        -- deleted through the primary key (id = ANY (ARRAY(...))). A join with the
-        -- batch instead is planned as a hash join over a sequential scan of all
-        -- of events: every batch would read the whole backlog again.
-        WITH gone AS (
-            DELETE FROM switchboard.events e
-             WHERE e.id = ANY (ARRAY(SELECT b.id FROM switchboard.events b
-                                      WHERE b.xid < pg_snapshot_xmax(v_snap)
-                                        AND pg_visible_in_snapshot(b.xid, v_snap)
-                                      ORDER BY b.xid
-                                      LIMIT max_rows))
-            RETURNING e.id
-        )
-        SELECT count(*), max(id) INTO v_n, v_max FROM gone;
+        -- Row by row (at most max_rows) only where no partition can go: events_default
+        -- since V0037, the whole table before.
+        SELECT d.n, d.max_id INTO v_n, v_max FROM switchboard._events_delete_rows(v_snap, max_rows) d;
         IF v_n > 0 THEN
             UPDATE switchboard.event_horizon SET reaped_through = greatest(reaped_through, v_max);
         END IF;
     END IF;
     -- Ephemeral rows are only read within 30 s of their NOTIFY.
     DELETE FROM switchboard.ephemeral_events x WHERE x.created_at < now() - interval '1 minute';
+    -- Last (V0037): whole partitions whose every row is reapable (one DROP whatever
+    -- their size: max_rows bounds the row deletes only), then the partitions ahead.
+    -- A drop holds its ACCESS EXCLUSIVE lock on events until the caller's transaction
+    -- ends: maintenance() runs the rest of its sweep after it.
+    v_n := v_n + switchboard._events_drop_partitions(v_snap);
+    PERFORM switchboard.events_partitions_ensure(keep);
     RETURN v_n;
 END
 $$;
 COMMENT ON FUNCTION switchboard.reap_events(interval, integer) IS
-    'reap_events(keep) in bounded batches (what maintenance(max_rows, ...) calls): delete at most max_rows of the events that became visible more than keep ago, oldest first, in one short transaction; call again while it returns max_rows. Returns how many events. The window (event_window().first_tick) moves to the cut before the cut''s events go, so a position inside a partly reaped batch already gets resume_gap. Retention as reap_events(keep): at least keep after an event''s COMMIT, counted from the tick that covered it; the first call that starts more than keep after that tick moves the window past the event and deletes it, or leaves it to the following calls when more than max_rows are due. When no tick was taken since the previous call (no relay is ticking), the call takes one itself (event_tick()) first, so every event committed before such a call is past the window after the first call that starts more than keep after it. It ticks only as the first write of a READ COMMITTED transaction and not while another ticker holds the ticker row (-1), and a call that ticked holds that row until its transaction ends: call it in a transaction of its own, as maintenance() does.';
+    'reap_events(keep) in bounded batches (what maintenance(max_rows, ...) calls): detach every partition of events whose id range is given out and whose every row is visible in the cut''s snapshot (the next call drops it; one DETACH however many rows: the count may exceed max_rows), and delete at most max_rows of the events in events_default that became visible more than keep ago, oldest first, in one short transaction; call again while it returns max_rows or more. Returns how many events. The window (event_window().first_tick) moves to the cut before the cut''s events go, so a position inside a partly reaped batch already gets resume_gap. Retention as reap_events(keep): at least keep after an event''s COMMIT, counted from the tick that covered it; the first call that starts more than keep after that tick moves the window past the event and deletes it, or leaves it to the following calls when more than max_rows are due. When no tick was taken since the previous call (no relay is ticking), the call takes one itself (event_tick()) first, so every event committed before such a call is past the window after the first call that starts more than keep after it. It ticks only as the first write of a READ COMMITTED transaction and not while another ticker holds the ticker row (-1), and a call that ticked holds that row until its transaction ends: call it in a transaction of its own, as maintenance() does.';
 REVOKE ALL ON FUNCTION switchboard.reap_events(interval, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.reap_events(interval, integer) TO switchboard_app;
 

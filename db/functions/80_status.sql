@@ -74,6 +74,7 @@ AS $$
     UNION ALL SELECT 'event_backlog_seconds',
                      coalesce(extract(epoch FROM now() - min(created_at))::bigint, 0) FROM switchboard.events
     UNION ALL SELECT 'last_event_id', coalesce(max(id), 0) FROM switchboard.events
+    UNION ALL SELECT 'events_default_rows', switchboard._events_default_rows()
     UNION ALL SELECT 'live_replicas', count(*) FROM switchboard.replicas
     UNION ALL SELECT 'users_online', count(DISTINCT user_id) FROM switchboard.presence
     UNION ALL SELECT 'sockets_open', coalesce(sum(sockets), 0)::bigint FROM switchboard.presence
@@ -87,7 +88,7 @@ AS $$
     UNION ALL SELECT h.item, h.value FROM switchboard._runs_history_status() h
 $$;
 COMMENT ON FUNCTION switchboard.status() IS
-    'One look at the system: due tasks, broken tasks (next fire time not computable: see tasks.last_error), runs by status (runs_cancelled apart from runs_failed), expired leases, live tickets, rate-limit keys, event backlog, live replicas, sockets, handlers that active tasks or pending runs need but no live replica serves (see the switchboard.handlers view), handlers paused by pause_handler(); and the server itself: db_in_recovery (0/1), db_timeline (goes up by one at every promotion), db_started_at and unlogged_state_since (epoch seconds; the latter moves when crash recovery or a promotion emptied the UNLOGGED tables); run history (V0036): runs_history_default (rows in the default partition: a day partition was missing), runs_partitions_ahead (day partitions created for days to come), runs_partition_oldest_age_seconds (how long ago the oldest partition''s range ended: retention drops it after keep), runs_backfill_pending (finished runs of the previous release not moved yet).';
+    'One look at the system: due tasks, broken tasks (next fire time not computable: see tasks.last_error), runs by status (runs_cancelled apart from runs_failed), expired leases, live tickets, rate-limit keys, event backlog, events_default_rows (events no partition covered: a burst outran the partitions created ahead; V0037), live replicas, sockets, handlers that active tasks or pending runs need but no live replica serves (see the switchboard.handlers view), handlers paused by pause_handler(); and the server itself: db_in_recovery (0/1), db_timeline (goes up by one at every promotion), db_started_at and unlogged_state_since (epoch seconds; the latter moves when crash recovery or a promotion emptied the UNLOGGED tables); run history (V0036): runs_history_default (rows in the default partition: a day partition was missing), runs_partitions_ahead (day partitions created for days to come), runs_partition_oldest_age_seconds (how long ago the oldest partition''s range ended: retention drops it after keep), runs_backfill_pending (finished runs of the previous release not moved yet).';
 REVOKE ALL ON FUNCTION switchboard.status() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.status() TO switchboard_app;
 

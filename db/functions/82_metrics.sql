@@ -17,13 +17,13 @@ AS $$
     UNION ALL SELECT 'runs_due_age_seconds',
                      coalesce(extract(epoch FROM now() - min(run_at)), 0)::double precision
       FROM switchboard.task_runs WHERE status = 'queued' AND run_at <= now()
-    UNION ALL SELECT 'event_backlog_seconds',
-                     coalesce(extract(epoch FROM now() - min(created_at)), 0)::double precision
-      FROM switchboard.events
+    UNION ALL SELECT 'event_backlog_seconds', switchboard._event_backlog_seconds()
+    UNION ALL SELECT 'events_default_rows', switchboard._events_default_rows()::double precision
+    UNION ALL SELECT 'event_partitions_ahead', coalesce(switchboard._event_partitions_ahead()::double precision, 'NaN')
     UNION ALL SELECT 'live_replicas', count(*)::double precision FROM switchboard.replicas
     UNION ALL SELECT m.item, m.value FROM switchboard._runs_history_metrics() m
 $$;
 COMMENT ON FUNCTION switchboard.metrics_snapshot() IS
-    'The gauges every replica exports on /metrics: expired_leases, runs_due, runs_due_age_seconds (oldest due queued run), event_backlog_seconds (oldest stored event), live_replicas; run history (V0036): runs_history_default (rows in the default partition, counted up to 100000) and runs_partitions_ahead (day partitions for days to come). Index-backed; cheap to poll.';
+    'The gauges every replica exports on /metrics: expired_leases, runs_due, runs_due_age_seconds (oldest due queued run), event_backlog_seconds (how long ago the oldest event retention should have removed by now was published: the newest event of the oldest partition whose ids are all given out, or the oldest in events_default; before V0037 the oldest stored event), events_default_rows (events no partition covered), event_partitions_ahead (partitions above event_id_seq; NaN before V0037), live_replicas; run history (V0036): runs_history_default (rows in the default partition, counted up to 100000) and runs_partitions_ahead (day partitions for days to come). Index-backed; cheap to poll.';
 REVOKE ALL ON FUNCTION switchboard.metrics_snapshot() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION switchboard.metrics_snapshot() TO switchboard_app;

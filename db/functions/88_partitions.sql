@@ -27,7 +27,7 @@ SELECT p.relname::text                                  AS parent,
    AND c.relkind IN ('r', 'p')
  ORDER BY p.relname, pg_catalog.pg_get_expr(c.relpartbound, c.oid) = 'DEFAULT', c.relname;
 COMMENT ON VIEW switchboard.partitions IS
-    'Every partition of switchboard.task_runs_history (a UTC day of finish times each) and switchboard.events (a range of ids each): its range as PostgreSQL prints it (range_from, range_to; MINVALUE for the open lower end), whether it is the DEFAULT (the safety net; it should stay empty), the planner''s row estimate and its size on disk with indexes. Maintenance creates partitions ahead and drops whole ones past retention; see partition_health() for the figures the alerts read.';
+    'Every partition of switchboard.task_runs_history (a UTC day of finish times each) and switchboard.events (a range of ids each): its range as PostgreSQL prints it (range_from, range_to; MINVALUE for the open lower end), whether it is the DEFAULT (the safety net; it should stay empty), the planner''s row estimate and its size on disk with indexes. Maintenance creates partitions ahead and drops whole ones past retention; see partition_health() for the same as figures.';
 COMMENT ON COLUMN switchboard.partitions.parent IS
     'The partitioned table: task_runs_history or events.';
 COMMENT ON COLUMN switchboard.partitions.partition IS

@@ -184,9 +184,10 @@ SELECT results_eq('SELECT in_recovery, timeline >= 1, unlogged_since IS NOT NULL
 SELECT is((SELECT unlogged_since FROM switchboard.db_instance()), (SELECT since FROM switchboard.unlogged_epoch),
           'db_instance records unlogged_since in the UNLOGGED marker row');
 SELECT results_eq('SELECT item FROM switchboard.metrics_snapshot() ORDER BY item',
-                  $$VALUES ('event_backlog_seconds'), ('expired_leases'), ('live_replicas'), ('runs_due'),
+                  $$VALUES ('event_backlog_seconds'), ('event_partitions_ahead'), ('events_default_rows'),
+                           ('expired_leases'), ('live_replicas'), ('runs_due'),
                            ('runs_due_age_seconds'), ('runs_history_default'), ('runs_partitions_ahead')$$,
-                  'metrics_snapshot: the seven gauges');
+                  'metrics_snapshot: the nine gauges');
 SELECT cmp_ok((SELECT value FROM switchboard.metrics_snapshot() WHERE item = 'live_replicas'), '>=', 2::double precision,
               'metrics_snapshot counts the live replicas');
 

@@ -160,7 +160,14 @@ _GAUGES: dict[str, tuple[str, _Mode]] = {
     "switchboard_runs_due": ("Queued task runs that are due", "livemostrecent"),
     "switchboard_runs_due_age_seconds": ("Age of the oldest due queued run (0 when none)",
                                          "livemostrecent"),
-    "switchboard_event_backlog_seconds": ("Age of the oldest stored event", "livemostrecent"),
+    "switchboard_event_backlog_seconds": (
+        "Age of the oldest event retention should have removed by now (the newest event of the oldest "
+        "partition whose ids are all given out, or the oldest in events_default)", "livemostrecent"),
+    "switchboard_events_default_rows": (
+        "Events in the DEFAULT partition: no partition covered their id (a burst outran the partitions "
+        "created ahead)", "livemostrecent"),
+    "switchboard_event_partitions_ahead": (
+        "Partitions of events created ahead of event_id_seq (no id given out in them yet)", "livemostrecent"),
     "switchboard_live_replicas": ("Replica processes registered in the database", "livemostrecent"),
     "switchboard_runs_history_default": (
         "Finished runs in the default partition of task_runs_history, up to 100000 (0 unless a day partition "
@@ -181,6 +188,8 @@ SNAPSHOT_GAUGES = {
     "runs_due": "switchboard_runs_due",
     "runs_due_age_seconds": "switchboard_runs_due_age_seconds",
     "event_backlog_seconds": "switchboard_event_backlog_seconds",
+    "events_default_rows": "switchboard_events_default_rows",
+    "event_partitions_ahead": "switchboard_event_partitions_ahead",
     "live_replicas": "switchboard_live_replicas",
     "runs_history_default": "switchboard_runs_history_default",
     "runs_partitions_ahead": "switchboard_runs_partitions_ahead",

@@ -40,6 +40,8 @@ EXPECTED_ALERTS = {
     "SwitchboardRunsFailing",   # issue 33: a handler failing a large share of its runs
     "SwitchboardReadReplicaSkipped",   # issue 35: the read replica configured but never used
     "SwitchboardRunsHistoryNotMaintained",   # issue 35: run history partitions not created ahead
+    "SwitchboardEventsInDefaultPartition",   # issue 35: events no partition covered (a burst)
+    "SwitchboardEventPartitionsNotAhead",    # issue 35: no partition created ahead of the sequence
 }
 
 
