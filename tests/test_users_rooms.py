@@ -156,7 +156,13 @@ def test_status_counts_what_is_there(db: str) -> None:
     server = {k: status.pop(k) for k in ("db_in_recovery", "db_timeline", "db_started_at", "unlogged_state_since")}
     assert server == {"db_in_recovery": 0, "db_timeline": 1, "db_started_at": started, "unlogged_state_since": None}
     assert since is not None and since >= started
+    # run history (V0036): day partitions made ahead at migration, counted from the clock
+    # (a template migrated just before midnight has one day fewer ahead, one day older)
+    ahead, oldest = status.pop("runs_partitions_ahead"), status.pop("runs_partition_oldest_age_seconds")
+    assert 2 <= ahead <= 3
+    assert 0 <= oldest <= 2 * 86400
     assert status == {
+        "runs_history_default": 0, "runs_backfill_pending": 0,
         "tasks_due": 0, "tasks_active": 0,
         "runs_queued": 1, "runs_running": 1, "runs_succeeded": 1, "runs_failed": 0, "runs_abandoned": 0,
         "runs_cancelled": 0, "handlers_paused": 0, "runs_due": 1, "expired_leases": 0, "live_tickets": 2, "rate_limit_keys": 3,
