@@ -11,6 +11,7 @@ closest thing to `helm install` without a cluster.
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 import httpx
@@ -87,9 +88,13 @@ def test_rendered_deployment_runs_in_the_image(
             # gauge and histogram is there from the start.
             assert [n for n in missing if not n.endswith("_total")] == []
 
-        with psycopg.connect(empty_db) as conn:
+        with psycopg.connect(empty_db, autocommit=True) as conn:
             # Every worker of the pod is a registered replica; they serve as the app login.
-            assert conn.execute("SELECT count(*) FROM switchboard.replicas").fetchone()[0] == workers
+            # The probes pass once one worker answers; the others register as they come up.
+            deadline = time.monotonic() + 60
+            while (n := conn.execute("SELECT count(*) FROM switchboard.replicas").fetchone()[0]) != workers:
+                assert time.monotonic() < deadline, f"{n} of {workers} workers registered after 60 s"
+                time.sleep(0.2)
             users = {r[0] for r in conn.execute(
                 "SELECT usename FROM pg_stat_activity WHERE datname = current_database() "
                 "AND pid <> pg_backend_pid() AND usename IS NOT NULL")}
