@@ -64,8 +64,17 @@ def test_first_unit_follows_claim_due_task_rules_and_finish_runs_is_fenced(db: s
                          (ids[:2], [Jsonb({"n": 1}), None])).fetchall()
         assert sorted(r[0] for r in done) == sorted(ids[:2])
         assert c.execute("SELECT result FROM switchboard.task_runs WHERE id = %s", (ids[0],)).fetchone()[0] == {"n": 1}
+        assert c.execute("SELECT result FROM switchboard.task_runs WHERE id = %s", (ids[1],)).fetchone()[0] is None
         # finishing twice changes nothing
         assert c.execute("SELECT count(*) FROM switchboard.finish_runs('w1', %s)", (ids[:2],)).fetchone()[0] == 0
+        # each result lands on its own run, whatever the order, the arrays' bounds or a repeated id;
+        # a run finishes once
+        a, b = ids[2], ids[3]
+        done = c.execute("SELECT * FROM switchboard.finish_runs('w1', %s::bigint[], %s::jsonb[])",
+                         (f"[0:2]={{{b},{a},{b}}}", '[5:7]={"{\\"r\\": \\"b\\"}","{\\"r\\": \\"a\\"}",null}')).fetchall()
+        assert sorted(r[0] for r in done) == sorted([a, b])
+        got = dict(c.execute("SELECT id, result FROM switchboard.task_runs WHERE id IN (%s, %s)", (a, b)).fetchall())
+        assert got == {a: {"r": "a"}, b: {"r": "b"}}
         assert c.execute("SELECT count(*) FROM switchboard.claim_due_tasks('w1', '60 seconds', 10)").fetchone()[0] == 0
         throws_ok(c, "SELECT * FROM switchboard.claim_due_tasks('w1', '60 seconds', 0)", "22023", match="max_runs")
         throws_ok(c, "SELECT * FROM switchboard.finish_runs('w1', '{1,2}', ARRAY['{}'::jsonb])", "22023")

@@ -104,42 +104,51 @@ GRANT EXECUTE ON FUNCTION switchboard.claim_due_tasks(text, interval, integer) T
 
 -- Each finished run moves to history in the same statement (V0036): DELETE from the
 -- hot table (fenced as the UPDATE was: worker and status), INSERT what it returned.
--- Planned at each call (V0018: EXECUTE, a one-shot plan), here and in
--- claim_due_tasks' UPDATE: an idle replica polls, so cached generic plans of
--- both were often made while the queue was empty, where every path costs the same. A burst then ran on them:
+-- Planned at each call (V0018), here and in claim_due_tasks' UPDATE: an idle
+-- replica polls, so cached generic plans of both were often made while the queue
+-- was empty, where every path costs the same. A burst then ran on them:
 -- finish_runs as a sequential scan of task_runs under a hash join, the batch
 -- claim's outer UPDATE through task_runs_by_handler (handler, id DESC) with
 -- id = ANY(...) as a qual on its second column, a walk of the whole index (both
 -- growing with the table; bench/profile_jobs.py, BENCHMARKS.md "j23"). A custom plan is
 -- made for the table as it is at each call (its current size, even with
--- empty-table statistics) and takes the primary key; planning is a few tens of
--- microseconds per call, once per batch. (plan_cache_mode = force_custom_plan on
--- the functions did the same but also re-planned every PL/pgSQL expression:
--- claim_due_tasks' own time per job doubled.) Tested by buffers in
+-- empty-table statistics) and takes the primary key. Tested by buffers in
 -- tests/test_batch_claim.py.
+-- Here that is plan_cache_mode = force_custom_plan on a static statement, not
+-- EXECUTE of a string (as before issue 35): the function has no other expression
+-- worth caching, and EXECUTE parsed and analysed the statement again at every call,
+-- with a join to unnest(run_ids, results) for the results. Issue 35 measured the
+-- finish at ~190 us of server time per single-run call with EXECUTE after the move
+-- to history, ~115 us this way (pg_stat_statements, same cluster, same run). A
+-- result is looked up by position (array_position, the first match: a batch is at
+-- most a worker's slots, and results is NULL when no handler returned a value).
+-- claim_due_tasks keeps EXECUTE: plan_cache_mode on it re-planned every PL/pgSQL
+-- expression and doubled its own time per job.
 CREATE OR REPLACE FUNCTION switchboard.finish_runs(worker text, run_ids bigint[], results jsonb[] DEFAULT NULL)
 RETURNS SETOF bigint
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan
 AS $$
 BEGIN
     IF run_ids IS NULL OR (results IS NOT NULL AND cardinality(results) <> cardinality(run_ids)) THEN
         RAISE EXCEPTION 'run_ids and results differ in length' USING ERRCODE = '22023',
             HINT = 'Pass one result per run id, or NULL for none.';
     END IF;
-    RETURN QUERY EXECUTE
-    'WITH gone AS (
+    RETURN QUERY
+    WITH gone AS (
          DELETE FROM switchboard.task_runs_hot r
-          USING unnest($2, coalesce($3, array_fill(NULL::jsonb, ARRAY[cardinality($2)]))) AS x(id, res)
-          WHERE r.id = x.id AND r.worker = $1 AND r.status = ''running''
-         RETURNING r.*, x.res)
+          WHERE r.id = ANY (finish_runs.run_ids) AND r.worker = finish_runs.worker AND r.status = 'running'
+         RETURNING r.*)
      INSERT INTO switchboard.task_runs_history
-     SELECT g.id, g.task_id, g.handler, g.args, ''succeeded'', g.trigger, g.attempt, g.max_attempts,
-            g.queueing_lock, g.run_at, g.scheduled_for, g.worker, NULL, g.started_at, now(), g.res,
+     SELECT g.id, g.task_id, g.handler, g.args, 'succeeded', g.trigger, g.attempt, g.max_attempts,
+            g.queueing_lock, g.run_at, g.scheduled_for, g.worker, NULL, g.started_at, now(),
+            CASE WHEN finish_runs.results IS NOT NULL
+                 THEN finish_runs.results[array_position(finish_runs.run_ids, g.id)
+                                          - array_lower(finish_runs.run_ids, 1) + array_lower(finish_runs.results, 1)] END,
             g.error, g.retry_of, g.created_at, g.queue, g.priority
        FROM gone g
-     RETURNING id'
-    USING finish_runs.worker, run_ids, results;
+     RETURNING id;
 END
 $$;
 COMMENT ON FUNCTION switchboard.finish_runs(text, bigint[], jsonb[]) IS
