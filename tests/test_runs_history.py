@@ -14,6 +14,7 @@ maintenance in bounded batches, every run there once throughout.
 
 from __future__ import annotations
 
+import collections
 import random
 import shutil
 import subprocess
@@ -26,7 +27,7 @@ import psycopg
 import pytest
 import yaml
 
-from dbtools import DB, psql_file
+from dbtools import DB, psql_file, sqitch
 from harness import ROOT, make_user
 
 FINAL = ("succeeded", "failed", "abandoned", "cancelled")
@@ -262,20 +263,40 @@ def _pgmigrate(url: str, d: Path, *target: str, attempts: int = 1) -> int:
     raise AssertionError("unreachable")
 
 
-def test_upgrade_of_a_populated_020_database_while_jobs_run(empty_db: str, tmp_path: Path) -> None:
-    """0.2.0 is version 13 with the v0.2.0 function files (db/deploy/functions@v0.2.0.sql,
-    what a 0.2.0 install holds). 20,000 finished runs, queued and running ones; then
-    pgmigrate to this release while four connections enqueue, claim and finish through
-    the signatures a 0.2.0 replica calls. Afterwards maintenance() backfills in bounded
-    batches: every run is there exactly once at every step, and the hot table ends with
-    the active runs only."""
+def _sqitch_deploy(url: str, *args: str, attempts: int = 1) -> int:
+    """`sqitch deploy`; returns how many attempts ended in a deadlock (sqitch then reverts
+    what that run deployed, and it runs again)."""
+    for attempt in range(attempts):
+        r = sqitch("deploy", *args, url=url, timeout=600)
+        if r.returncode == 0:
+            return attempt
+        assert "deadlock detected" in r.stdout + r.stderr and attempt < attempts - 1, (r.stdout + r.stderr)[-3000:]
+    raise AssertionError("unreachable")
+
+
+def _install_020(tool: str, url: str, tmp_path: Path) -> None:
+    """What a 0.2.0 install holds: version 13 with the v0.2.0 function files."""
+    if tool == "sqitch":
+        _sqitch_deploy(url, "--to", "@v0.2.0")
+        return
     v13 = tmp_path / "db-0.2.0"
     shutil.copytree(DB / "migrations", v13 / "migrations")
     cfg = yaml.safe_load((ROOT / "pgmigrate.yml").read_text())
     cfg.pop("callbacks", None)
     (v13 / "migrations.yml").write_text(yaml.safe_dump(cfg))
-    _pgmigrate(empty_db, v13, "-t", "13")
-    psql_file(empty_db, DB / "deploy" / "functions@v0.2.0.sql")
+    _pgmigrate(url, v13, "-t", "13")
+    psql_file(url, DB / "deploy" / "functions@v0.2.0.sql")
+
+
+@pytest.mark.parametrize("tool", ["pgmigrate", "sqitch"])
+def test_upgrade_of_a_populated_020_database_while_jobs_run(empty_db: str, tmp_path: Path, tool: str) -> None:
+    """0.2.0 is version 13 with the v0.2.0 function files (db/deploy/functions@v0.2.0.sql,
+    what a 0.2.0 install holds; sqitch: the plan's @v0.2.0 tag). 20,000 finished runs,
+    queued and running ones; then pgmigrate (or sqitch deploy) to this release while four
+    connections enqueue, claim and finish through the signatures a 0.2.0 replica calls.
+    Afterwards maintenance() backfills in bounded batches: every run is there exactly once
+    at every step, and the hot table ends with the active runs only."""
+    _install_020(tool, empty_db, tmp_path)
     with psycopg.connect(empty_db, autocommit=True) as c:
         _quiet(c)
         c.execute("""INSERT INTO switchboard.task_runs (handler, args, status, trigger, run_at, started_at,
@@ -327,7 +348,8 @@ def test_upgrade_of_a_populated_020_database_while_jobs_run(empty_db: str, tmp_p
         # V0029/V0030 (before this version) take SHARE then ACCESS EXCLUSIVE on task_runs
         # in one transaction: a claim between the two can deadlock with it, and PostgreSQL
         # then rolls the upgrade back; it is run again (what an operator does).
-        deadlocks = _pgmigrate(empty_db, DB, attempts=5)
+        deadlocks = (_pgmigrate(empty_db, DB, attempts=5) if tool == "pgmigrate"
+                     else _sqitch_deploy(empty_db, attempts=5))
         migrated_at = time.monotonic()
         time.sleep(3)
         with lock:
@@ -344,8 +366,19 @@ def test_upgrade_of_a_populated_020_database_while_jobs_run(empty_db: str, tmp_p
     # body already running: its plan re-analysed against the view, a helper it calls
     # dropped and created again, or a deadlock with V0029/V0030's lock upgrade); none
     # after that, and the same connections go on working.
+    print(f"{tool}: {len(errors)} statements failed during the upgrade, {deadlocks} deadlock retries,"
+          f" {len(finished)} runs finished under load; "
+          + str(sorted(collections.Counter(e.split(':')[0] + ':' + e.split(':')[1][:60] for _, e in errors).items())))
     assert all(t <= migrated_at + 3 for t, _ in errors), errors
-    assert len(errors) <= 10 * len(threads) * (1 + deadlocks), errors
+    if tool == "pgmigrate":
+        assert len(errors) <= 10 * len(threads) * (1 + deadlocks), errors
+    else:
+        # sqitch commits each change on its own: from V0030 (which drops the old enqueue)
+        # until the functions change, the previous release's enqueue is missing, and from
+        # V0036 its row type differs (docs/how-to/releases.md). That window, not a count.
+        assert {e.split(":")[0] for _, e in errors} <= {"42883", "42804", "42P10", "40P01"}, errors
+        if errors:
+            assert max(t for t, _ in errors) - min(t for t, _ in errors) < 10, errors
 
     with psycopg.connect(empty_db, autocommit=True) as c:
         assert c.execute("SELECT to_regclass('switchboard.task_runs_hot') IS NOT NULL").fetchone()[0]
