@@ -78,6 +78,9 @@ def test_first_unit_follows_claim_due_task_rules_and_finish_runs_is_fenced(db: s
         assert c.execute("SELECT count(*) FROM switchboard.claim_due_tasks('w1', '60 seconds', 10)").fetchone()[0] == 0
         throws_ok(c, "SELECT * FROM switchboard.claim_due_tasks('w1', '60 seconds', 0)", "22023", match="max_runs")
         throws_ok(c, "SELECT * FROM switchboard.finish_runs('w1', '{1,2}', ARRAY['{}'::jsonb])", "22023")
+        throws_ok(c, "SELECT * FROM switchboard.finish_runs('w1', '{{1},{2}}', NULL)", "22023", match="one-dimensional")
+        throws_ok(c, "SELECT * FROM switchboard.finish_runs('w1', '{1,2}', '{{null},{null}}'::jsonb[])", "22023",
+                  match="one-dimensional")
 
 
 def _buffers(plan: dict) -> int:

@@ -135,6 +135,11 @@ BEGIN
         RAISE EXCEPTION 'run_ids and results differ in length' USING ERRCODE = '22023',
             HINT = 'Pass one result per run id, or NULL for none.';
     END IF;
+    IF array_ndims(run_ids) > 1 OR array_ndims(results) > 1 THEN
+        RAISE EXCEPTION 'run_ids and results must be one-dimensional arrays (got % and % dimensions)',
+            array_ndims(run_ids), coalesce(array_ndims(results), 0) USING ERRCODE = '22023',
+            HINT = 'Pass flat arrays: ARRAY[id, ...] and ARRAY[result, ...].';
+    END IF;
     RETURN QUERY
     WITH gone AS (
          DELETE FROM switchboard.task_runs_hot r
