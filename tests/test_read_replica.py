@@ -212,6 +212,44 @@ def test_a_resume_from_far_back_with_a_lagging_replica_misses_nothing(pair: Prim
         on_standby(pair, "SELECT pg_wal_replay_resume()")
 
 
+def test_a_read_stuck_behind_a_lock_replay_holds_goes_to_the_primary(pair: PrimaryAndStandby,
+                                                                      serve: Any) -> None:
+    """A standby replays the primary's ACCESS EXCLUSIVE locks (partition upkeep, a VACUUM
+    truncating a table) and holds each until it replays the end of its transaction. With
+    replay paused in between, a read there would wait as long as replay does: it gives up
+    after lock_timeout and the primary continues the resume, every event once, in order
+    (a local CI run hung here for good before)."""
+    s = serve("60")      # the replica stays "in use": only the read itself can notice
+    url = pair.primary.url(DB)
+    with psycopg.connect(url) as c:
+        mia = str(c.execute("SELECT id FROM switchboard.users WHERE username = 'mia'").fetchone()[0])
+    ids = publish_ticked(url, mia, 0, 30)
+    pair.wait_replayed(DB)
+    with psycopg.connect(url) as locker:
+        locker.execute("LOCK TABLE switchboard.events IN ACCESS EXCLUSIVE MODE")
+        pair.wait_replayed(DB)                       # the standby holds the lock now
+        on_standby(pair, "SELECT pg_wal_replay_pause()")
+        locker.commit()                              # released here, not on the paused standby
+    try:
+        ids += publish_ticked(url, mia, 30, 30)
+        wait_for(lambda: metric(s, "switchboard_read_replica_usable") == 1, "replica not in use")
+        before = metric(s, "switchboard_read_fallbacks_total", reason="error")
+        token = s.login("mia")
+        ws = WS(connect(f"{s.ws_base}/ws?ticket={s.ticket(token)}&after={ids[0]}", open_timeout=10))
+        frames = []
+        while True:
+            f = ws.recv(timeout=30)
+            if f["event"] == "resumed":
+                break
+            frames.append(f)
+        ws.close()
+        assert [f["id"] for f in events_of(frames)] == ids[1:]
+        assert metric(s, "switchboard_read_fallbacks_total", reason="error") > before
+        assert "Traceback" not in s.log()
+    finally:
+        on_standby(pair, "SELECT pg_wal_replay_resume()")
+
+
 def test_an_unreachable_replica_is_skipped_without_errors(pair: PrimaryAndStandby, serve: Any) -> None:
     s = serve("1")
     admin = auth(s.login("admin"))

@@ -48,6 +48,13 @@ READS = ("runs", "run", "task_runs", "runfeed", "resume")
 REASONS = ("unknown", "lagging", "not_in_recovery", "unreachable", "error", "not_found")
 
 PRIMARY_LSN_SQL = "SELECT pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_insert_lsn(), '0/0')::bigint AS lsn"
+# Every read on the replica is bounded. A standby replays the primary's ACCESS EXCLUSIVE
+# locks (DDL such as the partition upkeep's ATTACH/DETACH, a VACUUM truncating a table)
+# and holds each until it replays the transaction's end: with replay paused or stuck
+# in between, a read of that table would wait for as long as replay does. It fails
+# after lock_timeout instead (55P03) and is read again on the primary; a resume
+# continues there from the last event sent (tests/test_read_replica.py).
+REPLICA_SESSION = {"lock_timeout": "1s", "statement_timeout": "30s"}
 REPLICA_SQL = ("SELECT pg_catalog.pg_is_in_recovery() AS in_recovery, "
                "pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_last_wal_replay_lsn(), '0/0')::bigint AS replay")
 
@@ -174,7 +181,8 @@ class HistoryReads:
         self.watch: LagWatch | None = None
         if url:
             self.replica = ReplicaPool(url, min_size=1, max_size=pool_size, timeout=2.0,
-                                       name="switchboard-read", prepare_threshold=prepare_threshold)
+                                       name="switchboard-read", prepare_threshold=prepare_threshold,
+                                       session=REPLICA_SESSION)
             self.watch = LagWatch(primary, url, max_lag, interval=min(1.0, max(0.1, max_lag / 4)))
 
     @property

@@ -75,13 +75,22 @@ UNCHECKED: contextvars.ContextVar[bool] = contextvars.ContextVar("switchboard_un
 PREPARED_STATEMENT_SQLSTATES = ("26000", "42P05")
 
 
+def _session_settings(settings: dict[str, str]) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]:
+    async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+        for name, value in settings.items():
+            await conn.execute("SELECT pg_catalog.set_config(%s, %s, false)", (name, value))
+    return configure
+
+
 class PoolBase:
     """The request pool. ``prepare_threshold`` is psycopg's (None: never prepare), see
     config.prepare_threshold(); it is applied at every checkout, so turning it off
     at run time reaches every pooled connection."""
 
     def __init__(self, url: str, min_size: int = 2, max_size: int = 10, timeout: float = 10.0,
-                 name: str = "switchboard", prepare_threshold: int | None = 5) -> None:
+                 name: str = "switchboard", prepare_threshold: int | None = 5,
+                 session: dict[str, str] | None = None) -> None:
+        """``session``: settings SET on every new connection (set_config, session-wide)."""
         self.url = url
         self.timeout = timeout
         self._ping_task: asyncio.Future[None] | None = None
@@ -91,7 +100,7 @@ class PoolBase:
         self.pool = AsyncConnectionPool(
             url, min_size=min(min_size, max_size), max_size=max_size, kwargs=kwargs, open=False,
             timeout=timeout, name="switchboard", reconnect_timeout=0,
-            check=CheckIfIdle(),
+            check=CheckIfIdle(), configure=_session_settings(session) if session else None,
         )
 
     async def open(self) -> None:
