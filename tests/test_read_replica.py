@@ -179,6 +179,18 @@ def publish_ticked(url: str, user_id: str, first: int, n: int) -> list[int]:
     return ids
 
 
+def resumed_frames(s: Server, user: str, after: int, timeout: float) -> list[dict]:
+    """A socket of ``user`` resuming after event ``after``: every frame before "resumed"."""
+    ws = WS(connect(f"{s.ws_base}/ws?ticket={s.ticket(s.login(user))}&after={after}", open_timeout=10))
+    frames = []
+    try:
+        while (f := ws.recv(timeout=timeout))["event"] != "resumed":
+            frames.append(f)
+    finally:
+        ws.close()
+    return frames
+
+
 def test_a_resume_from_far_back_with_a_lagging_replica_misses_nothing(pair: PrimaryAndStandby,
                                                                        serve: Any) -> None:
     s = serve("60")      # a replica seconds behind stays in use: its part, then the primary's
@@ -195,15 +207,7 @@ def test_a_resume_from_far_back_with_a_lagging_replica_misses_nothing(pair: Prim
             primary_tick = c.execute("SELECT last_tick FROM switchboard.event_window()").fetchone()[0]
         assert primary_tick - replica_tick >= 40      # the replica really lacks the newest 40
         wait_for(lambda: metric(s, "switchboard_read_replica_usable") == 1, "replica not in use")
-        token = s.login("mia")
-        ws = WS(connect(f"{s.ws_base}/ws?ticket={s.ticket(token)}&after={ids[0]}", open_timeout=10))
-        frames = []
-        while True:
-            f = ws.recv(timeout=15)
-            if f["event"] == "resumed":
-                break
-            frames.append(f)
-        ws.close()
+        frames = resumed_frames(s, "mia", ids[0], timeout=15)
         got = [f["payload"]["i"] for f in events_of(frames) if f["event"] == "n"]
         assert got == list(range(1, 100))
         assert [f["id"] for f in events_of(frames)] == ids[1:]
@@ -234,15 +238,7 @@ def test_a_read_stuck_behind_a_lock_replay_holds_goes_to_the_primary(pair: Prima
         ids += publish_ticked(url, mia, 30, 30)
         wait_for(lambda: metric(s, "switchboard_read_replica_usable") == 1, "replica not in use")
         before = metric(s, "switchboard_read_fallbacks_total", reason="error")
-        token = s.login("mia")
-        ws = WS(connect(f"{s.ws_base}/ws?ticket={s.ticket(token)}&after={ids[0]}", open_timeout=10))
-        frames = []
-        while True:
-            f = ws.recv(timeout=30)
-            if f["event"] == "resumed":
-                break
-            frames.append(f)
-        ws.close()
+        frames = resumed_frames(s, "mia", ids[0], timeout=30)
         assert [f["id"] for f in events_of(frames)] == ids[1:]
         assert metric(s, "switchboard_read_fallbacks_total", reason="error") > before
         assert "Traceback" not in s.log()
