@@ -129,22 +129,18 @@ class Presence:
 
         The rows go from a snapshot of ``tracked``. A track or untrack whose own write
         lands while the sync is on its way (waiting for a pool connection, say) can be
-        undone by it: an untracked row put back, a new row deleted. So once the sync has
-        landed, every (socket, room) that changed since the snapshot is written again,
-        as it is now. (A close storm during a heartbeat left stray rows until the next
-        heartbeat: tests/test_presence_push.py.)"""
+        undone by it: an untracked row put back, a new row deleted. So when ``tracked``
+        changed meanwhile, the rows are asserted once more, as they are now (one more
+        statement; nothing when nothing changed). A close storm during a heartbeat left
+        stray rows until the next heartbeat (tests/test_presence_push.py)."""
         self._prune()
-        before = {(c, room): meta for c, rooms in self.tracked.items() for room, meta in rooms.items()}
-        await self.db.presence_meta_sync(self.replica_id, self.tracked_rows())
-        now = {(c, room): meta for c, rooms in self.tracked.items() for room, meta in rooms.items()}
-        for (c, room) in before.keys() | now.keys():
-            meta = now.get((c, room))
-            if meta == before.get((c, room)):
-                continue
+        rows = self.tracked_rows()
+        await self.db.presence_meta_sync(self.replica_id, rows)
+        if (now := self.tracked_rows()) != rows:
             try:
-                await self.db.presence_track(self.replica_id, c.cid, c.user_id, room, meta)
+                await self.db.presence_meta_sync(self.replica_id, now)
             except Exception as exc:
-                LOG.info("presence rewrite after a sync failed (the next heartbeat repairs it): %s", exc)
+                LOG.info("presence sync after changes failed (the next heartbeat repairs it): %s", exc)
 
     # -- the interval ----------------------------------------------------------------------------
     def _prune(self) -> None:

@@ -79,19 +79,23 @@ def test_a_track_during_a_sync_stays_tracked() -> None:
 
 def test_a_quiet_sync_writes_nothing_more() -> None:
     class Counting(Table):
-        tracks = 0
+        tracks = syncs = 0
 
         async def presence_track(self, *a: Any) -> None:
             self.tracks += 1
             await super().presence_track(*a)
 
-    async def run() -> int:
+        async def presence_meta_sync(self, *a: Any) -> None:
+            self.syncs += 1
+            await super().presence_meta_sync(*a)
+
+    async def run() -> tuple[int, int]:
         db = Counting()
         db.release.set()
         p = Presence(db, Registry(), "r1", 1.0)   # type: ignore[arg-type]
         await p.track(client(ALICE, "lobby"), "lobby", {"n": 1})
         await p.sync()
         await p.sync()
-        return db.tracks
+        return db.tracks, db.syncs
 
-    assert asyncio.run(run()) == 1                # the track itself, no rewrite
+    assert asyncio.run(run()) == (1, 2)           # the track itself; one statement per sync
