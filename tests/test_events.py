@@ -231,6 +231,39 @@ def test_event_tick_never_scans_the_whole_events_table(db: str) -> None:
         assert after == before, f"event_tick scanned switchboard.events {after - before} time(s)"
 
 
+def test_a_read_of_the_event_stream_is_never_jit_compiled(db: str) -> None:
+    """_events_after's generic plan is estimated on the retained events, not on the few a
+    wake-up reads: past ~200,000 retained events it crossed jit_above_cost, and every relay
+    wake-up paid 1.2-1.7 s of JIT for a read that runs in 2 ms (bench/events_partition_ops.py).
+    The function runs with jit = off. Here a session that JIT-compiles every statement (all
+    three thresholds 0) reads through relay_read_v3 and events_since_v2: auto_explain shows
+    the read's statements without JIT, and a plain query in the same session with it."""
+    with psycopg.connect(db, autocommit=True) as c:
+        if not c.execute("SELECT pg_jit_available()").fetchone()[0]:
+            pytest.skip("this PostgreSQL has no JIT provider (llvmjit): nothing to compile")
+        uid = new_user(c, "jit")
+        for _ in range(3):
+            c.execute("SELECT switchboard.notify_user(%s, 'x', '{}')", (uid,))
+        assert tick(c) > 0
+        notes: list[str] = []
+        c.add_notice_handler(lambda d: notes.append(d.message_primary or ""))
+        for st in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
+                   "SET auto_explain.log_nested_statements = on", "SET auto_explain.log_level = notice",
+                   "SET jit = on", "SET jit_above_cost = 0", "SET jit_optimize_above_cost = 0",
+                   "SET jit_inline_above_cost = 0"):
+            c.execute(st)
+        c.execute("SELECT count(*) FROM switchboard.events WHERE user_id = %s", (uid,))
+        assert any("JIT:" in n for n in notes), "the control query was not JIT-compiled: the test proves nothing"
+        for read in ("SELECT count(*) FROM switchboard.relay_read_v3(0, 0)",
+                     "SELECT count(*) FROM switchboard.events_since_v2(%s, 0, 0, '{}', NULL, 100)"):
+            notes.clear()
+            got = c.execute(read, (uid,) if "%s" in read else None).fetchone()[0]
+            assert got >= 3
+            inner = [n for n in notes if "FROM switchboard.events e" in n]
+            assert inner, "auto_explain did not show _events_after's query"
+            assert not any("JIT:" in n for n in inner), inner
+
+
 def test_cursor_is_complete_under_concurrent_publishers(db: str) -> None:
     """8 publishers commit in random order while a reader ticks and follows its
     position: every committed event exactly once, in increasing position order."""

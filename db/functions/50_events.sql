@@ -359,12 +359,20 @@ GRANT EXECUTE ON FUNCTION switchboard.event_tick() TO switchboard_app;
 -- (pgbench, auto against forced generic, alternating: BENCHMARKS.md "Issue 18:
 -- publishers without a lock", V0014). The generic plans are the
 -- same index paths (events_xid bitmap, event_ticks_pkey).
+--
+-- jit = off: the generic plan's estimate scales with the retained events (about
+-- 5 % of them, each with a LATERAL probe of event_ticks), not with the few rows a
+-- wake-up reads. Past ~200,000 retained events it crosses jit_above_cost (100,000,
+-- on by default), and with it jit_optimize_above_cost: PostgreSQL then compiled
+-- the query at every call, 1.2-1.7 s of JIT for a read that executes in under
+-- 2 ms (bench/events_partition_ops.py; BENCHMARKS.md "Issue 35").
 CREATE OR REPLACE FUNCTION switchboard._events_after(
     only_user uuid, rooms text[], after_tick bigint, after_id bigint, through_tick bigint, max_rows integer)
 RETURNS TABLE (tick bigint, id bigint, user_id uuid, room text, event text, payload jsonb, created_at timestamptz)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_variable
 DECLARE

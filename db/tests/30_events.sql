@@ -16,7 +16,7 @@
 \pset pager off
 BEGIN;
 CREATE EXTENSION IF NOT EXISTS pgtap;
-SELECT plan(78);
+SELECT plan(79);
 
 SELECT switchboard.create_user('pgtap.a' || txid_current(), '$2b$12$abcdefghijklmnopqrstuv') AS a \gset
 SELECT switchboard.create_user('pgtap.b' || txid_current(), '$2b$12$abcdefghijklmnopqrstuv') AS b \gset
@@ -104,6 +104,10 @@ SELECT ok((SELECT p.proconfig FROM pg_proc p
              WHERE p.oid = 'switchboard._events_after(uuid, text[], bigint, bigint, bigint, integer)'::regprocedure)
            @> ARRAY['plan_cache_mode=force_generic_plan'],
           '_events_after keeps its generic plans (no re-planning on every relay read)');
+SELECT ok((SELECT p.proconfig FROM pg_proc p
+             WHERE p.oid = 'switchboard._events_after(uuid, text[], bigint, bigint, bigint, integer)'::regprocedure)
+           @> ARRAY['jit=off'],
+          '_events_after is never JIT-compiled (its estimate grows with the retained events, not with a wake-up''s rows)');
 SELECT is(switchboard._events_unticked(:'snap'::pg_snapshot), false,
           '_events_unticked: nothing beyond a snapshot that sees every event as committed');
 SELECT is(switchboard._events_unticked(format('%1$s:%1$s:', pg_current_xact_id())::pg_snapshot), true,
