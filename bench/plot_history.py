@@ -3,13 +3,16 @@
 
     python bench/plot_history.py [--history bench/results/history.json]
                                  [--events bench/results/events_retention.json]
+                                 [--steady bench/results/hot_steady.json ...]
 
 Writes docs/bench/history-cpu.png (claim + finish PostgreSQL CPU per job against
 history size: the partitioned layout, the layout before V0036, no history),
 docs/bench/history-hot-size.png (the claim's table against history size) and
 docs/bench/history-retention.png (seconds and WAL of retention by dropping
-partitions against the batched DELETE, runs and events). Needs matplotlib (the
-bench extra)."""
+partitions against the batched DELETE, runs and events) and, from
+bench/hot_steady.py's results (one or more runs: a naptime each),
+docs/bench/history-steady.png (the claim's table as N jobs pass through it).
+Needs matplotlib (the bench extra)."""
 
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--history", type=Path, default=ROOT / "bench" / "results" / "history.json")
     ap.add_argument("--events", type=Path, default=ROOT / "bench" / "results" / "events_retention.json")
+    ap.add_argument("--steady", type=Path, nargs="*", default=[ROOT / "bench" / "results" / "hot_steady.json"])
     args = ap.parse_args()
     import matplotlib
 
@@ -89,6 +93,23 @@ def main() -> None:
     a2.set_ylabel("MiB of WAL (log)")
     a2.set_title("Retention: WAL")
     save(fig, "retention")
+
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for path in args.steady:
+        run: dict[str, Any] = json.loads(path.read_text())
+        nap = run.get("autovacuum_naptime", "1min")
+        for side, name in (("sb", f"task_runs_hot (V0036), naptime {nap}"),
+                           ("old", f"one table, as before V0036, naptime {nap}")):
+            if side in run["sides"]:
+                sm = [x for x in run["sides"][side]["samples"] if x["jobs"] > 0]
+                ax.plot([x["jobs"] / 1e6 for x in sm], [x["total_bytes"] / MIB for x in sm],
+                        marker="." if side == "sb" else "s", markersize=3, label=name)
+    ax.set_xlabel("jobs through the claim's table (millions)")
+    ax.set_ylabel("MiB, heap + indexes")
+    ax.set_yscale("log")
+    ax.set_title("The claim's table at steady state (autovacuum on)")
+    ax.legend(fontsize=7)
+    save(fig, "steady")
 
 
 if __name__ == "__main__":

@@ -91,6 +91,41 @@ def round_of(s: Server, headers: dict[str, str], n: int) -> list[float]:
     return out
 
 
+def idle_rounds(on_replica: Server, on_primary: Server, headers: dict[str, str],
+                a: argparse.Namespace) -> dict[str, Any]:
+    """The same rounds with nothing else running: whatever the replica costs a read by itself."""
+    lat: dict[str, list[float]] = {"replica": [], "primary": []}
+    for i in range(a.rounds * 2):
+        which, s = (("replica", on_replica), ("primary", on_primary))[(i + i // 2) % 2]
+        lat[which] += round_of(s, headers, a.requests)
+    out: dict[str, Any] = {k: {"p50_ms": median(v) * 1000, "p99_ms": pct(v, 99) * 1000} for k, v in lat.items()}
+    out["ratio_p50_replica_over_primary"] = out["replica"]["p50_ms"] / out["primary"]["p50_ms"]
+    out["ratio_p99_replica_over_primary"] = out["replica"]["p99_ms"] / out["primary"]["p99_ms"]
+    log(f"no drain: p50 replica {out['replica']['p50_ms']:.1f} ms, primary {out['primary']['p50_ms']:.1f} ms; "
+        f"p99 {out['replica']['p99_ms']:.1f} / {out['primary']['p99_ms']:.1f} ms")
+    return out
+
+
+def explain(url: str) -> dict[str, Any]:
+    """EXPLAIN (ANALYZE, BUFFERS) of the listing GET /runs?status=succeeded&limit=50 runs (list_runs' query)."""
+    q = ("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT v.* FROM switchboard.runs v "
+         "WHERE v.status = 'succeeded' ORDER BY v.id DESC LIMIT 50")
+    with psycopg.connect(url) as c:
+        c.execute(q)   # warm the cache as the server's reads are
+        plan = c.execute(q).fetchone()[0][0]
+    scans: list[str] = []
+
+    def walk(n: dict[str, Any]) -> None:
+        if "Relation Name" in n and n.get("Actual Loops", 0) > 0:
+            scans.append(n["Relation Name"])
+        for ch in n.get("Plans", []):
+            walk(ch)
+    walk(plan["Plan"])
+    hits = plan["Plan"].get("Shared Hit Blocks", 0) + plan["Plan"].get("Shared Read Blocks", 0)
+    return {"execution_ms": plan["Execution Time"], "planning_ms": plan["Planning Time"],
+            "partitions_scanned": len(scans), "relations": sorted(set(scans)), "buffers": hits}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--history", type=int, default=200_000)
@@ -122,6 +157,8 @@ def main() -> None:
         headers = auth(on_replica.login("admin"))
         for s in (on_replica, on_primary):   # warm up (connections, prepared statements)
             round_of(s, headers, 20)
+        idle = idle_rounds(on_replica, on_primary, headers, a)
+        plans = {k: explain(u) for k, u in (("primary", url), ("replica", pair.url(DB)))}
         log(f"enqueueing {a.jobs} jobs, starting the worker")
         seed(url, 0, a.jobs)
         worker = Server(app, env={"SWITCHBOARD_SCHEDULER_CONCURRENCY": "16", "SWITCHBOARD_LOG_LEVEL": "WARNING"},
@@ -154,6 +191,8 @@ def main() -> None:
         out["ratio_p99_replica_over_primary"] = out["replica"]["p99_ms"] / out["primary"]["p99_ms"]  # type: ignore[assignment]
         out["ratio_p50_replica_over_primary"] = out["replica"]["p50_ms"] / out["primary"]["p50_ms"]  # type: ignore[assignment]
         out["jobs_left_at_end"] = left  # type: ignore[assignment]
+        out["idle"] = idle  # type: ignore[assignment]
+        out["plans"] = plans  # type: ignore[assignment]
         # primary CPU a GET /runs costs when the primary serves it (the difference of the two, per request)
         rp, rr = out["primary"], out["replica"]
         out["primary_ms_per_request"] = 1000 * (rp["primary_cores"] - rr["primary_cores"]) / rp["requests_per_s"]  # type: ignore[assignment]
@@ -172,6 +211,10 @@ def main() -> None:
               f"p50: {out['ratio_p50_replica_over_primary']:.2f}; jobs left at the end: {left}; primary CPU per "
               f"GET /runs served there: {out['primary_ms_per_request']:.2f} ms")
         print("\n".join(out["replica_reads"]))  # type: ignore[arg-type]
+        print(f"no drain: p50 replica/primary {idle['ratio_p50_replica_over_primary']:.2f}, "
+              f"p99 {idle['ratio_p99_replica_over_primary']:.2f}; the listing's plan: "
+              + "; ".join(f"{k} {v['execution_ms']:.2f} ms, {v['partitions_scanned']} partitions"
+                          for k, v in plans.items()))
     finally:
         for s in servers:
             try:
