@@ -40,7 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RESULTS, Cluster, loadavg, log, machine_info, pct, write_json
-from events_retention import ARGON, _detach_ranges
+from events_retention import ARGON, _detach_ranges, publish_loop
 from relay_read_cost import READ_COLS, cpu_s
 
 import psycopg
@@ -147,14 +147,6 @@ def _phase(url: str, uid: str, publishers: int, seconds: float, create: bool) ->
     creates: list[tuple[float, float, int]] = []
     lock = threading.Lock()
 
-    def pub() -> None:
-        with psycopg.connect(url, autocommit=True) as p:
-            while not stop.is_set():
-                t = time.monotonic()
-                p.execute("SELECT switchboard.notify_user(%s, 'x', '{}')", (uid,))
-                with lock:
-                    pub_lat.append((t, time.monotonic() - t))
-
     def read() -> None:
         with psycopg.connect(url, autocommit=True) as c:
             at = live_position(c)
@@ -177,7 +169,7 @@ def _phase(url: str, uid: str, publishers: int, seconds: float, create: bool) ->
                 n = c.execute("SELECT switchboard.events_partitions_ensure()").fetchone()[0]
                 creates.append((t, time.monotonic(), int(n)))
 
-    threads = [threading.Thread(target=pub) for _ in range(publishers)]
+    threads = [threading.Thread(target=publish_loop, args=(url, uid, stop, pub_lat, lock)) for _ in range(publishers)]
     threads += [threading.Thread(target=read), threading.Thread(target=creator)]
     t0 = time.monotonic()
     for t in threads:

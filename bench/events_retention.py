@@ -121,21 +121,23 @@ def dead_and_vacuum(url: str, stats: dict[str, Any]) -> None:
                                                   (lsn0,)).fetchone()[0])
 
 
+def publish_loop(url: str, uid: str, stop: threading.Event, lat: list[tuple[float, float]],
+                 lock: threading.Lock) -> None:
+    """notify_user in autocommit until stop is set; each publish's (start, seconds) into lat."""
+    with psycopg.connect(url, autocommit=True) as p:
+        while not stop.is_set():
+            t = time.monotonic()
+            p.execute("SELECT switchboard.notify_user(%s, 'x', '{}')", (uid,))
+            with lock:
+                lat.append((t, time.monotonic() - t))
+
+
 def publish_during(url: str, uid: str, publishers: int, stats: dict[str, Any]) -> None:
     """Publishers for 3 s; the reap starts at 1 s in this thread."""
     stop = threading.Event()
     lat: list[tuple[float, float]] = []     # (start, seconds)
     lock = threading.Lock()
-
-    def pub() -> None:
-        with psycopg.connect(url, autocommit=True) as p:
-            while not stop.is_set():
-                t = time.monotonic()
-                p.execute("SELECT switchboard.notify_user(%s, 'x', '{}')", (uid,))
-                with lock:
-                    lat.append((t, time.monotonic() - t))
-
-    threads = [threading.Thread(target=pub) for _ in range(publishers)]
+    threads = [threading.Thread(target=publish_loop, args=(url, uid, stop, lat, lock)) for _ in range(publishers)]
     start = time.monotonic()
     for t in threads:
         t.start()
