@@ -192,6 +192,54 @@ def test_publishers_racing_partition_drops_lose_nothing_silently(db: str) -> Non
           f"held={held[0]} {got}")
 
 
+def test_relay_reads_visit_only_the_partitions_their_ids_can_be_in_and_miss_no_long_publisher(db: str) -> None:
+    """V0038: a read bounds the ids it can meet (each tick records the sequence before its
+    own xid and after its snapshot), so its plan prunes the partitions outside. The lower
+    bound comes from a tick taken before the oldest xid the read can return was
+    assigned: a publisher that took its event id many partitions ago and commits now is
+    still read. Using the newest tick's floor instead would miss it; without bounds, the
+    plan names every partition."""
+    uid = make_user(db, "prune")
+    with psycopg.connect(db, autocommit=True) as c:
+        small_partitions(c, 100)
+        long = psycopg.connect(db)                  # holds its event open across partitions
+        long_id = long.execute("SELECT switchboard.notify_user(%s, 'long', '{}')", (uid,)).fetchone()[0]
+        for i in range(600):
+            c.execute("SELECT switchboard.notify_user(%s, 'x', '{}')", (uid,))
+            if i % 50 == 0:
+                c.execute("SELECT switchboard.events_partitions_ensure('0 seconds')")
+                tick_covering_everything(db)
+        tick_covering_everything(db)
+        assert default_rows(c) == 0
+        pos = (c.execute("SELECT last_tick FROM switchboard.event_window()").fetchone()[0], END)
+        assert c.execute("SELECT count(*) FROM switchboard.relay_read_v3(%s, %s) WHERE kind = 'event'",
+                         pos).fetchone()[0] == 0
+        long.commit()
+        long.close()
+        tick_covering_everything(db)
+        got = [r[0] for r in c.execute("SELECT id FROM switchboard.relay_read_v3(%s, %s) WHERE kind = 'event'",
+                                        pos).fetchall()]
+        assert got == [long_id], "the event of the transaction open across partitions was not read"
+        # Every transaction is done now: a live read prunes to the newest partitions.
+        pos = (c.execute("SELECT last_tick FROM switchboard.event_window()").fetchone()[0], END)
+        for _ in range(3):
+            c.execute("SELECT switchboard.notify_user(%s, 'y', '{}')", (uid,))
+        tick_covering_everything(db)
+        parts = [r[0] for r in c.execute("SELECT partition_name FROM switchboard.event_partitions()").fetchall()]
+        assert len(parts) >= 6
+        notes: list[str] = []
+        c.add_notice_handler(lambda d: notes.append(d.message_primary or ""))
+        for st in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
+                   "SET auto_explain.log_nested_statements = on", "SET auto_explain.log_level = notice"):
+            c.execute(st)
+        got = c.execute("SELECT count(*) FROM switchboard.relay_read_v3(%s, %s) WHERE kind = 'event'",
+                        pos).fetchone()[0]
+        assert got == 3
+        (plan,) = [n for n in notes if "FROM switchboard.events e" in n]
+        scanned = [p for p in parts if f" {p} " in plan]
+        assert 1 <= len(scanned) <= 2, (scanned, plan)
+
+
 def test_a_steady_rate_never_lands_in_default_and_old_partitions_go(db: str) -> None:
     uid = make_user(db, "part-steady")
     with psycopg.connect(db, autocommit=True) as c:

@@ -130,6 +130,13 @@ BEGIN
     -- The RETURNING subqueries read the two switches in the INSERT's own executor run:
     -- publishers_notify, and id_hints of the live path (NULL while it is off: the
     -- column is NOT NULL, so NULL means "no enabled row").
+    -- The transaction's id first, then the event's (V0038): a relay read bounds the
+    -- ids it visits by the sequence position before a tick's snapshot
+    -- (event_ticks.id_floor), which holds only if every event's xid was assigned
+    -- before its id was taken. In this INSERT alone nextval would run first (the xid
+    -- column's default is evaluated after the SELECT), and routing to a partition
+    -- can wait for a lock in between.
+    PERFORM pg_current_xact_id();
     INSERT INTO switchboard.events AS e (id, user_id, room, event, payload, created_at)
     SELECT nextval('switchboard.event_id_seq'), _publish.user_id, _publish.room, _publish.event,
            _publish.payload, v_now
@@ -293,6 +300,7 @@ AS $$
 DECLARE
     v_prev pg_snapshot;
     v_tick bigint;
+    v_floor bigint;
 BEGIN
     IF pg_current_xact_id_if_assigned() IS NOT NULL THEN
         RAISE EXCEPTION 'event_tick() called in a transaction that already wrote' USING ERRCODE = '25001',
@@ -314,13 +322,23 @@ BEGIN
     IF v_prev IS NOT NULL AND NOT switchboard._events_unticked(v_prev) THEN
         RETURN 0;
     END IF;
+    -- The reads' id bounds (V0038). id_floor: the sequence's position read before this
+    -- transaction's xid is assigned (the row lock below assigns it; floor_xid records
+    -- it). A transaction with a larger xid got it later, and _publish takes its xid
+    -- before its event id, so each of its events has an id above id_floor. (A
+    -- snapshot's xmax cannot serve: it is the oldest xid not yet completed, and a
+    -- larger xid may already be running.) id_ceiling: read in the INSERT, after its
+    -- snapshot, so every event the snapshot sees took its id before. event_id_seq has
+    -- no cache: ids are taken in order.
+    v_floor := switchboard._event_id_allocated();
     PERFORM 1 FROM switchboard.event_ticker t WHERE t.singleton FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN -1;
     END IF;
     SELECT k.snap INTO v_prev FROM switchboard.event_ticks k ORDER BY k.tick DESC LIMIT 1;
-    INSERT INTO switchboard.event_ticks (tick, snap, snap_xmax)
-    SELECT nextval('switchboard.event_tick_seq'), pg_current_snapshot(), pg_snapshot_xmax(pg_current_snapshot())
+    INSERT INTO switchboard.event_ticks (tick, snap, snap_xmax, id_floor, floor_xid, id_ceiling)
+    SELECT nextval('switchboard.event_tick_seq'), pg_current_snapshot(), pg_snapshot_xmax(pg_current_snapshot()),
+           v_floor, pg_current_xact_id(), switchboard._event_id_allocated()
      WHERE v_prev IS NULL OR switchboard._events_unticked(v_prev)
     RETURNING tick INTO v_tick;
     IF v_tick IS NULL THEN
@@ -384,6 +402,8 @@ DECLARE
     v_left integer := max_rows;
     v_n integer;
     v_rooms text[] := '{}';
+    v_floor bigint;
+    v_ceiling bigint;
 BEGIN
     SELECT k.tick, k.snap INTO v_lo, v_lo_snap FROM switchboard.event_ticks k
      WHERE k.tick < after_tick OR (k.tick = after_tick AND after_id = 9223372036854775807)
@@ -392,17 +412,30 @@ BEGIN
         v_lo := 0;
         v_lo_snap := '1:1:'::pg_snapshot;   -- before every retained tick: nothing seen
     END IF;
+    -- The ids a read can meet (V0038), so the plan prunes the partitions of events to
+    -- them. Every row it returns has an xid not visible in v_lo_snap, so at least that
+    -- snapshot's xmin. A tick whose own xid (floor_xid) is below that xmin read its
+    -- id_floor before any such xid was assigned, and _publish takes its xid before
+    -- its id: each row's id is above that tick's id_floor. The newest such tick gives
+    -- the tightest bound; none retained, or one from before V0038: no bound. A long
+    -- transaction holds xmin back, so the bound is older, never wrong. id_ceiling
+    -- bounds each window from above.
+    SELECT k.id_floor INTO v_floor FROM switchboard.event_ticks k
+     WHERE k.floor_xid < pg_snapshot_xmin(v_lo_snap)
+     ORDER BY k.tick DESC LIMIT 1;
+    v_floor := coalesce(v_floor, -1);
     IF only_user IS NOT NULL THEN
         v_rooms := ARRAY(SELECT m.room FROM switchboard.room_members m
                           WHERE m.user_id = only_user AND m.room = ANY (coalesce(rooms, '{}')));
     END IF;
     LOOP
-        SELECT w.tick, w.snap INTO v_hi, v_hi_snap FROM (
-            SELECT k.tick, k.snap FROM switchboard.event_ticks k
+        SELECT w.tick, w.snap, w.id_ceiling INTO v_hi, v_hi_snap, v_ceiling FROM (
+            SELECT k.tick, k.snap, k.id_ceiling FROM switchboard.event_ticks k
              WHERE k.tick > v_lo AND (through_tick IS NULL OR k.tick <= through_tick)
              ORDER BY k.tick LIMIT 500) w
          ORDER BY w.tick DESC LIMIT 1;
         EXIT WHEN v_hi IS NULL;
+        v_ceiling := coalesce(v_ceiling, 9223372036854775807);
         v_lo_xip := ARRAY(SELECT pg_snapshot_xip(v_lo_snap));
         RETURN QUERY
         SELECT b.tick, e.id, e.user_id, e.room, e.event, e.payload, e.created_at
@@ -413,6 +446,7 @@ BEGIN
                  ORDER BY k.tick LIMIT 1) b
          WHERE ((e.xid >= pg_snapshot_xmax(v_lo_snap) AND e.xid < pg_snapshot_xmax(v_hi_snap))
                 OR e.xid = ANY (v_lo_xip))
+           AND e.id > v_floor AND e.id <= v_ceiling
            AND (only_user IS NULL OR e.user_id = only_user OR e.room = ANY (v_rooms))
            AND (b.tick > after_tick OR (b.tick = after_tick AND e.id > after_id))
          ORDER BY b.tick, e.id
