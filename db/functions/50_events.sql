@@ -416,13 +416,14 @@ BEGIN
     -- them. Every row it returns has an xid not visible in v_lo_snap, so at least that
     -- snapshot's xmin. A tick whose own xid (floor_xid) is below that xmin read its
     -- id_floor before any such xid was assigned, and _publish takes its xid before
-    -- its id: each row's id is above that tick's id_floor. The newest such tick gives
-    -- the tightest bound; none retained, or one from before V0038: no bound. A long
-    -- transaction holds xmin back, so the bound is older, never wrong. id_ceiling
+    -- its id: each row's id is above that tick's id_floor. The newest such tick (the
+    -- largest such floor_xid: it grows with tick) gives the tightest bound; none
+    -- retained, or one from before V0038: no bound. A long transaction holds xmin
+    -- back, so the bound is older, never wrong. id_ceiling
     -- bounds each window from above.
     SELECT k.id_floor INTO v_floor FROM switchboard.event_ticks k
      WHERE k.floor_xid < pg_snapshot_xmin(v_lo_snap)
-     ORDER BY k.tick DESC LIMIT 1;
+     ORDER BY k.floor_xid DESC LIMIT 1;    -- event_ticks_floor: one descent
     v_floor := coalesce(v_floor, -1);
     IF only_user IS NOT NULL THEN
         v_rooms := ARRAY(SELECT m.room FROM switchboard.room_members m

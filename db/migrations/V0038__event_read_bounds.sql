@@ -21,9 +21,15 @@
 -- Ticks from before this version have NULLs: no bound, as before.
 --
 -- ADD COLUMN without a default only changes the catalog (ACCESS EXCLUSIVE on
--- event_ticks for that instant).
+-- event_ticks for that instant); the new index covers no row yet.
 ALTER TABLE switchboard.event_ticks ADD COLUMN id_floor bigint, ADD COLUMN floor_xid xid8,
     ADD COLUMN id_ceiling bigint;
+-- A read finds its floor tick with one descent: the newest tick whose floor_xid is
+-- below an xmin. floor_xid grows with tick (ticks are taken one at a time), so the
+-- newest such tick is the one with the largest such floor_xid. Without the index a
+-- transaction held open for long (its xid holds every snapshot's xmin back) would
+-- make each read walk every tick taken since.
+CREATE INDEX event_ticks_floor ON switchboard.event_ticks (floor_xid) WHERE floor_xid IS NOT NULL;
 COMMENT ON COLUMN switchboard.event_ticks.id_floor IS
     'event_id_seq''s position read before this tick''s transaction id (floor_xid) was assigned (V0038). NULL on ticks from before V0038.';
 COMMENT ON COLUMN switchboard.event_ticks.floor_xid IS

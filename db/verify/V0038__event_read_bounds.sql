@@ -3,7 +3,9 @@
 BEGIN;
 DO $verify$
 BEGIN
-    -- the version creates nothing that can be checked by name
+    IF (to_regclass('switchboard.event_ticks_floor') IS NOT NULL) IS NOT TRUE THEN
+        RAISE EXCEPTION 'switchboard verify: expected index switchboard.event_ticks_floor' USING ERRCODE = 'P0004';
+    END IF;
 END
 $verify$;
 ROLLBACK;
