@@ -419,8 +419,8 @@ BEGIN
     -- its id: each row's id is above that tick's id_floor. The newest such tick (the
     -- largest such floor_xid: it grows with tick) gives the tightest bound; none
     -- retained, or one from before V0038: no bound. A long transaction holds xmin
-    -- back, so the bound is older, never wrong. id_ceiling
-    -- bounds each window from above.
+    -- back, so the bound is older, never wrong. id_ceiling bounds each window from
+    -- above.
     SELECT k.id_floor INTO v_floor FROM switchboard.event_ticks k
      WHERE k.floor_xid < pg_snapshot_xmin(v_lo_snap)
      ORDER BY k.floor_xid DESC LIMIT 1;    -- event_ticks_floor: one descent
